@@ -1,0 +1,123 @@
+"""Errors raised by rollart_nb.
+
+Every error is a :class:`RollartError`; each message says what happened, to which
+worker / env / trajectory, and what to do next. The tree::
+
+    RollartError
+    ├── ConfigError            bad argument or config value (reports every problem at once)
+    ├── StateError             call in the wrong lifecycle state (Session / Pipeline closed, ...)
+    ├── ResourceError          pool/binding problems
+    │   ├── UnknownPoolError   a pool name that does not exist in the session
+    │   └── NoCapacityError    nothing compatible is free, even after fallback
+    ├── ClusterError           Worker/Cluster construction or invocation
+    │   └── WorkerDiedError    a worker actor died (carries worker, pool, fix)
+    ├── ConnectError           cannot reach a Ray cluster / store / service in time
+    ├── ServerlessError        an HTTP endpoint answered non-2xx or timed out
+    ├── RewardError            a reward function raised, timed out or returned NaN/inf
+    ├── EnvError               an env raised or hung (the trajectory ends failed)
+    ├── GenerationError        a generation backend failed or the request was aborted
+    ├── WeightSyncError        a weight version is missing, partial or corrupt
+    └── StoreError             metadata store (GCS KV / Redis) failure
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ClusterError",
+    "ConfigError",
+    "ConnectError",
+    "EnvError",
+    "GenerationError",
+    "NoCapacityError",
+    "ResourceError",
+    "RewardError",
+    "RollartError",
+    "ServerlessError",
+    "StateError",
+    "StoreError",
+    "UnknownPoolError",
+    "WeightSyncError",
+    "WorkerDiedError",
+]
+
+
+class RollartError(Exception):
+    """Base class of every error raised by rollart_nb."""
+
+
+class ConfigError(RollartError, ValueError):
+    """A config value or argument is invalid. The message lists every problem found."""
+
+    def __init__(self, problems: str | list[str], *, where: str = "") -> None:
+        if isinstance(problems, str):
+            problems = [problems]
+        self.problems = list(problems)
+        head = f"invalid {where}: " if where else ""
+        if len(self.problems) == 1:
+            msg = head + self.problems[0]
+        else:
+            msg = head + f"{len(self.problems)} problems:\n" + "\n".join(f"  - {p}" for p in self.problems)
+        super().__init__(msg)
+
+
+class StateError(RollartError, RuntimeError):
+    """A call was made in the wrong lifecycle state (e.g. on a closed Session)."""
+
+
+class ResourceError(RollartError):
+    """A resource pool or binding problem."""
+
+
+class UnknownPoolError(ResourceError, KeyError):
+    """A pool name does not exist in this session."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else ""
+
+
+class NoCapacityError(ResourceError):
+    """No pool with free, compatible capacity exists for a worker."""
+
+
+class ClusterError(RollartError):
+    """Building a Cluster or calling one of its methods failed."""
+
+
+class WorkerDiedError(ClusterError):
+    """A worker actor died. ``worker``, ``pool`` and ``fix`` say which and what to do."""
+
+    def __init__(self, message: str, *, worker: str = "", pool: str = "", fix: str = "") -> None:
+        self.worker, self.pool, self.fix = worker, pool, fix
+        super().__init__(message)
+
+
+class ConnectError(RollartError, ConnectionError):
+    """A Ray cluster, store or service could not be reached in time."""
+
+
+class ServerlessError(RollartError):
+    """A serverless endpoint answered with an error or did not answer in time."""
+
+    def __init__(self, message: str, *, url: str = "", status: int | None = None) -> None:
+        self.url, self.status = url, status
+        super().__init__(message)
+
+
+class RewardError(RollartError):
+    """A reward function raised, timed out, or returned a non-finite / non-number value."""
+
+
+class EnvError(RollartError):
+    """An environment raised or hung; the trajectory ends failed with this reason."""
+
+
+class GenerationError(RollartError):
+    """A generation backend failed, or the request was aborted."""
+
+
+class WeightSyncError(RollartError):
+    """A weight version is missing, partial, or failed its checksum."""
+
+
+class StoreError(RollartError):
+    """The metadata store (Ray GCS KV or Redis) failed."""

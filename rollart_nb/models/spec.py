@@ -1,0 +1,82 @@
+"""Model specs: parameter counts and shapes, for the ``sim`` backend's roofline model.
+
+A :class:`ModelSpec` is what the simulator needs to price prefill (compute-bound) and decode
+(bandwidth-bound): total and active parameters, layers, hidden size, KV heads, head dim and
+bytes per parameter. Real model directories are described by :func:`rollart_nb.models.tiny_qwen`
+(or any HF path); specs stand in for models too big to run here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["SPECS", "ModelSpec", "spec"]
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Shape of a (possibly MoE) decoder-only LM.
+
+    Attributes:
+        name: e.g. "qwen3-8b".
+        params: total parameters.
+        active_params: parameters used per token (== params for dense models).
+        layers: transformer layers.
+        hidden: hidden size.
+        kv_heads: key/value heads (GQA).
+        head_dim: per-head dimension.
+        bytes_per_param: 2 for bf16.
+    """
+
+    name: str
+    params: float
+    active_params: float
+    layers: int
+    hidden: int
+    kv_heads: int
+    head_dim: int
+    bytes_per_param: int = 2
+
+    @property
+    def moe(self) -> bool:
+        return self.active_params < self.params
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """Bytes of K and V cache one token adds (all layers)."""
+        return 2 * self.layers * self.kv_heads * self.head_dim * self.bytes_per_param
+
+    @property
+    def weight_bytes(self) -> float:
+        return self.params * self.bytes_per_param
+
+
+# Public configs (Qwen3 technical report / HF config.json of each model).
+SPECS: dict[str, ModelSpec] = {
+    s.name: s
+    for s in [
+        ModelSpec("qwen3-0.6b", 0.6e9, 0.6e9, 28, 1024, 8, 128),
+        ModelSpec("qwen3-1.7b", 1.7e9, 1.7e9, 28, 2048, 8, 128),
+        ModelSpec("qwen3-4b", 4.0e9, 4.0e9, 36, 2560, 8, 128),
+        ModelSpec("qwen3-8b", 8.2e9, 8.2e9, 36, 4096, 8, 128),
+        ModelSpec("qwen3-14b", 14.8e9, 14.8e9, 40, 5120, 8, 128),
+        ModelSpec("qwen3-32b", 32.8e9, 32.8e9, 64, 5120, 8, 128),
+        ModelSpec("qwen3-30b-a3b", 30.5e9, 3.3e9, 48, 2048, 4, 128),
+        ModelSpec("qwen2.5-7b", 7.6e9, 7.6e9, 28, 3584, 4, 128),
+    ]
+}
+
+
+def spec(name: str) -> ModelSpec:
+    """Look up a model spec by name (case-insensitive).
+
+    Example:
+        >>> spec("qwen3-8b").layers
+        36
+    """
+    key = name.lower()
+    if key not in SPECS:
+        from rollart_nb.errors import ConfigError
+
+        raise ConfigError(f"unknown model spec {name!r}; known: {', '.join(sorted(SPECS))}")
+    return SPECS[key]
