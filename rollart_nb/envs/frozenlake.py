@@ -1,0 +1,233 @@
+"""FrozenLake as a multi-turn text env (wraps gymnasium's ``FrozenLake-v1``).
+
+The grid is rendered as space-separated one-letter words so a small word-level tokenizer
+covers it: ``P`` is the player, ``F`` frozen (safe), ``H`` a hole, ``G`` the goal. Rows
+are separated by newlines. Every observation repeats the whole grid, so the history grows
+turn by turn: a prefill-heavy task.
+
+Action format: free text; the last of the words ``left``, ``right``, ``up``, ``down``
+(case-insensitive, whole words) is the move, so "i go down then right" moves right. The
+last wins because models usually think first and commit at the end. Text with none of the
+four words is an invalid action: a no-op turn (reward 0) whose observation says so; it
+still counts towards ``max_turns``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from typing import Any
+
+from rollart_nb.errors import ConfigError
+
+__all__ = ["FrozenLake"]
+
+_MOVES = {"left": 0, "down": 1, "right": 2, "up": 3}  # gymnasium's action ids
+_DELTAS = {"left": (0, -1), "down": (1, 0), "right": (0, 1), "up": (-1, 0)}
+_MOVE_RE = re.compile(r"\b(left|right|up|down)\b", re.IGNORECASE)
+_INTRO = "frozen lake . you are P . reach G . avoid H . say left right up or down ."
+
+
+def parse_move(action: str) -> str | None:
+    """The move named last in ``action`` ("left"/"right"/"up"/"down"), or None."""
+    found = _MOVE_RE.findall(action)
+    return found[-1].lower() if found else None
+
+
+class FrozenLake:
+    """Walk from a start cell to the goal without falling into a hole.
+
+    ``seed`` picks the start cell deterministically among the frozen cells from which the
+    goal is reachable (the ``seed % n``-th, row-major), so ``validation_seeds()`` —
+    ``range(n)`` — enumerates every distinct start once. With ``random_maps=True`` the seed
+    also generates the map (gymnasium's ``generate_random_map``) and the start is its ``S``.
+
+    Args:
+        size: side of the square grid (default map: gymnasium's 4x4 / 8x8 when they fit).
+        is_slippery: gymnasium's slippery dynamics (a move may slide sideways).
+        max_turns: turns before truncation; default ``2 * (size - 1) + 4``.
+        map: rows of ``S F H G`` letters, overrides ``size``.
+        random_maps: generate a new map per seed instead of moving the start cell.
+
+    Example:
+        >>> env = FrozenLake()
+        >>> obs, info = env.reset(seed=env.validation_seeds()[0])
+        >>> obs, reward, terminated, truncated, info = env.step("right")
+    """
+
+    shape = "prefill"
+
+    def __init__(
+        self,
+        size: int = 4,
+        is_slippery: bool = False,
+        max_turns: int | None = None,
+        map: list[str] | None = None,
+        random_maps: bool = False,
+    ) -> None:
+        problems = []
+        if map is not None:
+            if not map or any(len(r) != len(map) for r in map):
+                problems.append("map must be a non-empty square list of strings")
+            elif set("".join(map)) - set("SFHG") or "".join(map).count("G") != 1:
+                problems.append("map may only hold S F H G letters, with exactly one G")
+            else:
+                size = len(map)
+        if size < 2:
+            problems.append(f"size must be >= 2, got {size}")
+        if max_turns is not None and max_turns < 1:
+            problems.append(f"max_turns must be >= 1, got {max_turns}")
+        if problems:
+            raise ConfigError(problems, where="FrozenLake")
+        self.size = size
+        self.is_slippery = is_slippery
+        self.max_turns = max_turns if max_turns is not None else 2 * (size - 1) + 4
+        self.random_maps = random_maps
+        self.layout = [r.replace("S", "F") for r in (map or self._default_map(size))]
+        self._starts = self._start_cells(self.layout)
+        if not random_maps and not self._starts:
+            raise ConfigError("no frozen cell can reach the goal", where="FrozenLake map")
+        self._gym: Any = None
+        self._gym_desc: tuple[str, ...] | None = None
+        self._turn = 0
+        self._done = True
+
+    # -- hints for the model builder / validation ---------------------------------
+    @property
+    def vocab(self) -> list[str]:
+        """Words used by observations and actions."""
+        words = set(_INTRO.split()) | {"P", "F", "H", "G", "S", "moved", "invalid", "action",
+                                       "fell", "in", "a", "hole", "reached", "the", "goal",
+                                       "out", "of", "turns", "left", "right", "up", "down"}
+        return sorted(words)
+
+    def validation_seeds(self) -> list[int]:
+        """Seeds that together cover every distinct start configuration once."""
+        if self.random_maps:
+            return self._distinct_map_seeds(16)
+        return list(range(len(self._starts)))
+
+    # -- env protocol --------------------------------------------------------------
+    def reset(self, seed: int | None = None) -> tuple[str, dict[str, Any]]:
+        seed = 0 if seed is None else int(seed)
+        if self.random_maps:
+            from gymnasium.envs.toy_text.frozen_lake import generate_random_map
+
+            desc = generate_random_map(self.size, seed=seed)
+        else:
+            r, c = self._starts[seed % len(self._starts)]
+            rows = [list(row) for row in self.layout]
+            rows[r][c] = "S"
+            desc = ["".join(row) for row in rows]
+        self._make_gym(desc)
+        state, _ = self._gym.reset(seed=seed)
+        self._turn, self._done = 0, False
+        info = {"start": divmod(int(state), self.size), "map": list(desc)}
+        return f"{_INTRO}\n{self._render(int(state))}", info
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        if self._done:
+            raise RuntimeError("FrozenLake episode is over; call reset() first")
+        self._turn += 1
+        move = parse_move(action)
+        truncated = self._turn >= self.max_turns
+        if move is None:
+            state = int(self._gym.unwrapped.s)
+            self._done = truncated
+            msg = "invalid action . say left right up or down ."
+            return f"{msg}\n{self._render(state)}", 0.0, False, truncated, {"move": None}
+        state, reward, terminated, _, _ = self._gym.step(_MOVES[move])
+        state = int(state)
+        cell = self._gym_desc[state // self.size][state % self.size]
+        if cell == "G":
+            msg = "reached the goal ."
+        elif cell == "H":
+            msg = "fell in a hole ."
+        else:
+            msg = f"moved {move} ." + (" out of turns ." if truncated else "")
+        self._done = bool(terminated) or truncated
+        info = {"move": move, "position": divmod(state, self.size)}
+        return f"{msg}\n{self._render(state)}", float(reward), bool(terminated), truncated and not terminated, info
+
+    # -- helpers -------------------------------------------------------------------
+    def solve(self) -> list[str] | None:
+        """Shortest move list from the current state to the goal (deterministic dynamics),
+        or None if unreachable. Handy as a scripted policy in tests and demos."""
+        if self._gym is None:
+            raise RuntimeError("call reset() before solve()")
+        start = divmod(int(self._gym.unwrapped.s), self.size)
+        return _shortest_path(list(self._gym_desc), start)
+
+    def _distinct_map_seeds(self, count: int) -> list[int]:
+        from gymnasium.envs.toy_text.frozen_lake import generate_random_map
+
+        seen, seeds = set(), []
+        for seed in range(count * 20):  # small maps repeat; stop once enough are distinct
+            desc = tuple(generate_random_map(self.size, seed=seed))
+            if desc not in seen:
+                seen.add(desc)
+                seeds.append(seed)
+                if len(seeds) == count:
+                    break
+        return seeds
+
+    @staticmethod
+    def _default_map(size: int) -> list[str]:
+        from gymnasium.envs.toy_text.frozen_lake import MAPS, generate_random_map
+
+        key = f"{size}x{size}"
+        # A fixed seed keeps the map of a given size the same across processes and runs.
+        return list(MAPS[key]) if key in MAPS else generate_random_map(size, seed=0)
+
+    @staticmethod
+    def _start_cells(layout: list[str]) -> list[tuple[int, int]]:
+        cells = [(r, c) for r, row in enumerate(layout) for c, ch in enumerate(row) if ch == "F"]
+        return [rc for rc in cells if _shortest_path(layout, rc) is not None]
+
+    def _make_gym(self, desc: list[str]) -> None:
+        if self._gym_desc == tuple(desc):
+            return
+        import gymnasium
+
+        # Truncation is ours (max_turns); gymnasium's TimeLimit must never fire first.
+        self._gym = gymnasium.make(
+            "FrozenLake-v1", desc=desc, is_slippery=self.is_slippery, max_episode_steps=10**9
+        )
+        self._gym_desc = tuple(desc)
+
+    def _render(self, state: int) -> str:
+        pr, pc = divmod(state, self.size)
+        rows = []
+        for r, row in enumerate(self._gym_desc):
+            cells = ["P" if (r, c) == (pr, pc) else ("F" if ch == "S" else ch) for c, ch in enumerate(row)]
+            rows.append(" ".join(cells))
+        return "\n".join(rows)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The gymnasium env is rebuilt on the next reset; shipping it through Ray is waste.
+        state = dict(self.__dict__)
+        state.update(_gym=None, _gym_desc=None, _done=True)
+        return state
+
+    def __repr__(self) -> str:
+        return f"FrozenLake(size={self.size}, is_slippery={self.is_slippery}, max_turns={self.max_turns})"
+
+
+def _shortest_path(desc: list[str], start: tuple[int, int]) -> list[str] | None:
+    n = len(desc)
+    prev: dict[tuple[int, int], tuple[tuple[int, int], str] | None] = {start: None}
+    queue = deque([start])
+    while queue:
+        cur = queue.popleft()
+        if desc[cur[0]][cur[1]] == "G":
+            path = []
+            while prev[cur] is not None:
+                cur, move = prev[cur]  # type: ignore[misc]
+                path.append(move)
+            return path[::-1]
+        for move, (dr, dc) in _DELTAS.items():
+            nxt = (cur[0] + dr, cur[1] + dc)
+            if 0 <= nxt[0] < n and 0 <= nxt[1] < n and nxt not in prev and desc[nxt[0]][nxt[1]] != "H":
+                prev[nxt] = (cur, move)
+                queue.append(nxt)
+    return None
