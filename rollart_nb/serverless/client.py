@@ -1,0 +1,146 @@
+"""HTTP client for serverless endpoints (Ray Serve, Knative, cloud functions).
+
+JSON contract (request): ``{"args": [...], "kwargs": {...}}``; (response, 2xx):
+``{"result": <json>}``. Non-2xx answers raise :class:`ServerlessError` with the status and
+the start of the body; timeouts and 5xx / connection errors are retried with exponential
+backoff. A bearer token is read from an environment variable at call time and never stored
+in reprs, logs or exceptions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from rollart_nb.errors import ConfigError, ServerlessError
+
+__all__ = ["Endpoint", "call", "acall"]
+
+_RETRYABLE = (httpx.TimeoutException, httpx.TransportError)
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """A registered serverless endpoint.
+
+    Attributes:
+        name: endpoint name (what ``register_serverless`` refers to).
+        url: full URL to POST to.
+        token_env: name of an environment variable holding a bearer token (the token itself
+            is never stored here).
+        timeout_s: per-request timeout.
+        retries: retries after the first attempt on timeout / connection error / 5xx.
+        backoff_s: first backoff; doubles each retry, with jitter.
+    """
+
+    name: str
+    url: str
+    token_env: str | None = None
+    timeout_s: float = 30.0
+    retries: int = 2
+    backoff_s: float = 0.1
+
+    def __post_init__(self) -> None:
+        problems = []
+        if not self.url.startswith(("http://", "https://")):
+            problems.append(f"url {self.url!r} must start with http:// or https://")
+        if self.timeout_s <= 0:
+            problems.append(f"timeout_s={self.timeout_s} must be > 0")
+        if self.retries < 0:
+            problems.append(f"retries={self.retries} must be >= 0")
+        if problems:
+            raise ConfigError(problems, where=f"endpoint {self.name!r}")
+
+    def headers(self) -> dict[str, str]:
+        h = {"content-type": "application/json"}
+        if self.token_env:
+            tok = os.environ.get(self.token_env)
+            if not tok:
+                raise ConfigError(f"endpoint {self.name!r} wants a bearer token in ${self.token_env}, which is unset")
+            h["authorization"] = f"Bearer {tok}"
+        return h
+
+
+def _check(ep: Endpoint, resp: httpx.Response) -> Any:
+    if resp.status_code // 100 != 2:
+        body = resp.text[:200].replace("\n", " ")
+        raise ServerlessError(
+            f"endpoint {ep.name!r} ({ep.url}) answered {resp.status_code}: {body}", url=ep.url,
+            status=resp.status_code,
+        )
+    try:
+        data = resp.json()
+    except ValueError:
+        raise ServerlessError(f"endpoint {ep.name!r} ({ep.url}) answered non-JSON: {resp.text[:120]!r}",
+                              url=ep.url, status=resp.status_code) from None
+    if isinstance(data, dict) and "result" in data:
+        return data["result"]
+    return data
+
+
+def _retryable_status(resp: httpx.Response) -> bool:
+    return resp.status_code >= 500 or resp.status_code == 429
+
+
+def _delay(ep: Endpoint, attempt: int) -> float:
+    return ep.backoff_s * (2**attempt) * (0.5 + random.random())
+
+
+def call(ep: Endpoint, args: list[Any], kwargs: dict[str, Any], client: httpx.Client | None = None) -> Any:
+    """POST ``{"args", "kwargs"}`` to ``ep`` and return ``result``, with retries."""
+    own = client is None
+    client = client or httpx.Client(timeout=ep.timeout_s)
+    try:
+        last: Exception | None = None
+        for attempt in range(ep.retries + 1):
+            try:
+                resp = client.post(ep.url, json={"args": args, "kwargs": kwargs}, headers=ep.headers(),
+                                   timeout=ep.timeout_s)
+                if _retryable_status(resp) and attempt < ep.retries:
+                    time.sleep(_delay(ep, attempt))
+                    continue
+                return _check(ep, resp)
+            except _RETRYABLE as e:
+                last = e
+                if attempt < ep.retries:
+                    time.sleep(_delay(ep, attempt))
+        raise ServerlessError(
+            f"endpoint {ep.name!r} ({ep.url}) failed after {ep.retries + 1} attempt(s): {type(last).__name__}; "
+            "check the service is up, or raise timeout_s/retries", url=ep.url,
+        )
+    finally:
+        if own:
+            client.close()
+
+
+async def acall(ep: Endpoint, args: list[Any], kwargs: dict[str, Any], client: httpx.AsyncClient | None = None) -> Any:
+    """Async :func:`call` (for the asyncio EnvManager / reward paths)."""
+    own = client is None
+    client = client or httpx.AsyncClient(timeout=ep.timeout_s)
+    try:
+        last: Exception | None = None
+        for attempt in range(ep.retries + 1):
+            try:
+                resp = await client.post(ep.url, json={"args": args, "kwargs": kwargs}, headers=ep.headers(),
+                                         timeout=ep.timeout_s)
+                if _retryable_status(resp) and attempt < ep.retries:
+                    await asyncio.sleep(_delay(ep, attempt))
+                    continue
+                return _check(ep, resp)
+            except _RETRYABLE as e:
+                last = e
+                if attempt < ep.retries:
+                    await asyncio.sleep(_delay(ep, attempt))
+        raise ServerlessError(
+            f"endpoint {ep.name!r} ({ep.url}) failed after {ep.retries + 1} attempt(s): {type(last).__name__}; "
+            "check the service is up, or raise timeout_s/retries", url=ep.url,
+        )
+    finally:
+        if own:
+            await client.aclose()

@@ -1,0 +1,313 @@
+"""Session: the notebook's entry point to a (local or existing) Ray cluster and its pools.
+
+Lifecycle: ``detached -> attached -> closed``. :meth:`Session.local` and :meth:`Session.attach`
+return an attached session; every call on a closed one raises a :class:`StateError` that
+names the fix.
+"""
+
+from __future__ import annotations
+
+import html
+import logging
+import tempfile
+import uuid
+import warnings
+from typing import Any
+
+from rollart_nb import _ray
+from rollart_nb.errors import ConfigError, StateError
+from rollart_nb.resources.manager import Binding, ResourceManager
+from rollart_nb.resources.pools import Pool, discover_pools
+from rollart_nb.resources.profiles import PROFILES
+from rollart_nb.resources.store import make_store
+from rollart_nb.serverless.client import Endpoint
+from rollart_nb.workers.cluster import Cluster
+from rollart_nb.workers.worker import Worker
+
+__all__ = ["DEFAULT_LOCAL_POOLS", "Session"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_LOCAL_POOLS: dict[str, int] = {"H800": 2, "H20": 2, "cpu": 4}
+"""Simulated pools of :meth:`Session.local` (pool name -> worker slots)."""
+
+_LOCAL: Session | None = None  # the one local session of this process (re-run cells replace it)
+
+
+class Session:
+    """A connection to a Ray cluster whose nodes form hardware pools.
+
+    Create one with :meth:`local` (embedded Ray, simulated pools) or :meth:`attach`
+    (an existing cluster). Use it as a context manager or call :meth:`close`.
+
+    Example:
+        >>> import rollart_nb as rn
+        >>> with rn.Session.local() as sess:          # doctest: +SKIP
+        ...     print(sess.pools["H800"].capacity)
+        2.0
+    """
+
+    def __init__(self, *, _token: object = None) -> None:
+        if _token is not _PRIVATE:
+            raise StateError("create a Session with rn.Session.local() or rn.Session.attach(address)")
+        self.id = uuid.uuid4().hex[:8]
+        self.state = "detached"
+        self.mode = ""
+        self.address = ""
+        self.pools: dict[str, Pool] = {}
+        self.endpoints: dict[str, Endpoint] = {}
+        self.clusters: dict[str, Cluster] = {}
+        self.log_dir = ""
+        self.seed = 0
+        self._owns_ray = False
+        self._resources: ResourceManager | None = None  # type: ignore[assignment]
+        self.store: Any = None
+
+    # -- constructors ----------------------------------------------------------------
+    @classmethod
+    def local(
+        cls,
+        pools: dict[str, int] | None = None,
+        serverless: bool = True,
+        *,
+        num_cpus: int | None = None,
+        store: str | None = None,
+        log_dir: str | None = None,
+        seed: int = 0,
+        object_store_gb: float = 2.0,
+        log_to_driver: bool = False,
+    ) -> Session:
+        """Start Ray on this machine with simulated pools.
+
+        Args:
+            pools: pool name -> worker slots; names are hardware types ("H800", "H20", "H100",
+                "A100") or "cpu". Default :data:`DEFAULT_LOCAL_POOLS`.
+            serverless: add the elastic ``serverless`` pool (Ray Serve on 127.0.0.1).
+            num_cpus: CPUs Ray may use (default: all). Workers reserve pool slots, not CPUs.
+            store: metadata store: None (Ray GCS KV) or ``redis://host:port``.
+            log_dir: where worker logs go (default: a temp dir); they never flood the cell.
+            seed: the session's base seed (clusters and pipelines derive theirs from it).
+            object_store_gb: Ray object store size.
+            log_to_driver: forward worker prints into this process (off: keeps notebooks usable).
+
+        Calling it again in the same process closes the previous local session first.
+        """
+        global _LOCAL
+        pools = dict(DEFAULT_LOCAL_POOLS if pools is None else pools)
+        problems = []
+        for name, n in pools.items():
+            if name.lower() not in ("cpu", "serverless") and name.upper() not in PROFILES:
+                problems.append(f"pool {name!r} is not a known hardware type ({sorted(PROFILES)}) or 'cpu'")
+            if not isinstance(n, int | float) or n <= 0:
+                problems.append(f"pool {name!r} needs a positive slot count, got {n!r}")
+        if object_store_gb <= 0:
+            problems.append(f"object_store_gb={object_store_gb} must be > 0")
+        if problems:
+            raise ConfigError(problems, where="Session.local")
+        if _LOCAL is not None and _LOCAL.state == "attached":
+            warnings.warn("closing the previous Session.local() of this process", stacklevel=2)
+            _LOCAL.close()
+        s = cls(_token=_PRIVATE)
+        s.mode, s.seed = "local", seed
+        s.log_dir = log_dir or tempfile.mkdtemp(prefix=f"rollart_{s.id}_")
+        resources = {f"{_ray.POOL_RESOURCE_PREFIX}{_canon(n)}": float(v) for n, v in pools.items()}
+        info = _ray.start_local(num_cpus=num_cpus, resources=resources, namespace=f"rollart_{s.id}",
+                                log_to_driver=log_to_driver, object_store_memory=int(object_store_gb * 2**30))
+        s._owns_ray = True
+        s.address = info.get("gcs_address", info.get("address", ""))
+        s._finish_attach(pool_map=None, serverless=serverless, store=store)
+        _LOCAL = s
+        return s
+
+    @classmethod
+    def attach(
+        cls,
+        address: str = "auto",
+        *,
+        pool_map: dict[str, str] | None = None,
+        serverless: bool = False,
+        store: str | None = None,
+        timeout_s: float = 30.0,
+        log_dir: str | None = None,
+        seed: int = 0,
+    ) -> Session:
+        """Join an existing Ray cluster and discover its pools.
+
+        Args:
+            address: "auto" (the cluster ``ray start`` runs on this machine), "host:port" (GCS),
+                or "ray://host:10001" (Ray Client).
+            pool_map: custom resource -> hardware name, e.g. ``{"my_h20": "H20"}``, for nodes
+                that label GPUs their own way. ``accelerator_type:<NAME>`` needs no mapping.
+            serverless: add the elastic serverless pool.
+            store: metadata store (None: Ray GCS KV; or ``redis://...``).
+            timeout_s: give up (ConnectError) if the cluster does not answer within this.
+        """
+        s = cls(_token=_PRIVATE)
+        s.mode, s.seed = "attach", seed
+        s.log_dir = log_dir or tempfile.mkdtemp(prefix=f"rollart_{s.id}_")
+        s.address = _ray.connect(address, namespace=f"rollart_{s.id}", timeout_s=timeout_s, log_to_driver=False)
+        try:
+            s._finish_attach(pool_map=pool_map, serverless=serverless, store=store)
+        except BaseException:
+            _ray.shutdown()
+            raise
+        return s
+
+    def _finish_attach(self, *, pool_map: dict[str, str] | None, serverless: bool, store: str | None) -> None:
+        self.pools = discover_pools(_ray.nodes(), pool_map=pool_map, serverless=serverless,
+                                    head_node_id=_ray.current_node_id())
+        if self.mode == "local" and "serverless" in self.pools:
+            self.pools["serverless"].simulated = True
+        self.store = make_store(store, prefix=f"sessions/{self.id}/")
+        self._resources = ResourceManager(self.pools, self.store)
+        self.state = "attached"
+
+    # -- clusters --------------------------------------------------------------------
+    def cluster(
+        self,
+        name: str,
+        worker_cls: type[Worker],
+        pool: str | None = None,
+        replicas: int = 1,
+        *,
+        fallback: list[str] | None = None,
+        slots: float = 1.0,
+        endpoints: dict[str, str] | None = None,
+        affinity: dict[str, str] | None = None,
+        max_concurrency: int = 64,
+        start_timeout_s: float = 120.0,
+        **init_kwargs: Any,
+    ) -> Cluster:
+        """Build (or rebuild) the Cluster ``name`` of ``replicas`` ``worker_cls`` workers.
+
+        Args:
+            name: role name ("actor_train", "actor_gen", "reward", "env", ...). Building the same
+                name again closes the old cluster first (re-running a cell is safe).
+            worker_cls: a :class:`~rollart_nb.Worker` subclass.
+            pool: preferred pool; default ``worker_cls.default_pool``.
+            replicas: number of workers (>= 1).
+            fallback: pools to try if ``pool`` is full or absent (default: compatible pools).
+            slots: pool slots per worker (GPUs per worker on a GPU pool).
+            endpoints: serverless endpoint name -> URL for ``@register_serverless`` methods.
+            affinity: tag -> hardware overrides for ``@hw_mapping`` methods.
+            max_concurrency: concurrent calls one worker actor accepts.
+            **init_kwargs: passed to ``worker_cls.__init__``.
+        """
+        self._check()
+        problems = []
+        if not (isinstance(worker_cls, type) and issubclass(worker_cls, Worker)):
+            problems.append(f"worker_cls must be a rollart_nb.Worker subclass, got {worker_cls!r}")
+        if not isinstance(replicas, int) or replicas < 1:
+            problems.append(f"replicas must be an int >= 1, got {replicas!r}")
+        if slots <= 0:
+            problems.append(f"slots must be > 0, got {slots!r}")
+        if not name or not isinstance(name, str):
+            problems.append("name must be a non-empty string")
+        if problems:
+            raise ConfigError(problems, where=f"sess.cluster({name!r}, ...)")
+        pool = pool or getattr(worker_cls, "default_pool", "cpu")
+        self._resources.check_pool_name(pool)
+        if name in self.clusters:
+            log.info("replacing cluster %s", name)
+            self.close_cluster(name)
+        eps = {n: Endpoint(n, u) for n, u in (endpoints or {}).items()}
+        c = Cluster(self, name, worker_cls, replicas=replicas, pool=pool, fallback=fallback, slots=slots,
+                    init_kwargs=init_kwargs, endpoints=eps, affinity=affinity, max_concurrency=max_concurrency,
+                    start_timeout_s=start_timeout_s)
+        self.clusters[name] = c
+        return c
+
+    def close_cluster(self, name: str) -> None:
+        """Kill a cluster's workers and free its slots."""
+        c = self.clusters.pop(name, None)
+        if c is not None:
+            c.close()
+
+    def register_endpoint(self, name: str, url: str, *, token_env: str | None = None, timeout_s: float = 30.0,
+                          retries: int = 2) -> Endpoint:
+        """Register a serverless endpoint for ``@register_serverless`` methods.
+
+        ``token_env`` names an environment variable with a bearer token; the token is read at
+        call time and never stored or shown.
+        """
+        self._check()
+        ep = Endpoint(name, url, token_env=token_env, timeout_s=timeout_s, retries=retries)
+        self.endpoints[name] = ep
+        self.store.put(f"endpoints/{name}", {"url": url, "token_env": token_env})
+        return ep
+
+    def bindings(self, role: str | None = None) -> list[Binding]:
+        """Current worker bindings (optionally of one role)."""
+        self._check()
+        return self._resources.bindings(role)
+
+    # -- lifecycle -------------------------------------------------------------------
+    def _check(self) -> None:
+        if self.state == "closed":
+            raise StateError("Session is closed; create a new one with rn.Session.local() or rn.Session.attach(...)")
+        if self.state != "attached":
+            raise StateError("Session is not attached; use rn.Session.local() or rn.Session.attach(...)")
+
+    def close(self) -> None:
+        """Close every cluster, release bindings, and stop Ray if this session started it."""
+        global _LOCAL
+        if self.state == "closed":
+            return
+        for name in list(self.clusters):
+            try:
+                self.close_cluster(name)
+            except Exception as e:  # a dead cluster must not keep the session open
+                log.warning("closing cluster %s: %s", name, e)
+        try:
+            if self.store is not None:
+                self.store.clear()
+        except Exception as e:
+            log.warning("clearing the metadata store: %s", e)
+        if self.mode in ("local", "attach"):
+            _ray.shutdown()
+        self.state = "closed"
+        if _LOCAL is self:
+            _LOCAL = None
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        pools = ", ".join(f"{n}:{p.free:g}/{p.capacity:g}{'*' if p.simulated else ''}" for n, p in self.pools.items())
+        return (f"Session(id={self.id}, {self.mode or 'new'}, {self.state}, pools=[{pools}], "
+                f"clusters={sorted(self.clusters)})")
+
+    def _repr_html_(self) -> str:
+        rows = "".join(
+            f"<tr><td><b>{html.escape(n)}</b></td><td>{p.hardware.name} ({p.hardware.optimized_for})</td>"
+            f"<td>{len(p.nodes)}</td><td>{p.free:g} / {p.capacity:g}</td>"
+            f"<td>{_SIM_BADGE if p.simulated else 'real'}</td></tr>"
+            for n, p in self.pools.items()
+        )
+        binds = "".join(
+            f"<tr><td>{html.escape(b.worker)}</td><td>{html.escape(b.pool)}</td><td>{b.hardware}</td>"
+            f"<td>{'yes: ' + html.escape(b.reason) if b.fell_back else 'no'}</td></tr>"
+            for b in (self._resources.bindings() if self._resources and self.state == "attached" else [])
+        )
+        return (
+            f"<div><b>rollart_nb Session</b> <code>{self.id}</code> &middot; {self.mode} &middot; {self.state}"
+            f" &middot; <code>{html.escape(self.address)}</code>"
+            f"<table><tr><th>pool</th><th>hardware</th><th>nodes</th><th>free / capacity</th><th></th></tr>{rows}</table>"
+            + (f"<table><tr><th>worker</th><th>pool</th><th>hardware</th><th>fell back</th></tr>{binds}</table>"
+               if binds else "<p>no workers bound yet</p>")
+            + "</div>"
+        )
+
+
+_PRIVATE = object()
+_SIM_BADGE = '<span style="color:#b36b00">simulated</span>'
+
+
+def _canon(name: str) -> str:
+    low = name.lower()
+    if low in ("cpu", "serverless"):
+        return low
+    return PROFILES[name.upper()].name

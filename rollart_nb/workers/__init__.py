@@ -1,0 +1,7 @@
+"""Data plane: the Worker base class, its decorators, and Clusters of workers."""
+
+from rollart_nb.workers.cluster import Cluster, ClusterFuture
+from rollart_nb.workers.decorators import hw_mapping, register, register_serverless
+from rollart_nb.workers.worker import Worker
+
+__all__ = ["Cluster", "ClusterFuture", "Worker", "hw_mapping", "register", "register_serverless"]

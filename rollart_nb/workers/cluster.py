@@ -1,0 +1,339 @@
+"""Cluster: spawns a role's Workers from bindings and binds their decorated methods onto itself.
+
+``cluster.compute_gradients(...)`` has the Worker method's own signature and docstring (so
+``help()`` and tab completion work) plus a keyword-only ``blocking`` flag: ``blocking=False``
+returns a :class:`ClusterFuture` (``.result()`` or ``await``).
+"""
+
+from __future__ import annotations
+
+import functools
+import html
+import inspect
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from rollart_nb import _ray
+from rollart_nb.errors import ClusterError, ConfigError, StateError
+from rollart_nb.resources.manager import Binding
+from rollart_nb.resources.profiles import PROFILES
+from rollart_nb.serverless.client import Endpoint, acall, call
+from rollart_nb.workers.decorators import Dispatch, dispatch_of
+from rollart_nb.workers.worker import Worker, actor_class_for
+
+if TYPE_CHECKING:
+    from rollart_nb.session import Session
+
+__all__ = ["Cluster", "ClusterFuture", "WorkerHandle"]
+
+
+@dataclass
+class WorkerHandle:
+    """One worker actor of a Cluster, with its binding and in-flight call count."""
+
+    actor: Any
+    binding: Binding
+    inflight: int = 0
+    calls: int = 0
+
+
+class ClusterFuture:
+    """Result of a non-blocking cluster call: ``.result(timeout)`` or ``await fut``."""
+
+    def __init__(self, refs: list[Any], combine: Callable[[list[Any]], Any], what: str, on_done: Callable[[], None],
+                 who: list[Binding]):
+        self._refs, self._combine, self._what, self._on_done = refs, combine, what, on_done
+        self._who = who
+        self._done = False
+
+    def _finish(self) -> None:
+        if not self._done:
+            self._done = True
+            self._on_done()
+
+    def result(self, timeout: float | None = None) -> Any:
+        try:
+            # one get per worker, so a failure names the worker and pool it came from
+            return self._combine([_ray.get(r, timeout_s=timeout, what=self._what, worker=b.worker, pool=b.pool)
+                                  for r, b in zip(self._refs, self._who, strict=True)])
+        finally:
+            self._finish()
+
+    def __await__(self):  # noqa: ANN204
+        async def run() -> Any:
+            try:
+                return self._combine([await r for r in self._refs])
+            finally:
+                self._finish()
+
+        return run().__await__()
+
+
+class Cluster:
+    """A role-specific group of Workers, driven as one object.
+
+    Built by :meth:`rollart_nb.Session.cluster`; not constructed directly.
+
+    Example:
+        >>> gen = sess.cluster("actor_gen", MyGen, pool="H20", replicas=2)   # doctest: +SKIP
+        >>> gen.generate("2 + 2 =", tag_name="math")                         # doctest: +SKIP
+    """
+
+    def __init__(self, session: Session, name: str, worker_cls: type[Worker], *, replicas: int, pool: str,
+                 fallback: list[str] | None, slots: float, init_kwargs: dict[str, Any],
+                 endpoints: dict[str, Endpoint], affinity: dict[str, str] | None, max_concurrency: int,
+                 start_timeout_s: float) -> None:
+        self.name, self.worker_cls, self.pool = name, worker_cls, pool
+        self._session, self._init_kwargs, self._fallback, self._slots = session, init_kwargs, fallback, slots
+        self._endpoints = endpoints
+        self._affinity_override = dict(affinity or {})
+        self._max_concurrency, self._start_timeout_s = max_concurrency, start_timeout_s
+        self._lock = threading.Lock()
+        self.fallbacks: dict[str, int] = {}
+        self.closed = False
+        self.workers: list[WorkerHandle] = []
+        try:
+            for i in range(replicas):
+                self.workers.append(self._spawn(i, replicas))
+            self._wait_ready(range(replicas))
+        except BaseException:
+            self.close()
+            raise
+        self._bind_methods()
+
+    # -- construction ----------------------------------------------------------------
+    def _spawn(self, index: int, world: int, binding: Binding | None = None) -> WorkerHandle:
+        b = binding or self._session._resources.bind(self.name, index, prefer=self.pool, fallback=self._fallback,
+                                                     slots=self._slots)
+        res: dict[str, float] = {}
+        num_gpus = num_cpus = 0.0
+        if b.resource == "GPU":
+            num_gpus = b.slots
+        elif b.resource == "CPU":
+            num_cpus = b.slots
+        elif b.resource:
+            res[b.resource] = b.slots
+        opts = _ray.actor_options(node_id=b.node, num_gpus=num_gpus, num_cpus=num_cpus, resources=res, name=None,
+                                  max_concurrency=self._max_concurrency)
+        _ray.ship_by_value(self.worker_cls)
+        cls = _ray.remote_class(actor_class_for(self.worker_cls), **opts)
+        actor = cls.remote(b, world, self._session.log_dir, **self._init_kwargs)
+        return WorkerHandle(actor, b)
+
+    def _wait_ready(self, indices: range | list[int]) -> None:
+        for i in indices:
+            h = self.workers[i]
+            try:
+                info = _ray.get(h.actor._rn_info.remote(), timeout_s=self._start_timeout_s, what="start",
+                                worker=h.binding.worker, pool=h.binding.pool)
+            except ClusterError as e:
+                raise ClusterError(
+                    f"worker {h.binding.worker} on pool {h.binding.pool} did not start: {e}. Check the "
+                    f"Worker's __init__ (and {self._session.log_dir} for its log)"
+                ) from e
+            if info["node_id"] != h.binding.node:  # the scheduler must honour the binding
+                raise ClusterError(f"worker {h.binding.worker} landed on node {info['node_id']}, not its binding")
+
+    def _bind_methods(self) -> None:
+        for attr, fn in inspect.getmembers(self.worker_cls, predicate=inspect.isfunction):
+            d = dispatch_of(fn)
+            if d is None:
+                continue
+            if hasattr(Cluster, attr):
+                raise ConfigError(f"{self.worker_cls.__name__}.{attr} clashes with a Cluster attribute; rename it")
+            setattr(self, attr, self._make_proxy(attr, fn, d))
+
+    def _make_proxy(self, attr: str, fn: Callable[..., Any], d: Dispatch) -> Callable[..., Any]:
+        if d.kind == "register":
+            impl = functools.partial(self._call_register, attr, d)
+        elif d.kind == "hw_mapping":
+            impl = functools.partial(self._call_hw, attr, d)
+        else:
+            impl = functools.partial(self._call_serverless, attr, d)
+
+        @functools.wraps(fn)
+        def proxy(*args: Any, blocking: bool = True, **kwargs: Any) -> Any:
+            self._check_open()
+            return impl(args, kwargs, blocking)
+
+        sig = inspect.signature(fn)
+        # Ray's tracing hook adds `_ray_trace_ctx` to actor methods: not part of the user's API.
+        params = [p for n, p in sig.parameters.items() if n not in ("self", "_ray_trace_ctx")]
+        params.append(inspect.Parameter("blocking", inspect.Parameter.KEYWORD_ONLY, default=True))
+        proxy.__signature__ = sig.replace(parameters=_ordered(params))  # type: ignore[attr-defined]
+        return proxy
+
+    # -- dispatch paths --------------------------------------------------------------
+    def _submit(self, idx: list[int], attr: str, per_worker_args: list[tuple[tuple, dict]]) -> list[Any]:
+        refs = []
+        with self._lock:
+            for i, (a, k) in zip(idx, per_worker_args, strict=True):
+                h = self.workers[i]
+                h.inflight += 1
+                h.calls += 1
+                refs.append(getattr(h.actor, attr).remote(*a, **k))
+        return refs
+
+    def _release(self, idx: list[int]) -> None:
+        with self._lock:
+            for i in idx:
+                self.workers[i].inflight -= 1
+
+    def _finish(self, idx: list[int], refs: list[Any], combine: Callable[[list[Any]], Any], blocking: bool,
+                what: str) -> Any:
+        fut = ClusterFuture(refs, combine, what, lambda: self._release(idx), [self.workers[i].binding for i in idx])
+        return fut.result() if blocking else fut
+
+    def _call_register(self, attr: str, d: Dispatch, args: tuple, kwargs: dict, blocking: bool) -> Any:
+        n = len(self.workers)
+        if d.mode == "one":
+            idx = [0]
+            per = [(args, kwargs)]
+            combine: Callable[[list[Any]], Any] = lambda r: r[0]  # noqa: E731
+        elif d.mode == "scatter":
+            for v in (*args, *kwargs.values()):
+                if isinstance(v, list | tuple) and len(v) != n:
+                    raise ConfigError(f"{self.name}.{attr}: scatter argument has {len(v)} items for {n} workers")
+            idx = list(range(n))
+            per = [(tuple(_pick(a, i) for a in args), {k: _pick(v, i) for k, v in kwargs.items()}) for i in idx]
+            combine = list
+        else:
+            idx = list(range(n))
+            per = [(args, kwargs)] * n
+            combine = list
+        refs = self._submit(idx, attr, per)
+        return self._finish(idx, refs, combine, blocking, f"{self.name}.{attr}")
+
+    def affinity(self, attr: str, tag: str | None) -> str | None:
+        """Preferred hardware for ``tag`` when calling ``attr`` (cluster override, then decorator)."""
+        fn = getattr(self.worker_cls, attr)
+        d = dispatch_of(fn)
+        if tag is not None and tag in self._affinity_override:
+            return self._affinity_override[tag]
+        if d is not None and tag is not None and tag in d.affinity:
+            return d.affinity[tag]
+        return d.default if d is not None else None
+
+    def set_affinity(self, tag: str, hardware: str) -> None:
+        """Route calls tagged ``tag`` to ``hardware`` ("H20", "compute", "bandwidth", ...)."""
+        self._affinity_override[tag] = hardware
+
+    def choose_worker(self, attr: str, tag: str | None, max_inflight: int) -> tuple[int, bool]:
+        """Pick a worker index for a tagged call; returns (index, fell_back)."""
+        pref = self.affinity(attr, tag)
+        with self._lock:
+            order = sorted(range(len(self.workers)), key=lambda i: (self.workers[i].inflight, i))
+            if pref is None:
+                return order[0], False
+            match = [i for i in order if _matches(self.workers[i].binding, pref)]
+            free = [i for i in match if self.workers[i].inflight < max_inflight]
+            if free:
+                return free[0], False
+            others = [i for i in order if i not in match and self.workers[i].inflight < max_inflight]
+            if others:
+                return others[0], True
+            return order[0], not (match and order[0] in match)
+
+    def _call_hw(self, attr: str, d: Dispatch, args: tuple, kwargs: dict, blocking: bool) -> Any:
+        tag = kwargs.get("tag_name")
+        if tag is None:
+            params = [p for p in inspect.signature(getattr(self.worker_cls, attr)).parameters if p != "self"]
+            pos = params.index("tag_name")
+            tag = args[pos] if len(args) > pos else None
+        i, fell_back = self.choose_worker(attr, tag, d.max_inflight)
+        if fell_back:
+            self.fallbacks[attr] = self.fallbacks.get(attr, 0) + 1
+        refs = self._submit([i], attr, [(args, kwargs)])
+        return self._finish([i], refs, lambda r: r[0], blocking, f"{self.name}.{attr}")
+
+    def _endpoint(self, d: Dispatch) -> Endpoint:
+        name = d.endpoint or ""
+        ep = self._endpoints.get(name) or self._session.endpoints.get(name)
+        if ep is None:
+            raise ConfigError(
+                f"{self.name}: no serverless endpoint {name!r} is registered; call "
+                f"sess.register_endpoint({name!r}, url) or pass endpoints={{{name!r}: url}} to sess.cluster"
+            )
+        return Endpoint(ep.name, ep.url, ep.token_env, timeout_s=d.timeout_s, retries=d.retries,
+                        backoff_s=ep.backoff_s)
+
+    def _call_serverless(self, attr: str, d: Dispatch, args: tuple, kwargs: dict, blocking: bool) -> Any:
+        ep = self._endpoint(d)
+        if blocking:
+            return call(ep, list(args), kwargs)
+        return acall(ep, list(args), kwargs)  # a coroutine: await it
+
+    # -- lifecycle -------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self.closed:
+            raise StateError(f"Cluster {self.name!r} is closed; build it again with sess.cluster({self.name!r}, ...)")
+
+    def restart_worker(self, index: int) -> Binding:
+        """Failover: kill worker ``index``, rebind its slot (another node if possible), respawn it."""
+        self._check_open()
+        old = self.workers[index]
+        _ray.kill(old.actor)
+        b = self._session._resources.rebind(self.name, index)
+        self.workers[index] = self._spawn(index, len(self.workers), binding=b)
+        self._wait_ready([index])
+        return self.workers[index].binding
+
+    def info(self) -> list[dict[str, Any]]:
+        """Live info from every worker (node, pid, hardware); raises WorkerDiedError for a dead one."""
+        return [_ray.get(h.actor._rn_info.remote(), timeout_s=30, what="info", worker=h.binding.worker,
+                         pool=h.binding.pool) for h in self.workers]
+
+    @property
+    def bindings(self) -> list[Binding]:
+        return [h.binding for h in self.workers]
+
+    def close(self) -> None:
+        """Kill the workers and release their pool slots (idempotent)."""
+        if self.closed:
+            return
+        self.closed = True
+        for h in self.workers:
+            _ray.kill(h.actor)
+        self._session._resources.release(self.name)
+
+    def __len__(self) -> int:
+        return len(self.workers)
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"{len(self.workers)} worker(s)"
+        pools = ",".join(sorted({h.binding.pool for h in self.workers}))
+        return f"Cluster({self.name!r}, {self.worker_cls.__name__}, {state}, pools={pools or '-'})"
+
+    def _repr_html_(self) -> str:
+        rows = "".join(
+            f"<tr><td>{h.binding.index}</td><td>{html.escape(h.binding.pool)}</td><td>{h.binding.hardware}</td>"
+            f"<td><code>{h.binding.node[:8]}</code></td><td>{'yes: ' + html.escape(h.binding.reason) if h.binding.fell_back else 'no'}</td>"
+            f"<td>{h.inflight}</td><td>{h.calls}</td></tr>"
+            for h in self.workers
+        )
+        return (
+            f"<div><b>Cluster</b> <code>{html.escape(self.name)}</code> &middot; {self.worker_cls.__name__} &middot; "
+            f"{'closed' if self.closed else 'open'}<table><tr><th>rank</th><th>pool</th><th>hardware</th><th>node</th>"
+            f"<th>fell back</th><th>in flight</th><th>calls</th></tr>{rows}</table></div>"
+        )
+
+
+def _pick(v: Any, i: int) -> Any:
+    return v[i] if isinstance(v, list | tuple) else v
+
+
+def _matches(b: Binding, pref: str) -> bool:
+    p = pref.lower()
+    if p in ("compute", "bandwidth"):
+        prof = PROFILES.get(b.hardware)
+        return prof is not None and prof.optimized_for == p
+    return b.hardware.upper() == pref.upper() or b.pool == pref
+
+
+def _ordered(params: list[inspect.Parameter]) -> list[inspect.Parameter]:
+    """Keep a valid parameter order after appending keyword-only ``blocking``."""
+    var_kw = [p for p in params if p.kind is inspect.Parameter.VAR_KEYWORD]
+    rest = [p for p in params if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    return sorted(rest, key=lambda p: p.kind) + var_kw
