@@ -1,0 +1,311 @@
+"""Generation with plain ``transformers`` on CPU (or one GPU): the ``hf`` backend.
+
+Concurrent :meth:`HFBackend.generate` calls are gathered for a few milliseconds and run as one
+left-padded batch with a KV cache. The torch work runs in a thread (``asyncio.to_thread``), so
+the event loop of the actor (or notebook) stays responsive while a batch decodes.
+
+Logprobs: every returned logprob is ``log_softmax(logits)`` of the sampled token at
+temperature 1, whatever temperature was used to sample. That is the quantity the trainer
+recomputes (:meth:`TorchTrainBackend.logprobs`), so GRPO's importance ratio compares like
+with like; when sampling at ``T != 1`` the behaviour policy is the tempered one, which the
+ratio then ignores (the usual practice in RL stacks that report untempered logprobs).
+
+KV cache: each request prefills its whole prompt; nothing is kept across requests. So after
+:meth:`load_weights`, every later request of an in-flight trajectory is computed entirely
+under the new weights ("recompute" is complete by construction) and
+:attr:`GenerationResult.recomputed_tokens` reports the prompt tokens re-prefilled for a
+trajectory last served under an older version.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from rollart_nb.errors import GenerationError, WeightSyncError
+from rollart_nb.models.tiny import ModelRef, from_pretrained
+from rollart_nb.protocols import GenerationRequest, GenerationResult
+
+__all__ = ["HFBackend"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Slot:
+    """A request waiting for, or inside, a batch."""
+
+    request: GenerationRequest
+    future: asyncio.Future[GenerationResult]
+    aborted: bool = False
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+
+
+class HFBackend:
+    """A :class:`~rollart_nb.protocols.GenerationBackend` on ``transformers``, float32.
+
+    Args:
+        model: a :class:`ModelRef` or a path to a Hugging Face model directory.
+        device: torch device; default ``cuda`` when available, else ``cpu``.
+        name: worker name reported in results.
+        max_batch_size: most requests decoded together.
+        batch_wait_s: how long the first request of a batch waits for others to join.
+        seed: seeds requests that carry no seed of their own.
+
+    Example:
+        >>> be = HFBackend(rn.models.tiny_qwen())                    # doctest: +SKIP
+        >>> res = await be.generate(GenerationRequest("t0", "math", ids))  # doctest: +SKIP
+        >>> res.token_ids, res.logprobs, res.version               # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        model: ModelRef | str,
+        *,
+        device: str | None = None,
+        name: str = "hf",
+        max_batch_size: int = 32,
+        batch_wait_s: float = 0.005,
+        seed: int = 0,
+    ) -> None:
+        import torch
+
+        self.ref = model if isinstance(model, ModelRef) else from_pretrained(model)
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.tokenizer = self.ref.load_tokenizer()
+        self.model = self.ref.load_model(dtype=torch.float32, device=self.device)
+        self.name, self.max_batch_size, self.batch_wait_s = name, max_batch_size, batch_wait_s
+        self.version = 0
+        self.eos_id = self.tokenizer.eos_token_id
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_id
+        # transformers >= 5.2x names the KV cache "cache"; older releases "past_key_values".
+        params = inspect.signature(self.model.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self.max_len = int(getattr(self.model.config, "max_position_embeddings", 4096))
+        # Held for a whole batch and for a weight load: a batch never sees two versions.
+        self._weights_lock = threading.Lock()
+        self._pending: list[_Slot] = []
+        self._running: list[_Slot] = []
+        self._batcher: asyncio.Task[None] | None = None
+        self._seed_rng = torch.Generator().manual_seed(seed)
+        self.stats = {"batches": 0, "requests": 0}
+        self._served: OrderedDict[str, int] = OrderedDict()  # traj_id -> version last served
+
+    # -- GenerationBackend --------------------------------------------------------------
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        """Generate one response; batched with other requests arriving meanwhile.
+
+        Raises:
+            GenerationError: empty or too-long prompt, or the model failed.
+        """
+        if not request.prompt_ids:
+            raise GenerationError(f"trajectory {request.traj_id}: empty prompt; pass at least one token id")
+        if len(request.prompt_ids) >= self.max_len:
+            raise GenerationError(
+                f"trajectory {request.traj_id}: prompt of {len(request.prompt_ids)} tokens does not fit the "
+                f"model's {self.max_len} positions; shorten the history or use a longer-context model"
+            )
+        loop = asyncio.get_running_loop()
+        slot = _Slot(request, loop.create_future())
+        self._pending.append(slot)
+        if self._batcher is None or self._batcher.done():
+            self._batcher = loop.create_task(self._drain())
+        try:
+            return await asyncio.shield(slot.future)
+        except asyncio.CancelledError:
+            slot.aborted = True  # the caller gave up: stop spending compute on it
+            raise
+
+    async def abort(self, traj_id: str) -> None:
+        """Abort queued and in-flight requests of ``traj_id``; they finish with reason "abort"."""
+        for slot in [*self._pending, *self._running]:
+            if slot.request.traj_id == traj_id:
+                slot.aborted = True
+        for slot in [s for s in self._pending if s.aborted]:
+            self._pending.remove(slot)
+            if not slot.future.done():
+                slot.future.set_result(self._result(slot, "abort", 0.0, 0.0, self.version, 0))
+        self._served.pop(traj_id, None)
+
+    def load_weights(self, state: dict[str, Any], version: int) -> None:
+        """Replace the weights in place, between batches; all-or-nothing.
+
+        Raises:
+            WeightSyncError: keys or shapes do not match this model (nothing is changed).
+        """
+        import torch
+
+        own = self.model.state_dict()
+        missing = sorted(set(own) - set(state))
+        unexpected = sorted(set(state) - set(own))
+        shapes = [k for k in own.keys() & state.keys() if tuple(own[k].shape) != tuple(state[k].shape)]
+        if missing or unexpected or shapes:
+            raise WeightSyncError(
+                f"{self.name}: weights for version {version} do not fit this model "
+                f"(missing {missing[:5]}, unexpected {unexpected[:5]}, wrong shape {shapes[:5]}); "
+                "publish a state_dict of the same architecture"
+            )
+        with self._weights_lock, torch.no_grad():
+            for k, v in own.items():
+                v.copy_(torch.as_tensor(state[k]).to(dtype=v.dtype, device=v.device))
+            self.version = int(version)
+        log.debug("%s loaded weights version %d", self.name, version)
+
+    def recompute(self, prompt_ids: list[int]) -> list[float]:
+        """Prefill ``prompt_ids`` under the current weights; logprobs of tokens 1.., shape [P-1].
+
+        The hook the pipeline calls to rebuild KV state after a weight update; this backend
+        keeps no KV across requests, so it is also a cheap consistency probe.
+        """
+        import torch
+
+        with self._weights_lock, torch.no_grad():
+            ids = torch.tensor([prompt_ids], device=self.device)
+            logits = self.model(input_ids=ids).logits.float()
+            lp = torch.log_softmax(logits[0, :-1], -1).gather(-1, ids[0, 1:, None])[:, 0]
+        return lp.tolist()
+
+    # -- batching -----------------------------------------------------------------------
+    async def _drain(self) -> None:
+        while self._pending:
+            await asyncio.sleep(self.batch_wait_s)
+            batch = self._pending[: self.max_batch_size]
+            del self._pending[: len(batch)]
+            batch = [s for s in batch if not s.future.done()]
+            if not batch:
+                continue
+            self._running = batch
+            self.stats["batches"] += 1
+            self.stats["requests"] += len(batch)
+            try:
+                results = await asyncio.to_thread(self._generate_batch, batch)
+            except Exception as e:  # surface to every caller, keep serving later batches
+                log.exception("%s: batch of %d failed", self.name, len(batch))
+                for s in batch:
+                    if not s.future.done():
+                        s.future.set_exception(GenerationError(f"{self.name}: generation failed: {e}"))
+                continue
+            finally:
+                self._running = []
+            for s, r in zip(batch, results, strict=True):
+                r.recomputed_tokens = self._note_served(r.traj_id, r.version, len(s.request.prompt_ids))
+                if not s.future.done():
+                    s.future.set_result(r)
+
+    def _note_served(self, traj_id: str, version: int, prompt_len: int) -> int:
+        """Record the version that served ``traj_id``; prompt tokens re-prefilled under newer weights."""
+        previous = self._served.pop(traj_id, version)
+        self._served[traj_id] = version
+        while len(self._served) > 100_000:  # bound memory on very long runs
+            self._served.popitem(last=False)
+        return prompt_len if previous < version else 0
+
+    def _generate_batch(self, slots: list[_Slot]) -> list[GenerationResult]:
+        import torch
+
+        with self._weights_lock, torch.no_grad():
+            version = self.version
+            t0 = time.perf_counter()
+            b = len(slots)
+            prompts = [s.request.prompt_ids for s in slots]
+            width = max(map(len, prompts))
+            ids = torch.full((b, width), self.pad_id, dtype=torch.long)
+            attn = torch.zeros((b, width), dtype=torch.long)
+            for i, p in enumerate(prompts):  # left padding: every row's next token is column -1
+                ids[i, width - len(p) :] = torch.tensor(p)
+                attn[i, width - len(p) :] = 1
+            ids, attn = ids.to(self.device), attn.to(self.device)
+            pos = (attn.cumsum(-1) - 1).clamp(min=0)
+            out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True)
+            t_prefill = time.perf_counter() - t0
+            gens = [self._generator(s.request) for s in slots]
+            budgets = [min(s.request.max_new_tokens, self.max_len - len(s.request.prompt_ids)) for s in slots]
+            reasons: list[str | None] = [None] * b
+            for i, s in enumerate(slots):
+                if s.aborted:
+                    reasons[i] = "abort"
+                elif budgets[i] <= 0:
+                    reasons[i] = "length"
+            while any(r is None for r in reasons):
+                logits = out.logits[:, -1].float()
+                logp = torch.log_softmax(logits, -1)
+                nxt = torch.full((b,), self.pad_id, dtype=torch.long)
+                for i, s in enumerate(slots):
+                    if reasons[i] is not None:
+                        continue
+                    if s.aborted:
+                        reasons[i] = "abort"
+                        continue
+                    tok = self._sample(logits[i], s.request.temperature, gens[i])
+                    s.tokens.append(tok)
+                    s.logprobs.append(float(logp[i, tok]))
+                    nxt[i] = tok
+                    if tok == self.eos_id or self._hit_stop(s):
+                        reasons[i] = "stop"
+                    elif len(s.tokens) >= budgets[i]:
+                        reasons[i] = "length"
+                if all(r is not None for r in reasons):
+                    break
+                # Finished rows keep decoding a pad (cheaper than reshaping the KV cache).
+                attn = torch.cat([attn, attn.new_ones((b, 1))], dim=1)
+                pos = pos[:, -1:] + 1
+                out = self.model(
+                    input_ids=nxt[:, None].to(self.device),
+                    attention_mask=attn,
+                    position_ids=pos,
+                    use_cache=True,
+                    **{self._cache_kw: getattr(out, self._cache_kw)},
+                )
+            t_decode = time.perf_counter() - t0 - t_prefill
+        return [
+            self._result(s, reasons[i] or "length", t_prefill, t_decode, version, 0)
+            for i, s in enumerate(slots)
+        ]
+
+    # -- helpers ------------------------------------------------------------------------
+    def _generator(self, request: GenerationRequest) -> Any:
+        import torch
+
+        # One generator per request: its samples do not depend on who shares the batch.
+        seed = request.seed
+        if seed is None:
+            seed = int(torch.randint(0, 2**62, (1,), generator=self._seed_rng))
+        return torch.Generator(device="cpu").manual_seed(int(seed))
+
+    @staticmethod
+    def _sample(logits: Any, temperature: float, gen: Any) -> int:
+        import torch
+
+        if temperature <= 0:
+            return int(torch.argmax(logits))
+        probs = torch.softmax(logits.cpu() / temperature, -1)
+        return int(torch.multinomial(probs, 1, generator=gen))
+
+    def _hit_stop(self, slot: _Slot) -> bool:
+        if not slot.request.stop:
+            return False
+        text = self.tokenizer.decode(slot.tokens, skip_special_tokens=True)
+        return any(stop and stop in text for stop in slot.request.stop)
+
+    def _result(
+        self, slot: _Slot, reason: str, prefill_s: float, decode_s: float, version: int, recomputed: int
+    ) -> GenerationResult:
+        return GenerationResult(
+            traj_id=slot.request.traj_id,
+            token_ids=list(slot.tokens),
+            logprobs=list(slot.logprobs),
+            version=version,
+            finish_reason=reason,
+            text=self.tokenizer.decode(slot.tokens, skip_special_tokens=True),
+            worker=self.name,
+            prefill_s=prefill_s,
+            decode_s=decode_s,
+            recomputed_tokens=recomputed,
+        )

@@ -1,0 +1,223 @@
+"""HFBackend: batched generation whose logprobs the trainer reproduces, versioned weights."""
+
+import asyncio
+import threading
+import time
+
+import pytest
+import torch
+
+from rollart_nb.algo import GRPO
+from rollart_nb.backends import HFBackend, TorchTrainBackend
+from rollart_nb.errors import GenerationError, WeightSyncError
+from rollart_nb.models import format_history, tiny_qwen
+from rollart_nb.protocols import GenerationBackend, GenerationRequest
+from rollart_nb.trajectory import Trajectory, Turn
+
+
+@pytest.fixture(scope="module")
+def ref(tmp_path_factory):
+    return tiny_qwen(seed=0, path=str(tmp_path_factory.mktemp("m") / "tiny"))
+
+
+@pytest.fixture()
+def backend(ref):
+    return HFBackend(ref, batch_wait_s=0.02)
+
+
+def encode(be, *turns):
+    return be.tokenizer.encode(format_history(turns))
+
+
+def req(traj, prompt, **kw):
+    return GenerationRequest(traj_id=traj, task="t", prompt_ids=prompt, **kw)
+
+
+def test_implements_protocol(backend):
+    assert isinstance(backend, GenerationBackend)
+    assert backend.version == 0
+
+
+def test_batched_logprobs_match_trainer(ref, backend):
+    prompts = [
+        encode(backend, ("say 3", None)),
+        encode(backend, ("what is 12+3? answer with a number", None)),
+        encode(backend, ("go left", "left"), ("you fell into a hole", None)),
+    ]
+
+    async def run():
+        return await asyncio.gather(
+            *[backend.generate(req(f"t{i}", prompts[i % 3], max_new_tokens=6, seed=i)) for i in range(9)]
+        )
+
+    results = asyncio.run(run())
+    assert backend.stats["batches"] == 1 and backend.stats["requests"] == 9  # served together
+    trainer = TorchTrainBackend(ref, GRPO())
+    for i, r in enumerate(results):
+        assert r.version == 0 and r.worker == "hf" and len(r.token_ids) == len(r.logprobs) > 0
+        expected = trainer.logprobs(prompts[i % 3], r.token_ids)
+        assert max(abs(a - b) for a, b in zip(expected, r.logprobs, strict=True)) <= 1e-4
+
+
+def test_seeded_sampling_does_not_depend_on_batch_mates(backend):
+    prompt = encode(backend, ("say 3", None))
+
+    async def run():
+        alone = await backend.generate(req("a", prompt, max_new_tokens=8, seed=7))
+        crowd = await asyncio.gather(
+            backend.generate(
+                req("b", encode(backend, ("hello world again", None)), max_new_tokens=3, seed=1)
+            ),
+            backend.generate(req("c", prompt, max_new_tokens=8, seed=7)),
+        )
+        other = await backend.generate(req("d", prompt, max_new_tokens=8, seed=8))
+        return alone, crowd[1], other
+
+    alone, in_batch, other = asyncio.run(run())
+    assert alone.token_ids == in_batch.token_ids
+    assert other.token_ids != alone.token_ids
+
+
+def test_greedy_is_argmax_and_stops_at_length_or_stop_string(backend):
+    prompt = encode(backend, ("say 3", None))
+
+    async def run(**kw):
+        return await backend.generate(req("g", prompt, temperature=0.0, **kw))
+
+    r1, r2 = asyncio.run(run(max_new_tokens=5)), asyncio.run(run(max_new_tokens=5))
+    assert r1.token_ids == r2.token_ids and r1.finish_reason == "length" and len(r1.token_ids) == 5
+    with torch.no_grad():
+        logits = backend.model(torch.tensor([prompt])).logits[0, -1]
+    assert r1.token_ids[0] == int(logits.argmax())
+    # Stop strings: cut right after the first token whose text contains one.
+    sampled = asyncio.run(backend.generate(req("s", prompt, max_new_tokens=6, seed=11)))
+    k = next(
+        i for i, t in enumerate(sampled.token_ids) if backend.tokenizer.decode([t], skip_special_tokens=True)
+    )
+    stop = backend.tokenizer.decode([sampled.token_ids[k]], skip_special_tokens=True)
+    cut = asyncio.run(backend.generate(req("s", prompt, max_new_tokens=6, seed=11, stop=[stop])))
+    assert cut.token_ids == sampled.token_ids[: k + 1] and cut.finish_reason == "stop"
+    assert cut.text.endswith(stop)
+
+
+def _train_towards(ref, prompt, target, steps=12):
+    """Hand-made groups: `target` earns 1, other tokens 0 -> greedy moves to `target`."""
+    trainer = TorchTrainBackend(ref, GRPO(group_size=4, lr=3e-3), seed=0)
+    for step in range(steps):
+        batch = []
+        for j, tok in enumerate([target, target + 1, target + 2, target + 3]):
+            t = Trajectory(task="t", group_id=f"g{step}")
+            t.turns.append(Turn("say 3", prompt_ids=prompt, response_ids=[tok], loss_mask=[1]))
+            t.reward = 1.0 if j == 0 else 0.0
+            batch.append(t)
+        trainer.train_step(batch)
+    return trainer
+
+
+def test_load_weights_changes_greedy_output_and_version(ref, backend):
+    prompt = encode(backend, ("say 3", None))
+    three = backend.tokenizer.convert_tokens_to_ids("3")
+
+    def greedy():
+        return asyncio.run(backend.generate(req("w", prompt, temperature=0.0, max_new_tokens=1)))
+
+    before = greedy()
+    assert before.token_ids != [three] and before.version == 0
+    trainer = _train_towards(ref, prompt, three)
+    backend.load_weights(trainer.state_dict(), trainer.version)
+    after = greedy()
+    assert after.token_ids == [three] and after.version == trainer.version == 12
+    assert abs(after.logprobs[0] - trainer.logprobs(prompt, [three])[0]) <= 1e-4
+
+
+def test_load_weights_rejects_mismatch_and_changes_nothing(backend):
+    state = {k: v.clone() for k, v in backend.model.state_dict().items()}
+    bad = dict(state)
+    bad.pop("model.norm.weight")
+    bad["model.embed_tokens.weight"] = torch.zeros(3, 3)
+    with pytest.raises(WeightSyncError, match="missing.*model.norm.weight"):
+        backend.load_weights(bad, 5)
+    assert backend.version == 0
+    assert all(torch.equal(v, state[k]) for k, v in backend.model.state_dict().items())
+
+
+def test_recompute_after_weight_update_equals_fresh_prefill(ref, backend):
+    p1 = encode(backend, ("say 3", None))
+
+    async def turn(prompt):
+        return await backend.generate(req("traj", prompt, max_new_tokens=4, seed=3))
+
+    r1 = asyncio.run(turn(p1))
+    assert r1.recomputed_tokens == 0
+    three = backend.tokenizer.convert_tokens_to_ids("3")
+    trainer = _train_towards(ref, p1, three, steps=3)
+    backend.load_weights(trainer.state_dict(), trainer.version)
+    p2 = p1 + r1.token_ids + backend.tokenizer.encode(" <eos> <|user|> again <|assistant|>")
+    r2 = asyncio.run(turn(p2))
+    assert r2.version == 3 and r2.recomputed_tokens == len(p2)
+    fresh = backend.recompute(p2 + r2.token_ids)[len(p2) - 1 :]
+    assert max(abs(a - b) for a, b in zip(fresh, r2.logprobs, strict=True)) <= 1e-5
+    assert (
+        max(abs(a - b) for a, b in zip(trainer.logprobs(p2, r2.token_ids), r2.logprobs, strict=True)) <= 1e-4
+    )
+
+
+def test_abort_queued_and_in_flight(backend):
+    prompt = encode(backend, ("go left", None))
+    backend.batch_wait_s = 0.0
+
+    async def run():
+        long = asyncio.create_task(
+            backend.generate(req("long", prompt, temperature=0.0, max_new_tokens=3000))
+        )
+        while not backend._running:
+            await asyncio.sleep(0.005)
+        await asyncio.sleep(0.05)
+        queued = asyncio.create_task(backend.generate(req("queued", prompt, max_new_tokens=4)))
+        await asyncio.sleep(0)
+        await backend.abort("queued")
+        await backend.abort("long")
+        return await long, await queued
+
+    long, queued = asyncio.run(run())
+    assert queued.finish_reason == "abort" and queued.token_ids == []
+    assert long.finish_reason == "abort" and 0 < len(long.token_ids) < 3000
+
+
+def test_weight_load_waits_for_the_running_batch(ref, backend):
+    prompt = encode(backend, ("go left", None))
+    v0_state = {k: v.clone() for k, v in backend.model.state_dict().items()}
+    trainer = _train_towards(ref, prompt, 5, steps=2)
+    loaded_at = []
+
+    async def run():
+        task = asyncio.create_task(backend.generate(req("x", prompt, temperature=0.0, max_new_tokens=300)))
+        while not backend._running:
+            await asyncio.sleep(0.005)
+        loader = threading.Thread(
+            target=lambda: (
+                backend.load_weights(trainer.state_dict(), 2),
+                loaded_at.append(time.perf_counter()),
+            )
+        )
+        loader.start()
+        result = await task
+        done_at = time.perf_counter()
+        loader.join()
+        return result, done_at
+
+    result, done_at = asyncio.run(run())
+    assert result.version == 0 and backend.version == 2
+    assert loaded_at[0] >= done_at - 0.05  # the load happened after the batch, not in it
+    check = HFBackend(ref)
+    check.load_weights(v0_state, 0)
+    assert check.recompute(prompt + result.token_ids)[len(prompt) - 1 :] == pytest.approx(
+        result.logprobs, abs=1e-5
+    )
+
+
+def test_bad_prompts_raise(backend):
+    with pytest.raises(GenerationError, match="empty prompt"):
+        asyncio.run(backend.generate(req("e", [])))
+    with pytest.raises(GenerationError, match="does not fit"):
+        asyncio.run(backend.generate(req("e", [5] * 5000)))
