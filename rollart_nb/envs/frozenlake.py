@@ -96,9 +96,30 @@ class FrozenLake:
     @property
     def vocab(self) -> list[str]:
         """Words used by observations and actions."""
-        words = set(_INTRO.split()) | {"P", "F", "H", "G", "S", "moved", "invalid", "action",
-                                       "fell", "in", "a", "hole", "reached", "the", "goal",
-                                       "out", "of", "turns", "left", "right", "up", "down"}
+        words = set(_INTRO.split()) | {
+            "P",
+            "F",
+            "H",
+            "G",
+            "S",
+            "moved",
+            "invalid",
+            "action",
+            "fell",
+            "in",
+            "a",
+            "hole",
+            "reached",
+            "the",
+            "goal",
+            "out",
+            "of",
+            "turns",
+            "left",
+            "right",
+            "up",
+            "down",
+        }
         return sorted(words)
 
     def validation_seeds(self) -> list[int]:
@@ -147,7 +168,13 @@ class FrozenLake:
             msg = f"moved {move} ." + (" out of turns ." if truncated else "")
         self._done = bool(terminated) or truncated
         info = {"move": move, "position": divmod(state, self.size)}
-        return f"{msg}\n{self._render(state)}", float(reward), bool(terminated), truncated and not terminated, info
+        return (
+            f"{msg}\n{self._render(state)}",
+            float(reward),
+            bool(terminated),
+            truncated and not terminated,
+            info,
+        )
 
     # -- helpers -------------------------------------------------------------------
     def solve(self) -> list[str] | None:
