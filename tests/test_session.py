@@ -1,0 +1,81 @@
+"""Session lifecycle: local twice, closed-state errors, attach from a second process, timeouts."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+
+import pytest
+
+import rollart_nb as rn
+from conftest import free_port
+from rollart_nb.errors import ConfigError, ConnectError, StateError
+
+
+def test_local_twice_replaces_cleanly_and_closed_state_names_fix():
+    s1 = rn.Session.local({"H800": 1, "cpu": 1}, serverless=False)
+    assert s1.state == "attached" and set(s1.pools) == {"H800", "cpu"}
+    assert all(p.simulated for p in s1.pools.values())
+    with pytest.warns(UserWarning, match="closing the previous"):
+        s2 = rn.Session.local({"H20": 1})
+    assert s1.state == "closed" and s2.state == "attached"
+    with pytest.raises(StateError, match=r"Session is closed; create a new one with rn.Session.local\(\)"):
+        s1.cluster("x", rn.Worker)
+    assert s2.pools["H20"].capacity == 1 and "serverless" in s2.pools
+    s2.close()
+    s2.close()  # idempotent
+    with rn.Session.local({"cpu": 1}, serverless=False) as s3:  # and again after close
+        assert list(s3.pools) == ["cpu"]
+    assert s3.state == "closed"
+
+
+def test_local_config_errors_report_every_problem():
+    with pytest.raises(ConfigError) as ei:
+        rn.Session.local({"H8000": 1, "H20": 0})
+    assert len(ei.value.problems) == 2
+
+
+def test_attach_unreachable_address_fails_fast():
+    t = time.monotonic()
+    with pytest.raises(ConnectError, match="no Ray cluster answers"):
+        rn.Session.attach(f"127.0.0.1:{free_port()}", timeout_s=2)
+    assert time.monotonic() - t < 10
+
+
+def test_attach_from_a_second_process_to_ray_start():
+    """`ray start --head` with H20 GPUs; another Python process attaches and uses the pool."""
+    port = free_port()
+    tmp = tempfile.mkdtemp(prefix="rt", dir="/tmp")
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    head = subprocess.Popen(
+        [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", f"--port={port}", "--num-cpus=1",
+         "--num-gpus=2", '--resources={"accelerator_type:H20": 1}', "--include-dashboard=false",
+         f"--temp-dir={tmp}", "--block", "--node-ip-address=127.0.0.1"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )
+    try:
+        code = textwrap.dedent(f"""
+            import json, rollart_nb as rn
+            class W(rn.Worker):
+                @rn.register()
+                def hw(self):
+                    return self.hardware
+            s = rn.Session.attach("127.0.0.1:{port}", timeout_s=60)
+            c = s.cluster("g", W, pool="H20", replicas=2)
+            print(json.dumps({{"pools": {{n: [p.capacity, p.simulated] for n, p in s.pools.items()}},
+                               "hw": c.hw()}}))
+            s.close()
+        """)
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=180)
+        assert out.returncode == 0, out.stderr[-2000:]
+        res = json.loads(out.stdout.strip().splitlines()[-1])
+        assert res["pools"]["H20"] == [2.0, False]
+        assert res["hw"] == ["H20", "H20"]
+    finally:
+        os.killpg(head.pid, signal.SIGKILL)  # gcs_server ignores SIGTERM
+        head.wait(timeout=30)
+        subprocess.run(["pkill", "-9", "-f", tmp], check=False)
