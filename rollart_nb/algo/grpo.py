@@ -1,0 +1,222 @@
+"""GRPO: group-relative advantages and the clipped policy-gradient loss.
+
+Config is a frozen dataclass (:class:`GRPO`); the maths are pure functions on tensors so
+that trainers (torch, sim, megatron) share one definition.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from rollart_nb.errors import ConfigError
+
+__all__ = ["GRPO", "group_advantages", "grpo_loss", "loss_weights"]
+
+LOSS_AGGS = ("token-mean", "seq-mean")
+
+
+@dataclass(frozen=True)
+class GRPO:
+    """Group Relative Policy Optimization settings.
+
+    Example:
+        >>> GRPO(group_size=4, lr=5e-4).clip_eps
+        0.2
+    """
+
+    group_size: int = 8
+    """Trajectories sampled per prompt (env seed); advantages are relative within a group."""
+    clip_eps: float = 0.2
+    """PPO ratio clip: the ratio is clipped to ``[1 - clip_eps, 1 + clip_eps_high]``."""
+    clip_eps_high: float | None = None
+    """Upper clip ("clip-higher", DAPO); None means ``clip_eps``."""
+    kl_coef: float = 0.0
+    """Weight of the k3 KL estimate to the initial (reference) policy; 0 keeps no reference."""
+    entropy_coef: float = 0.0
+    """Weight of the entropy bonus (subtracted from the loss)."""
+    lr: float = 1e-3
+    """AdamW learning rate. Suits the tiny random-init models; use ~1e-6 for pretrained LLMs."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    max_grad_norm: float = 1.0
+    """Global gradient-norm clip; 0 disables clipping."""
+    loss_agg: str = "token-mean"
+    """"token-mean": every trained token weighs the same across the batch;
+    "seq-mean": every trajectory weighs the same (mean over its tokens, then over trajectories)."""
+    adv_eps: float = 1e-6
+    """Added to the group reward std before dividing."""
+    scale_by_std: bool = True
+    """Divide advantages by the group's reward std (False gives Dr. GRPO's mean-only baseline)."""
+    micro_batch_size: int = 8
+    """Sequences per forward/backward; gradients accumulate over micro-batches to one step."""
+
+    def __post_init__(self) -> None:
+        problems = []
+        if not (isinstance(self.group_size, int) and self.group_size >= 1):
+            problems.append(f"group_size must be an int >= 1, got {self.group_size!r}")
+        if not 0 < self.clip_eps < 1:
+            problems.append(f"clip_eps must be in (0, 1), got {self.clip_eps!r}")
+        if self.clip_eps_high is not None and not self.clip_eps_high > 0:
+            problems.append(f"clip_eps_high must be > 0 or None, got {self.clip_eps_high!r}")
+        for name in ("kl_coef", "entropy_coef", "weight_decay", "max_grad_norm"):
+            v = getattr(self, name)
+            if not (isinstance(v, int | float) and math.isfinite(v) and v >= 0):
+                problems.append(f"{name} must be a finite number >= 0, got {v!r}")
+        if not (isinstance(self.lr, int | float) and math.isfinite(self.lr) and self.lr > 0):
+            problems.append(f"lr must be a finite number > 0, got {self.lr!r}")
+        if self.loss_agg not in LOSS_AGGS:
+            problems.append(f"loss_agg must be one of {LOSS_AGGS}, got {self.loss_agg!r}")
+        if not self.adv_eps > 0:
+            problems.append(f"adv_eps must be > 0, got {self.adv_eps!r}")
+        if not (isinstance(self.micro_batch_size, int) and self.micro_batch_size >= 1):
+            problems.append(f"micro_batch_size must be an int >= 1, got {self.micro_batch_size!r}")
+        if problems:
+            raise ConfigError(problems, where="GRPO config")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def group_advantages(
+    rewards: Sequence[float] | Any,
+    group_ids: Sequence[Hashable],
+    *,
+    eps: float = 1e-6,
+    scale_by_std: bool = True,
+) -> Any:
+    """Per-trajectory advantage ``(r - mean_g) / (std_g + eps)`` within each group.
+
+    ``std_g`` is the population std of the group. A group of one has no baseline, so its
+    advantage is 0 (no learning signal rather than a biased one).
+
+    Args:
+        rewards: shape [N].
+        group_ids: length N; equal ids form a group.
+
+    Returns:
+        float32 tensor, shape [N]; zero-mean within every group.
+    """
+    import torch
+
+    r = torch.as_tensor(rewards, dtype=torch.float32).reshape(-1)
+    if len(group_ids) != r.numel():
+        raise ConfigError(f"{r.numel()} rewards but {len(group_ids)} group ids")
+    if not torch.isfinite(r).all():
+        raise ConfigError("rewards must be finite; score every trajectory before computing advantages")
+    index: dict[Hashable, int] = {}
+    gid = torch.tensor([index.setdefault(g, len(index)) for g in group_ids], dtype=torch.long)
+    adv = torch.zeros_like(r)
+    for g in range(len(index)):
+        members = gid == g
+        if int(members.sum()) < 2:
+            continue
+        rg = r[members]
+        centred = rg - rg.mean()
+        adv[members] = centred / (rg.std(unbiased=False) + eps) if scale_by_std else centred
+    return adv
+
+
+def loss_weights(loss_mask: Any, loss_agg: str = "token-mean", seq_index: Any = None) -> Any:
+    """Per-token weights that turn a per-token loss into the batch loss by a plain sum.
+
+    Computing them once for the whole batch makes gradient accumulation over micro-batches
+    exact: each micro-batch's ``(per_token * w[rows]).sum()`` adds up to the full-batch loss.
+
+    Args:
+        loss_mask: shape [B, T], 1 where a token is trained.
+        loss_agg: "token-mean" or "seq-mean".
+        seq_index: shape [B]; rows with the same index belong to one trajectory (for
+            "seq-mean" when a trajectory spans several rows). Default: one row each.
+
+    Returns:
+        float32 tensor [B, T] summing to 1 (0 when the mask is empty).
+    """
+    import torch
+
+    m = torch.as_tensor(loss_mask, dtype=torch.float32)
+    if loss_agg == "token-mean":
+        return m / m.sum().clamp(min=1.0)
+    if loss_agg != "seq-mean":
+        raise ConfigError(f"loss_agg must be one of {LOSS_AGGS}, got {loss_agg!r}")
+    idx = torch.arange(m.shape[0]) if seq_index is None else torch.as_tensor(seq_index, dtype=torch.long)
+    _, idx = torch.unique(idx, return_inverse=True)
+    tokens = torch.zeros(int(idx.max()) + 1 if idx.numel() else 0).index_add_(0, idx, m.sum(-1))
+    n_seqs = (tokens > 0).sum().clamp(min=1)
+    return m / tokens[idx].clamp(min=1.0)[:, None] / n_seqs
+
+
+def grpo_loss(
+    new_logprobs: Any,
+    old_logprobs: Any,
+    advantages: Any,
+    loss_mask: Any,
+    *,
+    clip_eps: float = 0.2,
+    clip_eps_high: float | None = None,
+    loss_agg: str = "token-mean",
+    weights: Any = None,
+    ref_logprobs: Any = None,
+    kl_coef: float = 0.0,
+    entropy: Any = None,
+    entropy_coef: float = 0.0,
+) -> tuple[Any, dict[str, float]]:
+    """Clipped surrogate loss of GRPO (to minimise).
+
+    Per token: ``-min(ratio * A, clip(ratio, 1 - eps, 1 + eps_high) * A)`` with
+    ``ratio = exp(new - old)``, plus ``kl_coef * k3(new, ref)`` minus ``entropy_coef * H``.
+
+    Args:
+        new_logprobs: shape [B, T], differentiable.
+        old_logprobs: shape [B, T], behaviour logprobs (no grad).
+        advantages: shape [B] (one per sequence) or [B, T].
+        loss_mask: shape [B, T].
+        weights: shape [B, T] from :func:`loss_weights`; default computed from this batch.
+        ref_logprobs: shape [B, T] under the reference policy (needed when ``kl_coef > 0``).
+        entropy: shape [B, T] per-token entropy (needed when ``entropy_coef > 0``).
+
+    Returns:
+        ``(loss, metrics)``; metrics are ``weights``-weighted sums, i.e. means over trained
+        tokens for full-batch weights, and partial sums that add up across micro-batches.
+    """
+    import torch
+
+    mask = torch.as_tensor(loss_mask, dtype=new_logprobs.dtype, device=new_logprobs.device)
+    w = loss_weights(mask.cpu(), loss_agg).to(mask.device) if weights is None else weights.to(mask.device)
+    adv = torch.as_tensor(advantages, dtype=new_logprobs.dtype, device=new_logprobs.device)
+    if adv.dim() == 1:
+        adv = adv[:, None]
+    old = old_logprobs.detach()
+    log_ratio = (new_logprobs - old) * mask  # masked first: padding must not overflow exp()
+    ratio = torch.exp(log_ratio)
+    high = clip_eps if clip_eps_high is None else clip_eps_high
+    surr = torch.minimum(ratio * adv, torch.clamp(ratio, 1 - clip_eps, 1 + high) * adv)
+    per_token = -surr
+    kl = None
+    if kl_coef > 0:
+        if ref_logprobs is None:
+            raise ConfigError("kl_coef > 0 needs ref_logprobs")
+        d = (ref_logprobs.detach() - new_logprobs) * mask
+        kl = torch.exp(d) - d - 1  # k3 estimator: unbiased, always >= 0
+        per_token = per_token + kl_coef * kl
+    if entropy_coef > 0:
+        if entropy is None:
+            raise ConfigError("entropy_coef > 0 needs entropy")
+        per_token = per_token - entropy_coef * entropy
+    loss = (per_token * w).sum()
+
+    with torch.no_grad():
+        clipped = ((ratio < 1 - clip_eps) & (adv < 0)) | ((ratio > 1 + high) & (adv > 0))
+        metrics = {
+            "pg_loss": float((-surr * w).sum()),
+            "clip_frac": float((clipped.float() * w).sum()),
+            "ratio_mean": float((ratio * w).sum()),
+            "approx_kl_old": float(((old - new_logprobs) * mask * w).sum()),
+        }
+        if kl is not None:
+            metrics["kl_ref"] = float((kl * w).sum())
+        if entropy is not None:
+            metrics["entropy"] = float((entropy * w).sum())
+    return loss, metrics

@@ -1,0 +1,106 @@
+"""GRPO config validation, group advantages and the clipped loss."""
+
+import math
+
+import pytest
+import torch
+
+from rollart_nb.algo import GRPO, group_advantages, grpo_loss, loss_weights
+from rollart_nb.errors import ConfigError
+
+
+def test_defaults_and_frozen():
+    algo = GRPO()
+    assert (algo.group_size, algo.clip_eps, algo.loss_agg, algo.micro_batch_size) == (8, 0.2, "token-mean", 8)
+    with pytest.raises(AttributeError):
+        algo.lr = 1.0  # type: ignore[misc]
+    assert GRPO(**algo.to_dict()) == algo
+
+
+def test_validation_reports_every_problem_at_once():
+    with pytest.raises(ConfigError) as e:
+        GRPO(group_size=0, clip_eps=1.5, lr=-1, loss_agg="sum", micro_batch_size=0, kl_coef=math.nan)
+    msg = str(e.value)
+    assert len(e.value.problems) == 6 and "6 problems" in msg
+    for field in ("group_size", "clip_eps", "lr", "loss_agg", "micro_batch_size", "kl_coef"):
+        assert field in msg
+
+
+def test_group_advantages_zero_mean_unit_std_per_group():
+    rewards = [1.0, 0.0, 0.0, 0.0, 5.0, 7.0, 9.0, 3.0]
+    groups = ["a", "a", "a", "a", "b", "b", "b", "b"]
+    adv = group_advantages(rewards, groups)
+    for g in ("a", "b"):
+        sel = torch.tensor([x == g for x in groups])
+        assert abs(float(adv[sel].mean())) < 1e-6
+        assert float(adv[sel].std(unbiased=False)) == pytest.approx(1.0, abs=1e-4)
+    assert float(adv[0]) > 0 > float(adv[1]) and float(adv[6]) > float(adv[5])
+
+
+def test_group_advantages_degenerate_groups():
+    adv = group_advantages([1.0, 1.0, 1.0, 2.0], ["same", "same", "same", "alone"])
+    assert torch.equal(adv, torch.zeros(4))  # equal rewards and singletons carry no signal
+    centred = group_advantages([0.0, 2.0], ["g", "g"], scale_by_std=False)
+    assert centred.tolist() == [-1.0, 1.0]
+    with pytest.raises(ConfigError, match="finite"):
+        group_advantages([math.nan, 1.0], ["g", "g"])
+    with pytest.raises(ConfigError, match="group ids"):
+        group_advantages([1.0, 2.0], ["g"])
+
+
+def test_loss_weights_token_vs_seq_mean():
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 0.0, 0.0, 0.0]])
+    tok = loss_weights(mask, "token-mean")
+    assert torch.allclose(tok, mask / 4) and float(tok.sum()) == pytest.approx(1.0)
+    seq = loss_weights(mask, "seq-mean")
+    assert torch.allclose(seq[0, :3], torch.full((3,), 1 / 6)) and float(seq[1, 0]) == pytest.approx(0.5)
+    # Two rows of one trajectory weigh as one sequence.
+    joined = loss_weights(mask, "seq-mean", seq_index=[7, 7])
+    assert torch.allclose(joined, mask / 4)
+
+
+def test_on_policy_gradient_follows_advantage():
+    new = torch.zeros(2, 3, requires_grad=True)
+    old = torch.zeros(2, 3)
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
+    loss, m = grpo_loss(new, old, torch.tensor([1.0, -1.0]), mask)
+    loss.backward()
+    assert m["ratio_mean"] == pytest.approx(1.0) and m["clip_frac"] == 0.0
+    assert float(loss.detach()) == pytest.approx(-(2 - 3) / 5)
+    # Minimising raises logprobs of positive-advantage tokens, lowers negative ones, ignores masked.
+    assert (new.grad[0, :2] < 0).all() and (new.grad[1] > 0).all() and new.grad[0, 2] == 0
+
+
+def test_clipping_stops_gradient_beyond_trust_region():
+    old = torch.zeros(1, 2)
+    new = torch.tensor([[math.log(1.5), math.log(0.5)]], requires_grad=True)
+    adv = torch.tensor([1.0])
+    loss, m = grpo_loss(new, old, adv, torch.ones(1, 2), clip_eps=0.2)
+    loss.backward()
+    assert new.grad[0, 0] == 0  # ratio 1.5 > 1.2 with A > 0: clipped, no push further
+    assert new.grad[0, 1] < 0  # ratio 0.5 with A > 0: still pushed up
+    assert m["clip_frac"] == pytest.approx(0.5)
+    _, m_high = grpo_loss(new.detach(), old, adv, torch.ones(1, 2), clip_eps=0.2, clip_eps_high=0.6)
+    assert m_high["clip_frac"] == 0.0
+
+
+def test_kl_and_entropy_terms():
+    new = torch.tensor([[-1.0, -2.0]], requires_grad=True)
+    mask = torch.ones(1, 2)
+    base, _ = grpo_loss(new, new.detach(), torch.zeros(1), mask)
+    assert float(base.detach()) == 0.0
+    loss, m = grpo_loss(new, new.detach(), torch.zeros(1), mask, ref_logprobs=new.detach() - 0.5, kl_coef=0.1)
+    assert m["kl_ref"] > 0 and float(loss.detach()) == pytest.approx(0.1 * m["kl_ref"])
+    ent = torch.tensor([[2.0, 4.0]])
+    loss, m = grpo_loss(new, new.detach(), torch.zeros(1), mask, entropy=ent, entropy_coef=0.5)
+    assert float(loss.detach()) == pytest.approx(-0.5 * 3.0) and m["entropy"] == pytest.approx(3.0)
+    with pytest.raises(ConfigError, match="ref_logprobs"):
+        grpo_loss(new, new.detach(), torch.zeros(1), mask, kl_coef=0.1)
+
+
+def test_padding_with_garbage_logprobs_is_harmless():
+    new = torch.tensor([[-1.0, 80.0]], requires_grad=True)
+    old = torch.tensor([[-1.0, -80.0]])
+    loss, _ = grpo_loss(new, old, torch.ones(1), torch.tensor([[1.0, 0.0]]))
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(new.grad).all()
