@@ -1,0 +1,288 @@
+"""Training with plain PyTorch (CPU or one GPU): the ``torch`` train backend.
+
+How a trajectory becomes training rows
+--------------------------------------
+Each turn stores the whole history it was prompted with (``prompt_ids``) and the tokens it
+generated (``response_ids``). When every turn's ``prompt_ids + response_ids`` is a prefix of
+the last turn's ``prompt_ids + response_ids`` (the EnvManager builds each prompt by extending
+the previous one), the trajectory becomes ONE row: that final sequence, with the loss mask set
+on the positions of every turn's response (times the turn's own ``loss_mask``). Observation
+and chat-marker tokens are context only. Each response token then sees exactly the context it
+was generated from, so its logprob is the one the generator reported.
+
+When the prefix property fails (the history was truncated or re-tokenized differently from
+the generated ids), the trajectory falls back to one row per turn (``prompt_ids +
+response_ids``): more compute, still exact. With ``loss_agg="seq-mean"`` the rows of one
+trajectory are weighed together as one sequence.
+
+Old (behaviour) logprobs are the turns' ``logprobs`` from the generator, so the importance
+ratio corrects for staleness; where a turn has none, the trainer's own (detached) logprobs
+stand in and the ratio is 1.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import os
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rollart_nb.algo.grpo import GRPO, group_advantages, grpo_loss, loss_weights
+from rollart_nb.errors import ConfigError, StateError
+from rollart_nb.models.tiny import ModelRef, from_pretrained
+from rollart_nb.trajectory import Trajectory
+
+__all__ = ["TorchTrainBackend", "build_rows"]
+
+log = logging.getLogger(__name__)
+
+_STATE_FILE = "trainer.pt"
+
+
+@dataclass
+class Row:
+    """One training sequence.
+
+    Attributes:
+        ids: token ids, shape [L].
+        mask: 1.0 on trained tokens, shape [L] (position i is token i).
+        old_logprobs: behaviour logprobs, NaN where unknown, shape [L].
+        traj: index of the trajectory in the batch.
+    """
+
+    ids: list[int]
+    mask: list[float]
+    old_logprobs: list[float]
+    traj: int
+
+
+def build_rows(traj: Trajectory, index: int = 0) -> list[Row]:
+    """Turn a trajectory into training rows (see the module docstring for the rule)."""
+    turns = [t for t in traj.turns if t.response_ids]
+    if not turns:
+        return []
+    final = list(turns[-1].prompt_ids) + list(turns[-1].response_ids)
+    consistent = all(
+        final[: len(t.prompt_ids) + len(t.response_ids)] == list(t.prompt_ids) + list(t.response_ids)
+        for t in turns
+    )
+    groups = (
+        [(final, turns)] if consistent else [(list(t.prompt_ids) + list(t.response_ids), [t]) for t in turns]
+    )
+    rows = []
+    for ids, members in groups:
+        mask, old = [0.0] * len(ids), [math.nan] * len(ids)
+        for t in members:
+            start, n = len(t.prompt_ids), len(t.response_ids)
+            tmask = t.loss_mask if len(t.loss_mask) == n else [1] * n
+            tlp = t.logprobs if len(t.logprobs) == n else [math.nan] * n
+            for j in range(n):
+                mask[start + j] = float(tmask[j])
+                old[start + j] = float(tlp[j])
+        if mask[0]:
+            raise ConfigError(
+                f"trajectory {traj.id}: a turn has an empty prompt; the first token has no context"
+            )
+        rows.append(Row(ids, mask, old, index))
+    return rows
+
+
+class TorchTrainBackend:
+    """A :class:`~rollart_nb.protocols.TrainBackend`: GRPO with AdamW on a HF causal LM.
+
+    Args:
+        model: a :class:`ModelRef` or a path to a Hugging Face model directory.
+        algo: the :class:`GRPO` config.
+        seed: seeds torch's RNG of this process (the trainer owns its worker process).
+        device: torch device; default ``cuda`` when available, else ``cpu``.
+
+    Example:
+        >>> trainer = TorchTrainBackend(rn.models.tiny_qwen(), GRPO(group_size=4))  # doctest: +SKIP
+        >>> metrics = trainer.train_step(scored_trajectories)                       # doctest: +SKIP
+        >>> trainer.version                                                          # doctest: +SKIP
+        1
+    """
+
+    def __init__(
+        self, model: ModelRef | str, algo: GRPO | None = None, seed: int = 0, device: str | None = None
+    ):
+        self.ref = model if isinstance(model, ModelRef) else from_pretrained(model)
+        self.algo = algo or GRPO()
+        self.seed = seed
+        torch.manual_seed(seed)
+        random.seed(seed)
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.tokenizer = self.ref.load_tokenizer()
+        self.model = self.ref.load_model(dtype=torch.float32, device=self.device)
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        # The KL reference is the policy we start from; kept only when it is used.
+        self.reference = copy.deepcopy(self.model).requires_grad_(False) if self.algo.kl_coef > 0 else None
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=self.algo.lr, weight_decay=self.algo.weight_decay
+        )
+        self.version = 0
+
+    # -- TrainBackend -------------------------------------------------------------------
+    def train_step(self, batch: list[Trajectory]) -> dict[str, float]:
+        """One optimizer step on scored trajectories; bumps :attr:`version` by one.
+
+        Raises:
+            ConfigError: empty batch, unscored trajectories, or no trainable tokens.
+        """
+        t0 = time.perf_counter()
+        if not batch:
+            raise ConfigError("train_step got an empty batch")
+        unscored = [t.id for t in batch if not math.isfinite(t.reward)]
+        if unscored:
+            raise ConfigError(
+                f"trajectories {unscored[:5]} have no finite reward; score them before training"
+            )
+        groups = [t.group_id or f"{t.task}/{t.seed}" for t in batch]
+        rewards = torch.tensor([t.reward for t in batch], dtype=torch.float32)
+        adv = group_advantages(rewards, groups, eps=self.algo.adv_eps, scale_by_std=self.algo.scale_by_std)
+        rows = [r for i, t in enumerate(batch) for r in build_rows(t, i)]
+        if not rows or not any(any(r.mask) for r in rows):
+            raise ConfigError("batch has no trainable tokens (no turn has response_ids with loss_mask 1)")
+
+        width = max(len(r.ids) for r in rows)
+        mask = torch.tensor([r.mask + [0.0] * (width - len(r.ids)) for r in rows])[:, 1:]
+        weights = loss_weights(mask, self.algo.loss_agg, [r.traj for r in rows])
+        row_adv = adv[torch.tensor([r.traj for r in rows])]
+
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        sums: dict[str, float] = {}
+        mbs = self.algo.micro_batch_size
+        for lo in range(0, len(rows), mbs):
+            sl = slice(lo, lo + mbs)
+            part = rows[lo : lo + mbs]
+            new_lp, entropy, ids, attn = self._forward(part, with_entropy=self.algo.entropy_coef > 0)
+            m = mask[sl, : new_lp.shape[1]].to(self.device)
+            old = self._padded([r.old_logprobs for r in part], new_lp.shape[1] + 1, math.nan)[:, 1:]
+            old = torch.where(torch.isnan(old), new_lp.detach(), old)
+            ref_lp = None
+            if self.reference is not None:
+                with torch.no_grad():
+                    ref_lp = self._token_logprobs(self.reference, ids, attn)[0]
+            loss, metrics = grpo_loss(
+                new_lp,
+                old,
+                row_adv[sl].to(self.device),
+                m,
+                clip_eps=self.algo.clip_eps,
+                clip_eps_high=self.algo.clip_eps_high,
+                weights=weights[sl, : new_lp.shape[1]].to(self.device),
+                ref_logprobs=ref_lp,
+                kl_coef=self.algo.kl_coef,
+                entropy=entropy,
+                entropy_coef=self.algo.entropy_coef,
+            )
+            loss.backward()  # weights sum to 1 over the batch: accumulation is exact
+            sums["loss"] = sums.get("loss", 0.0) + float(loss.detach())
+            for k, v in metrics.items():
+                sums[k] = sums.get(k, 0.0) + v
+        max_norm = self.algo.max_grad_norm or float("inf")
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
+        self.optimizer.step()
+        self.model.eval()
+        self.version += 1
+        sums.update(
+            grad_norm=grad_norm,
+            reward_mean=float(rewards.mean()),
+            reward_std=float(rewards.std(unbiased=False)),
+            adv_abs_mean=float(adv.abs().mean()),
+            num_trajectories=float(len(batch)),
+            num_rows=float(len(rows)),
+            num_tokens=float(mask.sum()),
+            step_s=time.perf_counter() - t0,
+            version=float(self.version),
+        )
+        return sums
+
+    def state_dict(self) -> dict[str, Any]:
+        """Model weights as detached CPU tensors (safe to publish while training goes on)."""
+        return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+
+    # -- probes and checkpoints ---------------------------------------------------------
+    def logprobs(self, prompt_ids: list[int], response_ids: list[int]) -> list[float]:
+        """Logprobs of ``response_ids`` after ``prompt_ids`` under the current weights, shape [R]."""
+        if not prompt_ids:
+            raise ConfigError("logprobs needs a non-empty prompt")
+        ids = torch.tensor([list(prompt_ids) + list(response_ids)], device=self.device)
+        self.model.eval()
+        with torch.no_grad():
+            lp, _ = self._token_logprobs(self.model, ids, torch.ones_like(ids))
+        return lp[0, len(prompt_ids) - 1 :].tolist()
+
+    def save_checkpoint(self, directory: str | os.PathLike[str]) -> Path:
+        """Save model (servable HF dir under ``model/``), optimizer, version and RNG states."""
+        d = Path(directory)
+        (d / "model").mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(d / "model")
+        self.tokenizer.save_pretrained(d / "model")
+        state = {
+            "version": self.version,
+            "optimizer": self.optimizer.state_dict(),
+            "algo": self.algo.to_dict(),
+            "torch_rng": torch.get_rng_state(),
+            "python_rng": random.getstate(),
+            "reference": None if self.reference is None else self.reference.state_dict(),
+        }
+        # Written last and atomically: its presence marks a complete checkpoint.
+        tmp = d / (_STATE_FILE + ".tmp")
+        torch.save(state, tmp)
+        os.replace(tmp, d / _STATE_FILE)
+        log.info("saved trainer checkpoint version %d to %s", self.version, d)
+        return d
+
+    def load_checkpoint(self, directory: str | os.PathLike[str]) -> None:
+        """Restore what :meth:`save_checkpoint` wrote (same architecture required)."""
+        from transformers import AutoModelForCausalLM
+
+        d = Path(directory)
+        if not (d / _STATE_FILE).is_file():
+            raise StateError(f"{str(d)!r} holds no complete trainer checkpoint ({_STATE_FILE} missing)")
+        state = torch.load(d / _STATE_FILE, map_location="cpu", weights_only=True)
+        saved = AutoModelForCausalLM.from_pretrained(d / "model", dtype=torch.float32)
+        self.model.load_state_dict(saved.state_dict())
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.reference is not None and state.get("reference") is not None:
+            self.reference.load_state_dict(state["reference"])
+        self.version = int(state["version"])
+        torch.set_rng_state(state["torch_rng"])
+        random.setstate(state["python_rng"])
+
+    # -- internals ----------------------------------------------------------------------
+    def _padded(self, seqs: list[list[float]], width: int, fill: float) -> torch.Tensor:
+        out = torch.full((len(seqs), width), fill, dtype=torch.float32)
+        for i, s in enumerate(seqs):
+            out[i, : len(s)] = torch.tensor(s, dtype=torch.float32)
+        return out.to(self.device)
+
+    def _forward(self, rows: list[Row], *, with_entropy: bool) -> tuple[torch.Tensor, Any, Any, Any]:
+        # Right padding: real tokens keep positions 0..L-1, exactly as in generation.
+        width = max(len(r.ids) for r in rows)
+        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        attn = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, r in enumerate(rows):
+            ids[i, : len(r.ids)] = torch.tensor(r.ids)
+            attn[i, : len(r.ids)] = 1
+        ids, attn = ids.to(self.device), attn.to(self.device)
+        lp, entropy = self._token_logprobs(self.model, ids, attn, with_entropy=with_entropy)
+        return lp, entropy, ids, attn
+
+    @staticmethod
+    def _token_logprobs(model: Any, ids: torch.Tensor, attn: torch.Tensor, with_entropy: bool = False):
+        """Logprob of token t given tokens < t, for t = 1..L-1: shape [B, L-1] (and entropy)."""
+        logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
+        logp = torch.log_softmax(logits, -1)
+        lp = logp.gather(-1, ids[:, 1:, None])[..., 0]
+        entropy = -(logp.exp() * logp).sum(-1) if with_entropy else None
+        return lp, entropy
