@@ -59,6 +59,10 @@ class HFBackend:
         batch_wait_s: how long the first request of a batch waits for others to join.
         seed: seeds requests that carry no seed of their own.
 
+    Attributes:
+        version: policy version of the weights being served.
+        stats: counters ``{"batches", "requests"}`` (batching efficiency at a glance).
+
     Example:
         >>> be = HFBackend(rn.models.tiny_qwen())                    # doctest: +SKIP
         >>> res = await be.generate(GenerationRequest("t0", "math", ids))  # doctest: +SKIP
