@@ -1,0 +1,312 @@
+"""Weight transport over the Mooncake store (cross-cluster, asynchronous).
+
+After each training step the trainer cuts its weights into buckets and publishes them to a
+CPU-resident Mooncake store instead of pushing them to every generation worker; workers fetch
+the newest buckets on demand (``batch_get_into`` straight into their own buffers), usually on
+a :class:`~rollart_nb.weights.puller.WeightPuller` thread while rollout goes on.
+
+Store layout for one ``prefix``::
+
+    {prefix}/v{version}/bucket{i}    bucket payloads (hard-pinned: never evicted)
+    {prefix}/v{version}/manifest     Manifest JSON, written after every bucket is in
+    {prefix}/latest                  newest complete version, written last
+
+Readers look up ``latest`` then the manifest, so they never see a version before all its
+buckets are stored. Needs the ``mooncake`` extra (``mooncake-transfer-engine-non-cuda``) and
+``libibverbs1`` (its engine links against it even when only TCP is used).
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from typing import Any
+
+import numpy as np
+
+from rollart_nb.errors import ConnectError, WeightSyncError
+from rollart_nb.weights.buckets import DEFAULT_BUCKET_BYTES, Manifest, pack, unpack
+from rollart_nb.weights.metrics import WeightSyncMetrics
+from rollart_nb.weights.mooncake_master import MooncakeMaster
+
+__all__ = ["MooncakeMaster", "MooncakeTransport"]
+
+logger = logging.getLogger(__name__)
+
+# Return codes seen from mooncake.store (see Mooncake's docs/error codes).
+_CODES = {-704: "object not found", -706: "object leased by a reader", -707: "lease expired during transfer"}
+
+
+def _code(rc: int) -> str:
+    return f"{rc} ({_CODES[rc]})" if rc in _CODES else str(rc)
+
+
+class MooncakeTransport:
+    """Publish and pull bucketed, versioned weights through a Mooncake store.
+
+    The client connects lazily on first use, so a transport can be built in a driver and
+    shipped to Ray workers.
+
+    Args:
+        master: ``"host:port"`` of the master, or a :class:`MooncakeMaster`.
+        prefix: key namespace, one per model/job.
+        bucket_bytes: bucket size used by :meth:`publish`.
+        segment_bytes: memory this client contributes to the store. The buckets live in
+            contributed segments, so the publisher (or a store node) needs about
+            ``(keep + 1) * model bytes``; pure pullers contribute 0.
+        local_buffer_bytes: client staging buffer (holds manifests and the latest pointer).
+        protocol: ``"tcp"`` or ``"rdma"``.
+        device_name: RDMA device list for ``protocol="rdma"``.
+        local_hostname: address other clients reach this one at.
+        metadata_server: transfer-engine metadata; ``"P2PHANDSHAKE"`` needs no extra service.
+        connect_timeout_s: how long to wait for the master's port before giving up.
+    """
+
+    def __init__(
+        self,
+        master: str | MooncakeMaster,
+        *,
+        prefix: str = "rollart",
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        segment_bytes: int = 0,
+        local_buffer_bytes: int = 64 << 20,
+        protocol: str = "tcp",
+        device_name: str = "",
+        local_hostname: str = "127.0.0.1",
+        metadata_server: str = "P2PHANDSHAKE",
+        connect_timeout_s: float = 5.0,
+    ) -> None:
+        self.master_address = master.address if isinstance(master, MooncakeMaster) else master
+        self.prefix = prefix
+        self.bucket_bytes = bucket_bytes
+        self.segment_bytes = segment_bytes
+        self.local_buffer_bytes = local_buffer_bytes
+        self.protocol = protocol
+        self.device_name = device_name
+        self.local_hostname = local_hostname
+        self.metadata_server = metadata_server
+        self.connect_timeout_s = connect_timeout_s
+        self.metrics = WeightSyncMetrics()
+        self._store: Any = None
+        self._published: dict[int, int] = {}  # version -> number of buckets (for gc)
+        self._pending_gc: list[str] = []
+
+    def __getstate__(self) -> dict[str, Any]:
+        d = dict(self.__dict__)
+        d.update(_store=None, _published={}, _pending_gc=[], metrics=WeightSyncMetrics())
+        return d
+
+    # ---- connection ------------------------------------------------------------------------
+    def connect(self) -> MooncakeTransport:
+        """Set up the store client now (otherwise done on first use)."""
+        if self._store is not None:
+            return self
+        try:
+            from mooncake.store import MooncakeDistributedStore
+        except ImportError as e:
+            raise ConnectError(
+                f"mooncake is not usable here ({e}); pip install 'rollart_nb[mooncake]' and "
+                "apt-get install libibverbs1"
+            ) from e
+        # setup() against a dead master retries for ~90 s; a TCP probe fails in milliseconds.
+        host, _, port = self.master_address.rpartition(":")
+        try:
+            socket.create_connection((host, int(port)), timeout=self.connect_timeout_s).close()
+        except (OSError, ValueError) as e:
+            raise ConnectError(
+                f"no Mooncake master answers at {self.master_address} ({e}); "
+                "start one with MooncakeMaster().start() or check the address"
+            ) from e
+        store = MooncakeDistributedStore()
+        rc = store.setup(
+            self.local_hostname,
+            self.metadata_server,
+            self.segment_bytes,
+            self.local_buffer_bytes,
+            self.protocol,
+            self.device_name,
+            self.master_address,
+        )
+        if rc != 0:
+            raise ConnectError(
+                f"cannot reach the Mooncake master at {self.master_address} (setup returned {rc}); "
+                "start one with MooncakeMaster().start() or check the address"
+            )
+        self._store = store
+        return self
+
+    @property
+    def store(self) -> Any:
+        """The underlying ``MooncakeDistributedStore`` (connected)."""
+        return self.connect()._store
+
+    def close(self) -> None:
+        """Close the client (its contributed segment, and buckets stored in it, go away)."""
+        if self._store is not None:
+            self._store.close()
+            self._store = None
+
+    def __enter__(self) -> MooncakeTransport:
+        return self.connect()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- keys ------------------------------------------------------------------------------
+    def bucket_key(self, version: int, i: int) -> str:
+        """Store key of bucket ``i`` of ``version``."""
+        return f"{self.prefix}/v{version}/bucket{i}"
+
+    def manifest_key(self, version: int) -> str:
+        """Store key of the manifest of ``version``."""
+        return f"{self.prefix}/v{version}/manifest"
+
+    @property
+    def latest_key(self) -> str:
+        """Store key of the newest-version pointer."""
+        return f"{self.prefix}/latest"
+
+    # ---- publish ---------------------------------------------------------------------------
+    def publish(self, version: int, state: dict[str, Any]) -> Manifest:
+        """Pack ``state``, put every bucket zero-copy, then its manifest, then the pointer.
+
+        Raises:
+            WeightSyncError: the store refused a bucket (e.g. no segment has room).
+        """
+        from mooncake.store import ReplicateConfig
+
+        store = self.store
+        t0 = time.perf_counter()
+        if store.is_exist(self.manifest_key(version)) == 1:
+            # Mooncake answers 0 to a put on an existing key without replacing it, so a silent
+            # republish would leave old buckets under a new manifest.
+            raise WeightSyncError(
+                f"weight version {version} is already in the store under prefix {self.prefix!r}; "
+                "versions are immutable, publish under a new version number"
+            )
+        manifest, buckets = pack(state, self.bucket_bytes, version=version)
+        config = ReplicateConfig()
+        config.with_hard_pin = True  # weights must never be evicted under memory pressure
+        keys = [self.bucket_key(version, i) for i in range(len(buckets))]
+        ptrs = [b.ctypes.data for b in buckets]
+        sizes = [b.nbytes for b in buckets]
+        for p, n in zip(ptrs, sizes, strict=True):
+            store.register_buffer(p, n)
+        try:
+            rcs = store.batch_put_from(keys, ptrs, sizes, config) if keys else []
+        finally:
+            for p in ptrs:
+                store.unregister_buffer(p)
+        bad = [(i, rc) for i, rc in enumerate(rcs) if rc != 0]
+        if bad:
+            store.batch_remove([k for k, rc in zip(keys, rcs, strict=True) if rc == 0], True)
+            i, rc = bad[0]
+            raise WeightSyncError(
+                f"publishing weight version {version} failed: bucket {i} put returned {_code(rc)} "
+                f"({len(bad)} of {len(keys)} buckets failed); the store needs about {manifest.total_bytes} "
+                "free bytes in contributed segments (raise segment_bytes or gc old versions)"
+            )
+        rc = store.put(self.manifest_key(version), manifest.to_json(), config)
+        if rc != 0:
+            store.batch_remove(keys, True)
+            raise WeightSyncError(f"publishing the manifest of weight version {version} failed ({_code(rc)})")
+        latest = self.latest()
+        # Never move the pointer backwards (an older version published late stays pullable by number).
+        rc = store.upsert(self.latest_key, str(version).encode()) if latest is None or version > latest else 0
+        if rc != 0:
+            raise WeightSyncError(
+                f"weight version {version} is stored but the latest pointer update failed "
+                f"({_code(rc)}); publish again"
+            )
+        self._published[version] = manifest.num_buckets
+        self.metrics.push_s += time.perf_counter() - t0
+        self.metrics.version = max(self.metrics.version, version)
+        return manifest
+
+    # ---- pull ------------------------------------------------------------------------------
+    def latest(self) -> int | None:
+        """Newest complete version in the store, or None."""
+        raw = self.store.get(self.latest_key)
+        return int(raw) if raw else None
+
+    def manifest(self, version: int) -> Manifest:
+        """Manifest of ``version``.
+
+        Raises:
+            WeightSyncError: it is not in the store (never published, or garbage-collected).
+        """
+        raw = self.store.get(self.manifest_key(version))
+        if not raw:
+            raise WeightSyncError(
+                f"weight version {version} is not in the Mooncake store under prefix {self.prefix!r} "
+                f"(latest is {self.latest()}); pull the latest version instead"
+            )
+        return Manifest.from_json(raw)
+
+    def pull(self, version: int | None = None) -> dict[str, Any]:
+        """Fetch ``version`` (None: latest) into fresh registered memory and verify it.
+
+        Returns:
+            name -> tensor, zero-copy views into one buffer per pull.
+
+        Raises:
+            WeightSyncError: missing, partial (a bucket could not be read) or corrupt.
+        """
+        store = self.store
+        t0 = time.perf_counter()
+        if version is None:
+            version = self.latest()
+            if version is None:
+                raise WeightSyncError(f"no weight version published under prefix {self.prefix!r} yet")
+        manifest = self.manifest(version)
+        sizes = list(manifest.bucket_sizes)
+        offsets = np.cumsum([0, *sizes])
+        buf = np.empty(int(offsets[-1]), dtype=np.uint8)
+        keys = [self.bucket_key(version, i) for i in range(len(sizes))]
+        ptrs = [buf.ctypes.data + int(o) for o in offsets[:-1]]
+        if keys:
+            store.register_buffer(buf.ctypes.data, buf.nbytes)
+            try:
+                got = store.batch_get_into(keys, ptrs, sizes)
+            finally:
+                store.unregister_buffer(buf.ctypes.data)
+            for i, (rc, n) in enumerate(zip(got, sizes, strict=True)):
+                if rc != n:
+                    raise WeightSyncError(
+                        f"weight version {version} is partial: bucket {i} ({keys[i]}) returned {_code(rc)} "
+                        f"instead of {n} bytes; it was garbage-collected or lost, pull a newer version"
+                    )
+        buckets = [buf[offsets[i] : offsets[i + 1]] for i in range(len(sizes))]
+        state = unpack(manifest, buckets)
+        self.metrics.pull_s += time.perf_counter() - t0
+        self.metrics.bytes += manifest.total_bytes
+        self.metrics.pulls += 1
+        self.metrics.version = max(self.metrics.version, version)
+        return state
+
+    # ---- gc --------------------------------------------------------------------------------
+    def gc(self, keep: int = 2) -> None:
+        """Remove all but the newest ``keep`` versions this transport published.
+
+        Manifests go first (forced), so no new reader can start on an old version; buckets
+        still leased by a reader in flight are retried on the next call.
+        """
+        store = self.store
+        old = sorted(self._published)[:-keep] if keep > 0 else sorted(self._published)
+        keys = list(self._pending_gc)
+        for v in old:
+            n = self._published.pop(v)
+            store.remove(self.manifest_key(v), True)
+            keys += [self.bucket_key(v, i) for i in range(n)]
+        if not keys:
+            return
+        rcs = store.batch_remove(keys, False)
+        self._pending_gc = [k for k, rc in zip(keys, rcs, strict=True) if rc not in (0, -704)]
+        if self._pending_gc:
+            logger.debug("mooncake gc: %d buckets still leased, retried next gc", len(self._pending_gc))
+
+    def take_metrics(self) -> WeightSyncMetrics:
+        """Return this step's counters and start new ones."""
+        m, self.metrics = self.metrics, WeightSyncMetrics(version=self.metrics.version)
+        return m
