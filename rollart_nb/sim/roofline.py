@@ -1,0 +1,248 @@
+"""Roofline time model of LLM prefill, decode, training and weight sync.
+
+Pure functions of a :class:`~rollart_nb.models.ModelSpec` and a
+:class:`~rollart_nb.resources.profiles.HardwareProfile`. Each returns *modelled* seconds: the
+time a phase would take on real hardware if it ran at a fixed fraction of peak (MFU for
+compute, MBU for memory bandwidth). They are the simulator's only source of time, so every
+formula is written out in its docstring.
+
+Units: ``bf16_tflops`` is 10^12 FLOP/s per device, ``mem_bw_gbps`` and every ``gbps`` here
+are GB/s (10^9 bytes/s; 200 Gbit/s Ethernet is 25 GB/s). ``tp`` devices split a model evenly
+(tensor parallelism; its communication is not modelled).
+
+Example:
+    >>> from rollart_nb.models.spec import spec
+    >>> from rollart_nb.resources.profiles import PROFILES
+    >>> m = spec("qwen3-8b")
+    >>> round(decode_step_time(m, PROFILES["H20"], batch=1, context_tokens_total=0) * 1e3, 2)
+    5.86
+"""
+
+from __future__ import annotations
+
+from rollart_nb.models.spec import ModelSpec
+from rollart_nb.resources.profiles import HardwareProfile
+
+__all__ = [
+    "attention_flops",
+    "decode_step_time",
+    "decode_time",
+    "prefill_flops",
+    "prefill_time",
+    "train_time",
+    "weight_sync_time",
+    "weights_read_bytes",
+]
+
+
+def _check(tp: int, eff: float, what: str) -> None:
+    if tp < 1:
+        raise ValueError(f"tp must be >= 1, got {tp}")
+    if not 0.0 < eff <= 1.0:
+        raise ValueError(f"{what} must be in (0, 1], got {eff}")
+
+
+def attention_flops(spec: ModelSpec, tokens: float, context: float) -> float:
+    """FLOPs of the attention score and value products for ``tokens`` new tokens.
+
+    Formula: ``4 * layers * hidden * tokens * (context + tokens / 2)``. Each new token
+    attends to the ``context`` cached tokens and, causally, to about half of the new ones;
+    ``QK^T`` and ``AV`` each cost ``2 * hidden`` FLOPs per (query, key) pair and layer. The
+    query width is taken as ``hidden`` (true for Qwen3 dense models up to head-count rounding).
+
+    Args:
+        spec: the model.
+        tokens: new (query) tokens.
+        context: tokens already in the KV cache before them.
+    """
+    return 4.0 * spec.layers * spec.hidden * tokens * (context + tokens / 2.0)
+
+
+def prefill_flops(spec: ModelSpec, tokens: int, context: int = 0) -> float:
+    """FLOPs to prefill ``tokens`` new tokens after ``context`` cached ones.
+
+    Formula: ``2 * active_params * tokens + attention_flops(spec, tokens, context)`` (one
+    multiply-add per active parameter per token, plus attention).
+    """
+    return 2.0 * spec.active_params * tokens + attention_flops(spec, tokens, context)
+
+
+def weights_read_bytes(spec: ModelSpec, tokens: int) -> float:
+    """Bytes of weights one forward pass over ``tokens`` tokens must read.
+
+    Dense models read every weight. For MoE models each token activates a fraction
+    ``f = active_params / params`` of the weights; treating routing as uniform and
+    independent, a pass over ``n`` tokens touches ``params * (1 - (1 - f) ** n)`` of them
+    (``active_params`` for one token, all weights for large batches). Shared layers
+    (attention, embeddings) are always read, so this slightly under-counts small batches.
+
+    Formula: ``bytes_per_param * params * (1 - (1 - active_params / params) ** tokens)``.
+    """
+    if tokens <= 0:
+        return 0.0
+    frac = spec.active_params / spec.params
+    return spec.bytes_per_param * spec.params * (1.0 - (1.0 - frac) ** tokens)
+
+
+def prefill_time(
+    spec: ModelSpec,
+    hw: HardwareProfile,
+    tokens: int,
+    context: int = 0,
+    tp: int = 1,
+    mfu: float = 0.5,
+) -> float:
+    """Modelled seconds to prefill ``tokens`` new tokens after ``context`` cached ones.
+
+    Compute-bound, with the weight read as a floor (a short prefill still streams the
+    weights once)::
+
+        time = max(prefill_flops(spec, tokens, context) / (tp * bf16_tflops * 1e12 * mfu),
+                   weights_read_bytes(spec, tokens) / (tp * mem_bw_gbps * 1e9))
+
+    Args:
+        spec: the model.
+        hw: the device type (each of the ``tp`` devices).
+        tokens: new tokens to prefill (0 costs nothing).
+        context: tokens already cached for this sequence.
+        tp: tensor-parallel degree.
+        mfu: achieved fraction of peak FLOP/s.
+    """
+    _check(tp, mfu, "mfu")
+    if tokens <= 0:
+        return 0.0
+    compute = prefill_flops(spec, tokens, context) / (tp * hw.bf16_tflops * 1e12 * mfu)
+    floor = weights_read_bytes(spec, tokens) / (tp * hw.mem_bw_gbps * 1e9)
+    return max(compute, floor)
+
+
+def _step_terms(
+    spec: ModelSpec, hw: HardwareProfile, batch: int, tp: int, mbu: float, mfu: float
+) -> tuple[float, float, float, float]:
+    """Coefficients of one decode step's time as ``max(a_m + b_m * C, a_c + b_c * C)`` where
+    ``C`` is the batch's total context tokens (memory term, compute term)."""
+    bw = tp * hw.mem_bw_gbps * 1e9 * mbu
+    flops = tp * hw.bf16_tflops * 1e12 * mfu
+    a_mem = weights_read_bytes(spec, batch) / bw
+    b_mem = spec.kv_bytes_per_token / bw
+    a_cmp = 2.0 * spec.active_params * batch / flops
+    b_cmp = 4.0 * spec.layers * spec.hidden / flops  # attention_flops with one query token
+    return a_mem, b_mem, a_cmp, b_cmp
+
+
+def decode_step_time(
+    spec: ModelSpec,
+    hw: HardwareProfile,
+    batch: int,
+    context_tokens_total: int,
+    tp: int = 1,
+    mbu: float = 0.7,
+    mfu: float = 0.5,
+) -> float:
+    """Modelled seconds of one decode step (one new token for each of ``batch`` sequences).
+
+    Bandwidth-bound: the step streams the weights once for the whole batch plus every
+    sequence's KV cache; compute is a floor that matters only for large batches::
+
+        bytes = weights_read_bytes(spec, batch) + kv_bytes_per_token * context_tokens_total
+        flops = 2 * active_params * batch + 4 * layers * hidden * context_tokens_total
+        time  = max(bytes / (tp * mem_bw_gbps * 1e9 * mbu),
+                    flops / (tp * bf16_tflops * 1e12 * mfu))
+
+    For MoE models ``weights_read_bytes`` counts only the experts the batch touches.
+
+    Args:
+        spec: the model.
+        hw: the device type.
+        batch: sequences decoded together (continuous batching).
+        context_tokens_total: sum over the batch of each sequence's cached tokens.
+        tp: tensor-parallel degree.
+        mbu: achieved fraction of peak memory bandwidth.
+        mfu: achieved fraction of peak FLOP/s.
+    """
+    _check(tp, mbu, "mbu")
+    _check(tp, mfu, "mfu")
+    if batch <= 0:
+        return 0.0
+    a_m, b_m, a_c, b_c = _step_terms(spec, hw, batch, tp, mbu, mfu)
+    return max(a_m + b_m * context_tokens_total, a_c + b_c * context_tokens_total)
+
+
+def _sum_max_linear(a1: float, b1: float, a2: float, b2: float, n: int) -> float:
+    """``sum_{i=0}^{n-1} max(a1 + b1*i, a2 + b2*i)`` in closed form (two arithmetic series
+    split where the lines cross)."""
+
+    def series(a: float, b: float, lo: int, hi: int) -> float:  # sum over i in [lo, hi)
+        k = hi - lo
+        return 0.0 if k <= 0 else k * a + b * (lo + hi - 1) * k / 2.0
+
+    if b1 == b2:
+        return series(max(a1, a2), b1, 0, n)
+    cross = (a2 - a1) / (b1 - b2)  # line 1 is above line 2 for i > cross when b1 > b2
+    split = 0 if cross < 0 else n if cross >= n else int(cross) + 1  # first i past the crossing
+    if b1 > b2:  # line 2 dominates before the crossing, line 1 after
+        return series(a2, b2, 0, split) + series(a1, b1, split, n)
+    return series(a1, b1, 0, split) + series(a2, b2, split, n)
+
+
+def decode_time(
+    spec: ModelSpec,
+    hw: HardwareProfile,
+    new_tokens: int,
+    context: float,
+    batch: int = 1,
+    tp: int = 1,
+    mbu: float = 0.7,
+    mfu: float = 0.5,
+) -> float:
+    """Modelled seconds to decode ``new_tokens`` tokens for a sequence in a steady batch.
+
+    The batch holds ``batch`` sequences that each start at ``context`` cached tokens and
+    grow by one token per step (a steady state of continuous batching), so step ``i`` sees
+    ``batch * (context + i)`` cached tokens::
+
+        time = sum_{i=0}^{new_tokens-1} decode_step_time(spec, hw, batch, batch * (context + i))
+
+    Each step is the max of two lines in ``i``, so the sum is computed in closed form
+    (no loop over tokens).
+
+    Args:
+        spec: the model.
+        hw: the device type.
+        new_tokens: tokens to generate.
+        context: cached tokens per sequence when decoding starts (may be fractional, e.g.
+            a batch average).
+        batch: sequences decoded together.
+        tp, mbu, mfu: as in :func:`decode_step_time`.
+    """
+    _check(tp, mbu, "mbu")
+    _check(tp, mfu, "mfu")
+    if new_tokens <= 0 or batch <= 0:
+        return 0.0
+    a_m, b_m, a_c, b_c = _step_terms(spec, hw, batch, tp, mbu, mfu)
+    # Substitute C = batch * (context + i): each line becomes (a + b*batch*context) + (b*batch)*i.
+    return _sum_max_linear(
+        a_m + b_m * batch * context, b_m * batch, a_c + b_c * batch * context, b_c * batch, new_tokens
+    )
+
+
+def train_time(spec: ModelSpec, hw: HardwareProfile, tokens: int, gpus: int, mfu: float = 0.4) -> float:
+    """Modelled seconds of one optimizer step over ``tokens`` tokens on ``gpus`` devices.
+
+    Formula: ``6 * active_params * tokens / (gpus * bf16_tflops * 1e12 * mfu)`` (forward 2 +
+    backward 4 FLOPs per active parameter per token; attention and the old-policy logprob
+    pass are folded into ``mfu``). ``active_params == params`` for dense models.
+    """
+    _check(gpus, mfu, "mfu")
+    return 6.0 * spec.active_params * max(tokens, 0) / (gpus * hw.bf16_tflops * 1e12 * mfu)
+
+
+def weight_sync_time(spec: ModelSpec, gbps: float) -> float:
+    """Modelled seconds to move the full weights over a link of ``gbps`` GB/s.
+
+    Formula: ``params * bytes_per_param / (gbps * 1e9)`` (bandwidth only; no latency or
+    protocol overhead). 400 Gbit/s InfiniBand is 50 GB/s, 200 Gbit/s Ethernet 25 GB/s.
+    """
+    if gbps <= 0:
+        raise ValueError(f"gbps must be > 0, got {gbps}")
+    return spec.weight_bytes / (gbps * 1e9)
