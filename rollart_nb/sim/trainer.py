@@ -1,0 +1,107 @@
+"""SimTrainBackend: a training backend whose step time comes from the roofline model.
+
+It consumes real trajectories (their token counts and rewards) and advances the policy
+version like a real trainer, but computes no gradients: a step sleeps
+``train_time(tokens) * time_scale``. Its metrics are only numbers it actually knows (token
+counts, modelled time, the batch's rewards); it reports no loss, since it has none.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+from rollart_nb.errors import ConfigError
+from rollart_nb.models.spec import ModelSpec
+from rollart_nb.resources.profiles import HardwareProfile
+from rollart_nb.sim import roofline
+from rollart_nb.trajectory import Trajectory
+
+__all__ = ["SimTrainBackend", "trajectory_tokens"]
+
+
+def trajectory_tokens(traj: Trajectory) -> int:
+    """Tokens one trajectory contributes to training: its full sequence (the last turn's
+    prompt, which holds the whole history, plus its response), as a trainer packs one row
+    per trajectory. Turns with a non-cumulative prompt are summed instead."""
+    if not traj.turns:
+        return 0
+    last = traj.turns[-1]
+    full = len(last.prompt_ids) + len(last.response_ids)
+    # A history-carrying last prompt is at least as long as every earlier turn's tokens.
+    if all(len(t.prompt_ids) <= len(last.prompt_ids) for t in traj.turns):
+        return full
+    return traj.num_tokens
+
+
+class SimTrainBackend:
+    """Roofline-timed train backend (implements :class:`~rollart_nb.protocols.TrainBackend`).
+
+    Args:
+        spec: the model being trained.
+        hardware: device type of the training pool.
+        gpus: devices the step is spread over (data/tensor/pipeline parallel alike).
+        time_scale: wall seconds slept per modelled second (0: no sleep).
+        mfu: achieved fraction of peak FLOP/s.
+
+    Example:
+        >>> from rollart_nb.models.spec import spec
+        >>> from rollart_nb.resources.profiles import PROFILES
+        >>> t = SimTrainBackend(spec("qwen3-8b"), PROFILES["H800"], gpus=32, time_scale=0)
+        >>> t.train_step([])["tokens"], t.version
+        (0.0, 1)
+    """
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        hardware: HardwareProfile,
+        gpus: int = 1,
+        time_scale: float = 1e-3,
+        mfu: float = 0.4,
+    ) -> None:
+        problems = []
+        if gpus < 1:
+            problems.append(f"gpus must be >= 1, got {gpus}")
+        if time_scale < 0:
+            problems.append(f"time_scale must be >= 0, got {time_scale}")
+        if not 0 < mfu <= 1:
+            problems.append(f"mfu must be in (0, 1], got {mfu}")
+        if problems:
+            raise ConfigError(problems, where="SimTrainBackend")
+        self.spec, self.hardware, self.gpus = spec, hardware, gpus
+        self.time_scale, self.mfu = time_scale, mfu
+        self.version = 0
+        self.modelled_s = 0.0  # total modelled training seconds
+
+    def train_step(self, batch: list[Trajectory]) -> dict[str, float]:
+        """One optimizer step over ``batch``: sleep the modelled time, bump the version.
+
+        Blocks (``time.sleep``): it runs inside a worker actor, off any event loop.
+
+        Returns:
+            ``tokens``, ``trajectories``, ``modelled_s``, ``reward_mean`` (over scored
+            trajectories; NaN if none), ``version`` (after the step).
+        """
+        tokens = sum(trajectory_tokens(t) for t in batch)
+        modelled_s = roofline.train_time(self.spec, self.hardware, tokens, self.gpus, self.mfu)
+        if self.time_scale > 0:
+            time.sleep(modelled_s * self.time_scale)
+        self.modelled_s += modelled_s
+        self.version += 1
+        rewards = [t.reward for t in batch if not math.isnan(t.reward)]
+        return {
+            "tokens": float(tokens),
+            "trajectories": float(len(batch)),
+            "modelled_s": modelled_s,
+            "reward_mean": sum(rewards) / len(rewards) if rewards else math.nan,
+            "version": float(self.version),
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        """A tiny stand-in for the weights: ``{"version": v}`` (what SimBackend.load_weights needs)."""
+        return {"version": self.version}
+
+    def __repr__(self) -> str:
+        return f"SimTrainBackend({self.spec.name} on {self.gpus}x{self.hardware.name}, version={self.version})"
