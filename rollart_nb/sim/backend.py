@@ -133,7 +133,7 @@ class SimBackend:
         if vocab_size < 4:
             problems.append(f"vocab_size must be >= 4, got {vocab_size}")
         free = (hardware.mem_gb * 1e9 * tp - spec.weight_bytes) * KV_MEMORY_FRACTION
-        if free <= 0:
+        if tp >= 1 and free <= 0:
             problems.append(
                 f"{spec.name} ({spec.weight_bytes / 1e9:.1f} GB of weights) does not fit on "
                 f"{tp} x {hardware.name} ({hardware.mem_gb:g} GB each); raise tp"

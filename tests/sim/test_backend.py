@@ -1,0 +1,241 @@
+"""SimBackend: deterministic tokens, versions, prefix cache and KV recompute, batching, abort,
+PD disaggregation, and hardware affinity."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from rollart_nb.errors import ConfigError
+from rollart_nb.models.spec import ModelSpec, spec
+from rollart_nb.protocols import GenerationBackend, GenerationRequest
+from rollart_nb.resources.profiles import PROFILES
+from rollart_nb.sim import SimBackend, decode_time, prefill_time
+
+Q8 = spec("qwen3-8b")
+H800, H20 = PROFILES["H800"], PROFILES["H20"]
+
+
+def req(traj="t0", prompt=100, max_new=64, **kw):
+    return GenerationRequest(traj, kw.pop("task", "math"), list(range(3, 3 + prompt)), max_new_tokens=max_new, **kw)
+
+
+def fixed(n):
+    return lambda request: n
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_implements_the_protocol():
+    assert isinstance(SimBackend(Q8, H20), GenerationBackend)
+
+
+def test_same_request_same_tokens_and_negative_logprobs():
+    a, b = SimBackend(Q8, H20, time_scale=0), SimBackend(Q8, H20, time_scale=0)
+    r1, r2 = run(a.generate(req(seed=7))), run(b.generate(req(seed=7)))
+    assert r1.token_ids == r2.token_ids and r1.logprobs == r2.logprobs
+    assert len(r1.token_ids) == len(r1.logprobs) >= 1
+    assert all(lp < 0 for lp in r1.logprobs)
+    assert all(0 <= t < 32000 for t in r1.token_ids)
+    assert run(a.generate(req("other", seed=7))).token_ids != r1.token_ids
+    assert run(a.generate(req("x", seed=8))).token_ids != run(b.generate(req("x", seed=7))).token_ids
+    # Greedy ignores the sampling seed, as a real engine does.
+    g1 = run(a.generate(req("g", seed=1, temperature=0.0)))
+    g2 = run(b.generate(req("g", seed=2, temperature=0.0)))
+    assert g1.token_ids == g2.token_ids
+
+
+def test_finish_reasons_and_eos():
+    b = SimBackend(Q8, H20, time_scale=0, response_tokens=fixed(10))
+    r = run(b.generate(req(max_new=32)))
+    assert r.finish_reason == "stop" and len(r.token_ids) == 10 and r.token_ids[-1] == 1
+    b = SimBackend(Q8, H20, time_scale=0, response_tokens=fixed(100))
+    r = run(b.generate(req(max_new=32)))
+    assert r.finish_reason == "length" and len(r.token_ids) == 32 and 1 not in r.token_ids[-1:]
+    assert r.worker == "sim" and r.text  # decoded by the SimTokenizer
+
+
+def test_default_lengths_average_mean_response_tokens():
+    b = SimBackend(Q8, H20, time_scale=0, mean_response_tokens=50)
+    lens = [len(run(b.generate(req(f"t{i}", max_new=10_000))).token_ids) for i in range(300)]
+    assert 40 < sum(lens) / len(lens) < 60
+
+
+def test_results_carry_the_serving_version():
+    b = SimBackend(Q8, H20, time_scale=0)
+    assert run(b.generate(req())).version == 0
+    b.load_weights({"version": 3}, 3)
+    r = run(b.generate(req("t1")))
+    assert b.version == 3 and r.version == 3
+
+
+def test_prefix_cache_charges_only_new_tokens():
+    b = SimBackend(Q8, H800, time_scale=0, response_tokens=fixed(20))
+    r1 = run(b.generate(req(prompt=1000, max_new=64)))
+    assert r1.prefill_s == pytest.approx(prefill_time(Q8, H800, 1000))
+    assert b.cached_tokens("t0") == 1020  # prompt + response KV stay cached
+    r2 = run(b.generate(req(prompt=1020 + 50, max_new=64)))  # history + 50 observation tokens
+    assert b.stats()["prefill_tokens"] == 1000 + 50
+    assert r2.prefill_s == pytest.approx(prefill_time(Q8, H800, 50, context=1020))
+    assert r2.recomputed_tokens == 0
+    # A fresh trajectory pays its whole prompt.
+    run(b.generate(req("t1", prompt=1070)))
+    assert b.stats()["prefill_tokens"] == 1000 + 50 + 1070
+
+
+def test_weight_update_mid_trajectory_recomputes_the_whole_prompt():
+    b = SimBackend(Q8, H800, time_scale=0, response_tokens=fixed(20))
+    run(b.generate(req(prompt=1000)))
+    b.load_weights({}, 1)
+    r = run(b.generate(req(prompt=1070)))
+    assert r.recomputed_tokens == 1070 and r.version == 1
+    assert r.prefill_s == pytest.approx(prefill_time(Q8, H800, 1070))
+    s = b.stats()
+    assert s["recomputed_tokens"] == 1070 and s["prefill_tokens"] == 1000 + 1070
+    # Recomputed under version 1: the next turn is incremental again.
+    r = run(b.generate(req(prompt=1090 + 10)))
+    assert r.recomputed_tokens == 0 and b.stats()["prefill_tokens"] == 1000 + 1070 + 10
+
+
+def test_forget_drops_the_prefix_without_counting_a_recompute():
+    b = SimBackend(Q8, H800, time_scale=0, response_tokens=fixed(20))
+    run(b.generate(req(prompt=500)))
+    b.forget("t0")
+    r = run(b.generate(req(prompt=600)))
+    assert r.recomputed_tokens == 0 and b.stats()["prefill_tokens"] == 1100
+
+
+def test_prefix_cache_is_bounded_by_device_memory():
+    b = SimBackend(Q8, H800, time_scale=0, response_tokens=fixed(10))
+    assert b.kv_capacity_tokens == int((80e9 - 16.4e9) * 0.9 // Q8.kv_bytes_per_token)
+    b.kv_capacity_tokens = 250  # shrink to watch LRU eviction
+    for t in ("a", "b", "c"):
+        run(b.generate(req(t, prompt=100)))
+    assert b.cached_tokens("a") == 0 and b.cached_tokens("b") == b.cached_tokens("c") == 110
+    assert b.stats()["cached_tokens"] == 220
+
+
+def test_concurrent_decodes_batch():
+    """16 concurrent requests take about one request's time, not 16x (continuous batching)."""
+    b = SimBackend(Q8, H20, time_scale=0.05, response_tokens=fixed(128))
+    t0 = time.perf_counter()
+    one = run(b.generate(req("solo", prompt=200, max_new=1000)))
+    single_wall = time.perf_counter() - t0
+
+    async def burst():
+        return await asyncio.gather(*(b.generate(req(f"c{i}", prompt=200, max_new=1000)) for i in range(16)))
+
+    t0 = time.perf_counter()
+    results = run(burst())
+    burst_wall = time.perf_counter() - t0
+    assert burst_wall < 4 * single_wall  # serial would be 16x
+    # Modelled: the last admitted sees a batch of 16 whose step costs barely more than one.
+    worst = max(r.decode_s for r in results)
+    assert worst == pytest.approx(decode_time(Q8, H20, 128, 200, batch=16), rel=1e-6)
+    assert one.decode_s < worst < 1.5 * one.decode_s
+    assert b.stats()["active"] == 0 and b.stats()["requests"] == 17
+
+
+def test_concurrent_prefills_share_the_device():
+    """Long prefills queue on the device's FLOPs: the 4th waits for the first three."""
+    b = SimBackend(Q8, H20, time_scale=0.01, response_tokens=fixed(1))
+
+    async def burst():
+        return await asyncio.gather(*(b.generate(req(f"p{i}", prompt=8192)) for i in range(4)))
+
+    results = run(burst())
+    alone = prefill_time(Q8, H20, 8192)
+    slowest = max(r.prefill_s for r in results)
+    assert slowest > 3 * alone  # serialized, minus event-loop slack
+    assert min(r.prefill_s for r in results) == pytest.approx(alone, rel=1e-6)
+
+
+def test_abort_returns_promptly_with_partial_tokens_and_drops_the_cache():
+    # ~14 modelled s of decode slept at 1:1 scale: only a prompt abort can end it in time.
+    b = SimBackend(Q8, H20, time_scale=1.0, response_tokens=fixed(2000))
+
+    async def scenario():
+        b._remember("t0", 100, 0)
+        task = asyncio.create_task(b.generate(req(prompt=100, max_new=4000)))
+        await asyncio.sleep(0.3)
+        t0 = time.perf_counter()
+        await b.abort("t0")
+        r = await task
+        return r, time.perf_counter() - t0
+
+    r, latency = run(scenario())
+    assert r.finish_reason == "abort" and latency < 0.2
+    assert 0 < len(r.token_ids) < 2000 and len(r.logprobs) == len(r.token_ids)
+    assert b.cached_tokens("t0") == 0 and b.stats()["aborted"] == 1 and b.stats()["active"] == 0
+
+
+def test_abort_during_prefill_and_of_idle_trajectory():
+    b = SimBackend(Q8, H20, time_scale=1.0, response_tokens=fixed(5))
+
+    async def scenario():
+        task = asyncio.create_task(b.generate(req("long", prompt=32000)))  # ~4 s of prefill on H20
+        await asyncio.sleep(0.05)
+        await b.abort("long")
+        await b.abort("never-started")  # a no-op
+        return await asyncio.wait_for(task, 1.0)
+
+    r = run(scenario())
+    assert r.finish_reason == "abort" and r.token_ids == []
+
+
+def test_pd_split_equals_colocated_plus_kv_transfer():
+    col = SimBackend(Q8, H800, time_scale=0, response_tokens=fixed(300))
+    p = SimBackend(Q8, H800, time_scale=0, response_tokens=fixed(300))
+    d = SimBackend(Q8, H800, time_scale=0, response_tokens=fixed(300), link_gbps=25.0)
+    request = req(prompt=4000, max_new=1000)
+    c = run(col.generate(request))
+    pre = run(p.prefill(request))
+    assert pre["tokens"] == 4000 and pre["version"] == 0 and not pre["aborted"]
+    r = run(d.decode(request, pre))
+    transfer = Q8.kv_bytes_per_token * 4000 / 25e9  # ~24 ms for 4000 tokens of qwen3-8b KV
+    assert r.prefill_s == pytest.approx(c.prefill_s)
+    assert r.prefill_s + r.decode_s == pytest.approx(c.prefill_s + c.decode_s + transfer)
+    assert r.token_ids == c.token_ids  # same policy, same version
+    assert d.stats()["kv_transfer_s"] == pytest.approx(transfer)
+    # Next turn: the P node's cache holds the prompt only, so it computes response + obs.
+    pre2 = run(p.prefill(req(prompt=4000 + 300 + 40)))
+    assert pre2["tokens"] == 340
+
+
+def test_pd_result_takes_the_older_version():
+    p, d = SimBackend(Q8, H800, time_scale=0), SimBackend(Q8, H20, time_scale=0)
+    d.load_weights({}, 2)
+    pre = run(p.prefill(req()))
+    assert run(d.decode(req(), pre)).version == 0
+
+
+def test_h20_wins_decode_heavy_and_h800_wins_prefill_heavy():
+    def turn(hw, prompt, response):
+        b = SimBackend(Q8, hw, time_scale=0, response_tokens=fixed(response))
+        r = run(b.generate(req(prompt=prompt, max_new=response + 1)))
+        return r.prefill_s + r.decode_s
+
+    assert turn(H20, 200, 2500) < turn(H800, 200, 2500)  # GEM-Math-like chain of thought
+    assert turn(H800, 16384, 30) * 3 < turn(H20, 16384, 30)  # long history, short action
+
+
+def test_stats_count_tokens_and_busy_time():
+    b = SimBackend(Q8, H20, time_scale=0, response_tokens=fixed(10))
+    r = run(b.generate(req(prompt=100, max_new=64)))
+    s = b.stats()
+    assert s["prefill_tokens"] == 100 and s["decode_tokens"] == 10 and s["requests"] == 1
+    assert s["busy_s"] == pytest.approx(r.prefill_s + r.decode_s)
+
+
+def test_config_errors_list_every_problem():
+    with pytest.raises(ConfigError) as e:
+        SimBackend(Q8, H20, time_scale=-1, tp=0, policy="lm", mfu=2)
+    assert len(e.value.problems) == 4
+    big = ModelSpec("dense-70b", 70e9, 70e9, 80, 8192, 8, 128)
+    with pytest.raises(ConfigError, match="does not fit.*raise tp"):
+        SimBackend(big, H20)
+    assert SimBackend(big, H20, tp=2).kv_capacity_tokens > 0
