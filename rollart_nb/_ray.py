@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import socket
 import tempfile
 import time
@@ -267,8 +268,13 @@ def get(refs: Any, *, timeout_s: float | None = None, what: str = "", worker: st
 
 
 def _short(e: BaseException, n: int = 300) -> str:
-    s = str(e).strip().splitlines()
-    return (s[0] if s else type(e).__name__)[:n]
+    """First line of a Ray error, plus the user's exception line when Ray buried it in a traceback."""
+    lines = [ln for ln in str(e).strip().splitlines() if ln.strip()]
+    if not lines:
+        return type(e).__name__
+    head = lines[0][:n]
+    cause = next((ln.strip() for ln in reversed(lines) if re.match(r"^\s*\w+(Error|Exception)\b.*:", ln)), "")
+    return f"{head} [{cause[:n]}]" if cause and cause not in head else head
 
 
 async def aget(ref: Any) -> Any:

@@ -15,6 +15,7 @@ import warnings
 from typing import Any
 
 from rollart_nb import _ray
+from rollart_nb.control.tasks import TaskSet
 from rollart_nb.errors import ConfigError, StateError
 from rollart_nb.resources.manager import Binding, ResourceManager
 from rollart_nb.resources.pools import Pool, discover_pools
@@ -57,6 +58,9 @@ class Session:
         self.pools: dict[str, Pool] = {}
         self.endpoints: dict[str, Endpoint] = {}
         self.clusters: dict[str, Cluster] = {}
+        self._pipelines: dict[str, Any] = {}
+        self._rewards: dict[str, dict[str, Any]] = {}
+        self._serve: Any = None
         self.log_dir = ""
         self.seed = 0
         self._owns_ray = False
@@ -236,6 +240,94 @@ class Session:
         self.store.put(f"endpoints/{name}", {"url": url, "token_env": token_env})
         return ep
 
+    # -- tasks, rewards, pipelines -------------------------------------------------------
+    def tasks(self, envs: dict[str, Any], envs_per_task: int | dict[str, int] = 8,
+              weights: dict[str, float] | None = None) -> TaskSet:
+        """Declare the tasks of a run.
+
+        Args:
+            envs: task name -> env (gymnasium-style text env; copied per env instance).
+            envs_per_task: concurrent env instances per task (an int, or per task).
+            weights: task -> share of each training batch (default uniform).
+        """
+        self._check()
+        per = envs_per_task if isinstance(envs_per_task, dict) else dict.fromkeys(envs, envs_per_task)
+        return TaskSet(dict(envs), dict(per), weights)
+
+    def reward(self, task: str, fn: Any = None, *, serverless: bool = False, url: str | None = None,
+               token_env: str | None = None, timeout_s: float = 30.0, retries: int = 1,
+               **serve_options: Any) -> None:
+        """Set ``task``'s reward for pipelines built after this call (and swap it in existing ones).
+
+        Args:
+            fn: ``fn(trajectory) -> float`` (or per-turn list), sync or async.
+            serverless: deploy ``fn`` as a Ray Serve deployment that scales to zero, on 127.0.0.1.
+            url: use an existing HTTP endpoint instead of ``fn`` (JSON contract in
+                :mod:`rollart_nb.serverless.client`).
+            token_env: environment variable holding the endpoint's bearer token (never logged).
+            timeout_s / retries: per call; a reward still failing after the retries fails the
+                trajectory with the reason.
+            **serve_options: ``min_replicas``, ``max_replicas``, ``downscale_delay_s``, ...
+        """
+        self._check()
+        if (fn is None) == (url is None):
+            raise ConfigError(f"sess.reward({task!r}, ...): give a function or url=..., not both or neither")
+        if url is not None:
+            spec: dict[str, Any] = {"endpoint": Endpoint(f"{task}-reward", url, token_env=token_env,
+                                                         timeout_s=timeout_s, retries=0)}
+        elif serverless:
+            spec = {"endpoint": self._serve_manager().deploy(f"reward-{task}", fn, **serve_options)}
+        else:
+            spec = {"fn": fn}
+        spec.update(timeout_s=timeout_s, retries=retries)
+        self._rewards[task] = spec
+        for pipe in self._pipelines.values():
+            if task in pipe.tasks.envs:
+                pipe.rollout.set_reward(task, **spec)
+
+    def _serve_manager(self) -> Any:
+        if self._serve is None:
+            from rollart_nb.serverless.serve import ServeManager
+
+            self._serve = ServeManager()
+        return self._serve
+
+    def _deploy_reward(self, pipe: Any, task: str, fn: Any, **kwargs: Any) -> int:
+        kwargs.pop("serverless", None)
+        timeout_s, retries = kwargs.pop("timeout_s", 30.0), kwargs.pop("retries", 1)
+        ep = self._serve_manager().deploy(f"reward-{task}", fn, **kwargs)
+        return pipe.rollout.set_reward(task, endpoint=ep, timeout_s=timeout_s, retries=retries)
+
+    def pipeline(self, train: Cluster, gen: Cluster, tasks: TaskSet, *, algo: Any = None, batch_size: int = 32,
+                 alpha: int = 1, mode: str = "rollart", name: str = "pipeline", **kwargs: Any) -> Any:
+        """Build the asynchronous RL pipeline (see :class:`~rollart_nb.control.Pipeline`).
+
+        Args:
+            train: the ActorTrain cluster (e.g. TorchTrainer, SimTrainer).
+            gen: the ActorGen cluster (e.g. HFGenerator, SimGenerator).
+            tasks: from :meth:`tasks`.
+            algo: e.g. ``rn.GRPO(group_size=8)``; its ``group_size`` sets the GRPO group size and
+                the trainer is configured with it.
+            batch_size: trajectories per training step (a multiple of the group size).
+            alpha: per-trajectory staleness bound.
+            mode: "sync", "sync+", "one-off", "areal" or "rollart".
+            name: re-using a name closes the previous pipeline of that name first.
+            **kwargs: ``redundancy``, ``rollout`` (RolloutConfig), ``validate_every``, ``pd``, ...
+        """
+        from rollart_nb.control.pipeline import Pipeline
+
+        self._check()
+        if name in self._pipelines:
+            log.info("replacing pipeline %s", name)
+            self._pipelines[name].close()
+        if algo is not None:
+            kwargs.setdefault("group_size", algo.group_size)
+            train.configure(algo)
+        pipe = Pipeline(self, train, gen, tasks, batch_size=batch_size, alpha=alpha, mode=mode, name=name,
+                        rewards=self._rewards, **kwargs)
+        self._pipelines[name] = pipe
+        return pipe
+
     def bindings(self, role: str | None = None) -> list[Binding]:
         """Current worker bindings (optionally of one role)."""
         self._check()
@@ -253,6 +345,16 @@ class Session:
         global _LOCAL
         if self.state == "closed":
             return
+        for pipe in list(self._pipelines.values()):
+            try:
+                pipe.close()
+            except Exception as e:
+                log.warning("closing pipeline %s: %s", pipe.name, e)
+        if self._serve is not None:
+            try:
+                self._serve.shutdown()
+            except Exception as e:
+                log.warning("stopping Ray Serve: %s", e)
         for name in list(self.clusters):
             try:
                 self.close_cluster(name)

@@ -50,6 +50,12 @@ class ModelSpec:
     def weight_bytes(self) -> float:
         return self.params * self.bytes_per_param
 
+    def load_tokenizer(self):  # noqa: ANN201 - a SimTokenizer
+        """The sim backend's tokenizer (deterministic word hashing; specs carry no vocabulary)."""
+        from rollart_nb.sim.tokenizer import SimTokenizer
+
+        return SimTokenizer()
+
 
 # Public configs (Qwen3 technical report / HF config.json of each model).
 SPECS: dict[str, ModelSpec] = {

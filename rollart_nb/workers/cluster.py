@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any
 from rollart_nb import _ray
 from rollart_nb.errors import ClusterError, ConfigError, StateError
 from rollart_nb.resources.manager import Binding
-from rollart_nb.resources.profiles import PROFILES
 from rollart_nb.serverless.client import Endpoint, acall, call
 from rollart_nb.workers.decorators import Dispatch, dispatch_of
+from rollart_nb.workers.routing import pick_worker
 from rollart_nb.workers.worker import Worker, actor_class_for
 
 if TYPE_CHECKING:
@@ -47,6 +47,11 @@ class ClusterFuture:
         self._refs, self._combine, self._what, self._on_done = refs, combine, what, on_done
         self._who = who
         self._done = False
+
+    @property
+    def refs(self) -> list[Any]:
+        """The underlying Ray object refs (pass them to other workers without a driver copy)."""
+        return list(self._refs)
 
     def _finish(self) -> None:
         if not self._done:
@@ -94,6 +99,7 @@ class Cluster:
         self.fallbacks: dict[str, int] = {}
         self.closed = False
         self.workers: list[WorkerHandle] = []
+        self._bind_methods()  # validates the Worker class before any actor starts
         try:
             for i in range(replicas):
                 self.workers.append(self._spawn(i, replicas))
@@ -101,7 +107,6 @@ class Cluster:
         except BaseException:
             self.close()
             raise
-        self._bind_methods()
 
     # -- construction ----------------------------------------------------------------
     def _spawn(self, index: int, world: int, binding: Binding | None = None) -> WorkerHandle:
@@ -224,17 +229,8 @@ class Cluster:
         """Pick a worker index for a tagged call; returns (index, fell_back)."""
         pref = self.affinity(attr, tag)
         with self._lock:
-            order = sorted(range(len(self.workers)), key=lambda i: (self.workers[i].inflight, i))
-            if pref is None:
-                return order[0], False
-            match = [i for i in order if _matches(self.workers[i].binding, pref)]
-            free = [i for i in match if self.workers[i].inflight < max_inflight]
-            if free:
-                return free[0], False
-            others = [i for i in order if i not in match and self.workers[i].inflight < max_inflight]
-            if others:
-                return others[0], True
-            return order[0], not (match and order[0] in match)
+            return pick_worker([(h.binding.hardware, h.binding.pool) for h in self.workers],
+                               [h.inflight for h in self.workers], pref, max_inflight)
 
     def _call_hw(self, attr: str, d: Dispatch, args: tuple, kwargs: dict, blocking: bool) -> Any:
         tag = kwargs.get("tag_name")
@@ -286,6 +282,11 @@ class Cluster:
                          pool=h.binding.pool) for h in self.workers]
 
     @property
+    def model(self) -> Any:
+        """The ``model`` the workers were built with (None if not given)."""
+        return self._init_kwargs.get("model")
+
+    @property
     def bindings(self) -> list[Binding]:
         return [h.binding for h in self.workers]
 
@@ -322,14 +323,6 @@ class Cluster:
 
 def _pick(v: Any, i: int) -> Any:
     return v[i] if isinstance(v, list | tuple) else v
-
-
-def _matches(b: Binding, pref: str) -> bool:
-    p = pref.lower()
-    if p in ("compute", "bandwidth"):
-        prof = PROFILES.get(b.hardware)
-        return prof is not None and prof.optimized_for == p
-    return b.hardware.upper() == pref.upper() or b.pool == pref
 
 
 def _ordered(params: list[inspect.Parameter]) -> list[inspect.Parameter]:

@@ -1,0 +1,30 @@
+"""Control plane: LLMProxy, EnvManager, RolloutScheduler, SampleBuffer and the Pipeline."""
+
+from rollart_nb.control.buffer import SampleBuffer
+from rollart_nb.control.env_manager import EnvManager, RolloutConfig, TurnBarrier
+from rollart_nb.control.modes import MODES, Mode
+from rollart_nb.control.pipeline import Pipeline
+from rollart_nb.control.proxy import GenTarget, LLMProxy
+from rollart_nb.control.report import PHASES, StepReport
+from rollart_nb.control.reward import RewardDispatcher, RewardSpec
+from rollart_nb.control.scheduler import RolloutScheduler, SchedulerConfig
+from rollart_nb.control.tasks import TaskSet
+
+__all__ = [
+    "MODES",
+    "PHASES",
+    "EnvManager",
+    "GenTarget",
+    "LLMProxy",
+    "Mode",
+    "Pipeline",
+    "RewardDispatcher",
+    "RewardSpec",
+    "RolloutConfig",
+    "RolloutScheduler",
+    "SampleBuffer",
+    "SchedulerConfig",
+    "StepReport",
+    "TaskSet",
+    "TurnBarrier",
+]

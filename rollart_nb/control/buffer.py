@@ -1,0 +1,181 @@
+"""SampleBuffer: scored trajectories wait here, grouped, under a per-trajectory staleness bound.
+
+At policy version ``n``, a trajectory begun at version ``v`` is usable only while
+``v >= n - alpha``. :meth:`SampleBuffer.set_version` evicts the stale ones (and returns
+them so the scheduler can account for them and relaunch group members);
+:meth:`SampleBuffer.take_batch` evicts again and returns whole GRPO groups only.
+With ``E`` concurrent envs, the buffer never holds more than ``(alpha + 1) * E`` trajectories
+beyond one batch, because every trajectory it holds was started within the window and each
+env starts at most one trajectory at a time per version... which the scheduler also caps
+with :attr:`capacity`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict
+
+from rollart_nb.errors import ConfigError
+from rollart_nb.trajectory import Status, Trajectory
+
+__all__ = ["SampleBuffer"]
+
+
+class SampleBuffer:
+    """Holds scored trajectories by GRPO group until a batch takes them.
+
+    Args:
+        group_size: members a group needs to be complete.
+        alpha: staleness bound (None: no bound, e.g. for AReaL, which checks only at start).
+        capacity: hard cap on buffered trajectories (the O(α·E) bound); ``put`` beyond it
+            evicts the oldest incomplete groups first.
+
+    Example:
+        >>> buf = SampleBuffer(group_size=2, alpha=1, capacity=64)
+        >>> for i in range(2):
+        ...     buf.put(Trajectory("math", group_id="g0", status=Status.COMPLETED, reward=1.0, reward_version=0))
+        >>> [t.group_id for t in buf.take_batch(2)]
+        ['g0', 'g0']
+    """
+
+    def __init__(self, group_size: int, alpha: int | None, capacity: int) -> None:
+        problems = []
+        if group_size < 1:
+            problems.append(f"group_size={group_size} must be >= 1")
+        if alpha is not None and alpha < 0:
+            problems.append(f"alpha={alpha} must be >= 0 (or None for no bound)")
+        if capacity < group_size:
+            problems.append(f"capacity={capacity} must be >= group_size={group_size}")
+        if problems:
+            raise ConfigError(problems, where="SampleBuffer")
+        self.group_size, self.alpha, self.capacity = group_size, alpha, capacity
+        self.version = 0
+        self._groups: OrderedDict[str, list[Trajectory]] = OrderedDict()
+        self._changed: asyncio.Event | None = None
+        self.peak = 0
+
+    # -- state -----------------------------------------------------------------------
+    def __len__(self) -> int:
+        return sum(len(g) for g in self._groups.values())
+
+    def groups(self) -> dict[str, int]:
+        """group id -> members buffered."""
+        return {g: len(m) for g, m in self._groups.items()}
+
+    def complete_groups(self) -> list[str]:
+        return [g for g, m in self._groups.items() if len(m) >= self.group_size]
+
+    def ready(self, n: int) -> bool:
+        """True if ``n`` trajectories' worth of complete groups are buffered."""
+        return len(self.complete_groups()) * self.group_size >= n
+
+    def is_stale(self, traj: Trajectory, version: int | None = None) -> bool:
+        v = self.version if version is None else version
+        return self.alpha is not None and traj.min_version < v - self.alpha
+
+    # -- mutation --------------------------------------------------------------------
+    def put(self, traj: Trajectory) -> list[Trajectory]:
+        """Add a scored, completed trajectory. Returns the trajectories evicted to make room
+        (and ``traj`` itself, marked aborted_stale, if it is already stale)."""
+        if traj.status is not Status.COMPLETED:
+            raise ValueError(f"only completed trajectories go in the buffer, got {traj.status.value}")
+        if self.is_stale(traj):
+            traj.status, traj.reason = Status.ABORTED_STALE, self._stale_reason(traj)
+            return [traj]
+        members = self._groups.setdefault(traj.group_id, [])
+        if len(members) >= self.group_size:  # a surplus member (redundant rollout): keep the first finishers
+            traj.status, traj.reason = Status.CANCELLED, "group already complete"
+            return [traj]
+        members.append(traj)
+        evicted = self._enforce_capacity()
+        self.peak = max(self.peak, len(self))
+        self._notify()
+        return evicted
+
+    def set_version(self, version: int) -> list[Trajectory]:
+        """Advance the policy version and evict what became stale (returned, marked aborted_stale)."""
+        self.version = version
+        return self.evict_stale()
+
+    def evict_stale(self) -> list[Trajectory]:
+        out: list[Trajectory] = []
+        for gid in list(self._groups):
+            keep = []
+            for t in self._groups[gid]:
+                if self.is_stale(t):
+                    t.status, t.reason = Status.ABORTED_STALE, self._stale_reason(t)
+                    out.append(t)
+                else:
+                    keep.append(t)
+            if keep:
+                self._groups[gid] = keep
+            else:
+                del self._groups[gid]
+        if out:
+            self._notify()
+        return out
+
+    def take_batch(self, n: int, task_weights: dict[str, float] | None = None) -> list[Trajectory]:
+        """Remove and return ``n`` trajectories as whole complete groups (oldest first).
+
+        ``n`` must be a multiple of ``group_size``. With ``task_weights``, groups are drawn
+        so each task gets about its share of the batch, then filled from any task.
+        """
+        if n % self.group_size:
+            raise ConfigError(f"batch size {n} is not a multiple of group_size {self.group_size}")
+        self.evict_stale()
+        need = n // self.group_size
+        done = self.complete_groups()
+        if len(done) < need:
+            raise ValueError(f"only {len(done)} complete groups, {need} needed; await wait_ready first")
+        chosen: list[str] = []
+        if task_weights:
+            total = sum(task_weights.values()) or 1.0
+            for task, w in task_weights.items():
+                quota = round(need * w / total)
+                chosen += [g for g in done if self._groups[g][0].task == task and g not in chosen][:quota]
+            chosen = chosen[:need]
+        chosen += [g for g in done if g not in chosen][: need - len(chosen)]
+        batch: list[Trajectory] = []
+        for g in chosen:
+            batch += self._groups.pop(g)[: self.group_size]
+        return batch
+
+    async def wait_ready(self, n: int, timeout_s: float | None = None) -> None:
+        """Block (async) until :meth:`ready` (``n``)."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while not self.ready(n):
+            ev = self._event()
+            ev.clear()
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                raise TimeoutError(f"SampleBuffer: {n} samples not ready within {timeout_s}s")
+            try:
+                await asyncio.wait_for(ev.wait(), timeout=remaining)
+            except TimeoutError:
+                continue
+
+    # -- internals -------------------------------------------------------------------
+    def _enforce_capacity(self) -> list[Trajectory]:
+        out: list[Trajectory] = []
+        while len(self) > self.capacity:
+            # drop the oldest incomplete group first (complete ones are about to be trained on)
+            victim = next((g for g, m in self._groups.items() if len(m) < self.group_size), None)
+            victim = victim or next(iter(self._groups))
+            for t in self._groups.pop(victim):
+                t.status, t.reason = Status.CANCELLED, f"buffer over capacity {self.capacity}"
+                out.append(t)
+        return out
+
+    def _stale_reason(self, t: Trajectory) -> str:
+        return f"stale: began at version {t.min_version}, policy is at {self.version}, alpha={self.alpha}"
+
+    def _event(self) -> asyncio.Event:
+        if self._changed is None:
+            self._changed = asyncio.Event()
+        return self._changed
+
+    def _notify(self) -> None:
+        if self._changed is not None:
+            self._changed.set()

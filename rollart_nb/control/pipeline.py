@@ -1,0 +1,302 @@
+"""Pipeline: the six-step asynchronous protocol, one readable iteration.
+
+Each :meth:`Pipeline.step`::
+
+    (1) get_batch   wait until the SampleBuffer holds a batch of whole groups, take it
+    (2) suspend     the LLMProxy stops admitting requests (in-flight trajectories are kept)
+    (3) update      generation workers load the trainer's newest weights; the version bumps
+                    and the staleness bound aborts / evicts what it now excludes
+    (4) resume      the proxy admits requests again
+    (5) recompute   in-flight trajectories re-prefill their history under the new weights
+                    (inside the generation backend, on their next turn) and continue
+    (6) train_step  on the batch from (1), overlapped with the resumed rollout
+
+Modes change a few switches (:mod:`rollart_nb.control.modes`), not the loop. Lifecycle:
+``idle -> running -> paused -> closed``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from rollart_nb.control.env_manager import RolloutConfig
+from rollart_nb.control.modes import Mode, mode as get_mode
+from rollart_nb.control.report import StepReport
+from rollart_nb.control.rollout_worker import RolloutWorker
+from rollart_nb.control.scheduler import SchedulerConfig
+from rollart_nb.errors import StateError
+from rollart_nb.trajectory import Trajectory
+from rollart_nb.workers.routing import shape_affinity
+
+if TYPE_CHECKING:
+    from rollart_nb.session import Session, TaskSet
+    from rollart_nb.workers.cluster import Cluster
+
+__all__ = ["Pipeline"]
+
+log = logging.getLogger(__name__)
+
+
+class Pipeline:
+    """Asynchronous RL pipeline over a train cluster, a generation cluster and tasks.
+
+    Built by :meth:`rollart_nb.Session.pipeline`.
+
+    Example:
+        >>> pipe = sess.pipeline(train, gen, tasks, batch_size=32, alpha=1, mode="rollart")  # doctest: +SKIP
+        >>> report = pipe.step()                                                            # doctest: +SKIP
+        >>> pipe.run(20)                                                                     # doctest: +SKIP
+    """
+
+    def __init__(self, session: Session, train: Cluster, gen: Cluster, tasks: TaskSet, *, group_size: int = 8,
+                 batch_size: int = 32, alpha: int = 1, mode: str | Mode = "rollart", redundancy: int = 0,
+                 rollout: RolloutConfig | None = None, seed: int | None = None, name: str = "pipeline",
+                 validate_every: int = 0, validation_seeds: dict[str, list[int]] | None = None, pd: bool = False,
+                 max_inflight: int = 256, rewards: dict[str, dict[str, Any]] | None = None,
+                 step_timeout_s: float | None = None) -> None:
+        self.mode = get_mode(mode)
+        self.session, self.train, self.gen, self.tasks, self.name = session, train, gen, tasks, name
+        self.cfg = SchedulerConfig(batch_size=batch_size, group_size=group_size, alpha=alpha, mode=self.mode,
+                                   redundancy=redundancy, seed=session.seed if seed is None else seed,
+                                   task_weights=tasks.weights, rollout=rollout or RolloutConfig())
+        self.validate_every = validate_every
+        self.state = "idle"
+        self.validation_seeds = validation_seeds or tasks.validation_seeds()
+        self.step_timeout_s = step_timeout_s
+        self.affinity = {t: gen.affinity("generate", t) or shape_affinity(getattr(env, "shape", None))
+                         for t, env in tasks.envs.items()} if hasattr(gen.worker_cls, "generate") else {}
+        targets = [(h.actor, h.binding.worker, h.binding.hardware, h.binding.pool) for h in gen.workers]
+        self.rollout = session.cluster(f"{name}.rollout", RolloutWorker, pool="cpu", fallback=None,
+                                       envs=tasks.expand(), model=gen.model, targets=targets, task_affinity=self.affinity,
+                                       config=self.cfg, pd=pd, max_inflight=max_inflight)
+        for task, spec in (rewards or {}).items():
+            self.rollout.set_reward(task, **spec)
+        self.E = self.rollout.start()
+        self.version = 0
+        trained = int(train.version())
+        if trained:  # a trainer reused from an earlier pipeline: serve its weights from the start
+            self._update_weights(trained)
+        self.state = "idle"
+        self.reports: list[StepReport] = []
+        self._train_fut: Any = None
+        self._counts: collections.Counter[str] = collections.Counter()
+        self._thread: threading.Thread | None = None
+        self._pause = threading.Event()
+        self._lock = threading.Lock()
+        self.error: BaseException | None = None
+
+    # -- the loop ----------------------------------------------------------------------
+    def step(self) -> StepReport:
+        """Run one iteration of the six-step protocol; returns its :class:`StepReport`."""
+        self._check_open()
+        with self._lock:
+            prev, self.state = self.state, "running"
+            try:
+                return self._step()
+            finally:
+                if self.state == "running":
+                    self.state = prev if prev != "running" else "idle"
+
+    def _step(self) -> StepReport:
+        n, m = self.cfg.batch_size, self.mode
+        rep = StepReport(step=len(self.reports), version=self.version, mode=m.name)
+        t0 = time.monotonic()
+        self.rollout.wait_ready(n, self.step_timeout_s)                            # (1) get_batch
+        batch: list[Trajectory] = self.rollout.take_batch(n)
+        t1 = time.monotonic()
+        rep.phases["rollout_wait"] = t1 - t0
+        metrics: dict[str, float] = {}
+        if not m.overlap_train:                                                    # sync, sync+
+            metrics = self.train.train_step(batch)
+            rep.phases["train"] = rep.train_s = time.monotonic() - t1
+        t2 = time.monotonic()
+        self.rollout.suspend()                                                     # (2) suspend
+        t3 = time.monotonic()
+        rep.phases["suspend"] = t3 - t2
+        if m.overlap_train and self._train_fut is not None:                        # previous step's training
+            metrics = self._train_fut.result()
+            rep.phases["train"] = time.monotonic() - t3
+            rep.train_s = metrics.get("step_s", metrics.get("modelled_s", 0.0))
+        t4 = time.monotonic()
+        if metrics:                                                                # (3) update
+            self._update_weights(int(metrics["version"]))
+        rep.phases["update"] = time.monotonic() - t4
+        t5 = time.monotonic()
+        self.rollout.resume()                                                      # (4) resume, (5) recompute
+        if not m.continuous:                                                       # in the backends' next turn
+            self.rollout.start_iteration()
+        rep.phases["resume"] = time.monotonic() - t5
+        if m.overlap_train:                                                        # (6) train_step, overlapped
+            self._train_fut = self.train.train_step(batch, blocking=False)
+        return self._finish_report(rep, batch, metrics, t0)
+
+    def _update_weights(self, version: int) -> None:
+        state = self.train.state_dict(blocking=False)  # an object ref: weights go trainer -> generators
+        self.gen.load_weights(state.refs[0], version)
+        self.version = version
+        self.rollout.set_version(version)
+
+    def _finish_report(self, rep: StepReport, batch: list[Trajectory], metrics: dict[str, float],
+                       t0: float) -> StepReport:
+        rep.version = self.version
+        rep.step_s = time.monotonic() - t0
+        rep.batch_size = len(batch)
+        rep.tokens = sum(t.num_tokens for t in batch)
+        rep.throughput = rep.tokens / rep.step_s if rep.step_s > 0 else 0.0
+        by_task: dict[str, list[float]] = collections.defaultdict(list)
+        for t in batch:
+            by_task[t.task].append(t.reward)
+            gap = self.version - t.min_version
+            rep.staleness[gap] = rep.staleness.get(gap, 0) + 1
+        rep.reward = {k: sum(v) / len(v) for k, v in sorted(by_task.items())}
+        rep.train = {k: float(v) for k, v in metrics.items() if isinstance(v, int | float)}
+        stats = self.rollout.stats()
+        now = collections.Counter(stats.get("counts", {}))
+        rep.counts = {k: now[k] - self._counts.get(k, 0) for k in now if now[k] - self._counts.get(k, 0)}
+        self._counts = now
+        for task, reason in stats.get("failures", []):
+            rep.failures.setdefault(task, []).append(reason)
+        if self.validate_every and (rep.step + 1) % self.validate_every == 0:
+            rep.validation = self.validate()
+        self.reports.append(rep)
+        return rep
+
+    async def astep(self) -> StepReport:
+        """``await pipe.astep()``: :meth:`step` without blocking a running event loop (Jupyter)."""
+        return await asyncio.to_thread(self.step)
+
+    def run(self, steps: int, *, background: bool = False, progress: bool = True,
+            on_step: Any = None) -> list[StepReport] | threading.Thread:
+        """Run ``steps`` iterations.
+
+        With ``background=True`` it returns at once (a thread runs the steps; the kernel stays
+        responsive); :meth:`pause` stops it after the current step, :meth:`wait` joins it.
+        ``on_step(report)`` is called after every step (dashboards use it).
+        """
+        self._check_open()
+        if self._thread is not None and self._thread.is_alive():
+            raise StateError("the pipeline is already running in the background; call pipe.pause() or pipe.wait()")
+        self._pause.clear()
+        if background:
+            self._thread = threading.Thread(target=self._run_loop, args=(steps, progress, on_step),
+                                            name=f"rollart-{self.name}", daemon=True)
+            self._thread.start()
+            return self._thread
+        return self._run_loop(steps, progress, on_step)
+
+    def _run_loop(self, steps: int, progress: bool, on_step: Any) -> list[StepReport]:
+        out: list[StepReport] = []
+        bar = _progress(steps, f"{self.name} ({self.mode.name})") if progress else None
+        try:
+            for _ in range(steps):
+                if self._pause.is_set():
+                    self.state = "paused"
+                    break
+                rep = self.step()
+                out.append(rep)
+                if on_step is not None:
+                    on_step(rep)
+                if bar is not None:
+                    bar.update(1)
+                    bar.set_postfix(v=rep.version, reward=f"{rep.mean_reward:.3f}", s=f"{rep.step_s:.2f}")
+        except KeyboardInterrupt:
+            self.state = "paused"  # the stop button: steps are whole; a later step() continues
+            log.warning("interrupted: paused after %d step(s)", len(out))
+        except BaseException as e:
+            self.error = e
+            if self._thread is None or threading.current_thread() is not self._thread:
+                raise
+            log.exception("background run failed")
+        finally:
+            if bar is not None:
+                bar.close()
+        return out
+
+    def pause(self) -> None:
+        """Stop a background :meth:`run` after the step in progress."""
+        self._pause.set()
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Wait for a background :meth:`run` to end; re-raises its error, if any."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+        if self.error is not None:
+            err, self.error = self.error, None
+            raise err
+
+    # -- rewards, validation, views ------------------------------------------------------
+    def swap_reward(self, task: str, fn: Any = None, **kwargs: Any) -> int:
+        """Hot-swap ``task``'s reward; trajectories scored after this use it. Returns the new version."""
+        self._check_open()
+        self.tasks.check(task)
+        if fn is not None and kwargs.get("serverless"):
+            return self.session._deploy_reward(self, task, fn, **kwargs)
+        kwargs.pop("serverless", None)
+        return self.rollout.set_reward(task, fn, **kwargs)
+
+    def reward_history(self) -> list[dict[str, Any]]:
+        """Every reward version per task, with source and time."""
+        return self.rollout.reward_history()
+
+    def validate(self, tasks: list[str] | None = None) -> dict[str, float]:
+        """Greedy validation score per task over its validation seeds."""
+        self._check_open()
+        out = {}
+        for task in tasks or list(self.tasks.envs):
+            res = self.rollout.evaluate(task, self.validation_seeds[task])
+            out[task] = res["score"]
+        return out
+
+    def trajectories(self, task: str | None = None, status: str | None = None, last: int | None = 200,
+                     include_running: bool = False) -> list[Trajectory]:
+        """Recent trajectories (all statuses), newest last."""
+        return self.rollout.trajectories(task, status, last, include_running)
+
+    def stats(self) -> dict[str, Any]:
+        """Live rollout stats: counts by status, running, buffered, proxy, ..."""
+        return self.rollout.stats()
+
+    # -- lifecycle -----------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self.state == "closed":
+            raise StateError("Pipeline is closed; create a new one with session.pipeline(...)")
+
+    def close(self) -> None:
+        """Stop rollout (in-flight trajectories end cancelled), wait for training, free the actor."""
+        if self.state == "closed":
+            return
+        self.pause()
+        if self._thread is not None:
+            self._thread.join(timeout=300)
+        try:
+            self.rollout.shutdown()
+            if self._train_fut is not None:
+                self._train_fut.result(timeout=300)
+        finally:
+            self.session.close_cluster(self.rollout.name)
+            self.state = "closed"
+            self.session._pipelines.pop(self.name, None)
+
+    def __repr__(self) -> str:
+        last = self.reports[-1] if self.reports else None
+        tail = f", last step {last.step_s:.2f}s reward {last.mean_reward:.3f}" if last else ""
+        return (f"Pipeline({self.name!r}, mode={self.mode.name}, alpha={self.cfg.alpha}, version={self.version}, "
+                f"{self.state}, steps={len(self.reports)}{tail})")
+
+    def _repr_html_(self) -> str:
+        from rollart_nb.control.report import render_pipeline_html
+
+        return render_pipeline_html(self)
+
+
+def _progress(total: int, desc: str) -> Any:
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:  # pragma: no cover - tqdm is a core dependency
+        return None
+    return tqdm(total=total, desc=desc, leave=False)

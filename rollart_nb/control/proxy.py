@@ -1,0 +1,152 @@
+"""LLMProxy: the gateway between EnvManagers and generation workers.
+
+The proxy is a *client-side router*: it lives in the process that runs the EnvManagers and
+sends each request straight to a generation worker actor (one actor hop per turn), instead of
+being one actor that every request must pass through. Several rollout processes each hold
+their own proxy, so routing scales out with them; suspend/resume/abort are broadcast.
+
+Routing per request: sticky per trajectory (prefix-cache locality) once placed; the first
+turn goes by task hardware affinity (decode-heavy -> bandwidth-optimized, prefill-heavy ->
+compute-optimized, via the same rule as ``@hw_mapping``), least loaded. With
+``pd=True`` the prefill runs on a compute-optimized worker and the decode on a
+bandwidth-optimized one (backends that implement ``prefill``/``decode``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from rollart_nb.errors import GenerationError
+from rollart_nb.protocols import GenerationRequest, GenerationResult
+from rollart_nb.workers.routing import pick_worker
+
+__all__ = ["GenTarget", "LLMProxy"]
+
+
+@dataclass
+class GenTarget:
+    """A generation worker as the proxy sees it: an actor handle and where it runs."""
+
+    handle: Any
+    name: str
+    hardware: str
+    pool: str
+
+
+class LLMProxy:
+    """Routes per-trajectory generate requests; can be suspended, resumed and aborted.
+
+    Args:
+        targets: generation workers.
+        affinity: task -> preferred hardware ("H20", "compute", "bandwidth") or None.
+        max_inflight: requests in flight on one worker before it counts as busy.
+        pd: prefill/decode disaggregation.
+    """
+
+    def __init__(self, targets: list[GenTarget], affinity: dict[str, str | None] | None = None, *,
+                 max_inflight: int = 256, pd: bool = False) -> None:
+        if not targets:
+            raise GenerationError("LLMProxy needs at least one generation worker")
+        self.targets = targets
+        self.affinity = dict(affinity or {})
+        self.max_inflight, self.pd = max_inflight, pd
+        self._inflight = [0] * len(targets)
+        self._sticky: dict[str, int] = {}
+        self._running: dict[str, int] = {}  # traj id -> worker index of its in-flight request
+        self._aborted: set[str] = set()
+        self._admit = asyncio.Event()
+        self._admit.set()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self.fallbacks = 0
+        self.requests = 0
+        self.suspended_s = 0.0
+
+    # -- routing ---------------------------------------------------------------------
+    def route(self, traj_id: str, task: str, pref: str | None = None) -> int:
+        """Worker index for this trajectory's next turn (sticky once placed)."""
+        idx = self._sticky.get(traj_id)
+        if idx is not None:
+            return idx
+        pref = pref if pref is not None else self.affinity.get(task)
+        idx, fell_back = pick_worker([(t.hardware, t.pool) for t in self.targets], self._inflight, pref,
+                                     self.max_inflight)
+        self.fallbacks += int(fell_back)
+        self._sticky[traj_id] = idx
+        return idx
+
+    async def generate(self, req: GenerationRequest) -> GenerationResult:
+        """Generate one turn; waits while suspended. Raises GenerationError if aborted."""
+        if not self._admit.is_set():
+            t0 = time.monotonic()
+            await self._admit.wait()
+            self.suspended_s += time.monotonic() - t0
+        if req.traj_id in self._aborted:
+            raise GenerationError(f"trajectory {req.traj_id} was aborted")
+        self.requests += 1
+        if self.pd:
+            return await self._generate_pd(req)
+        idx = self.route(req.traj_id, req.task)
+        return await self._call(idx, req, "generate", req, req.task)
+
+    async def _generate_pd(self, req: GenerationRequest) -> GenerationResult:
+        p = self.route(req.traj_id, req.task, pref="compute")
+        d, fell_back = pick_worker([(t.hardware, t.pool) for t in self.targets], self._inflight, "bandwidth",
+                                   self.max_inflight)
+        self.fallbacks += int(fell_back)
+        prefilled = await self._call(p, req, "prefill", req)
+        return await self._call(d, req, "decode", req, prefilled)
+
+    async def _call(self, idx: int, req: GenerationRequest, method: str, *args: Any) -> Any:
+        self._inflight[idx] += 1
+        self._running[req.traj_id] = idx
+        self._idle.clear()
+        try:
+            return await getattr(self.targets[idx].handle, method).remote(*args)
+        except asyncio.CancelledError:
+            self.targets[idx].handle.abort.remote(req.traj_id)  # stop the remote work too
+            raise
+        except Exception as e:
+            raise GenerationError(f"{self.targets[idx].name} failed on trajectory {req.traj_id}: "
+                                  f"{type(e).__name__}: {str(e)[:200]}") from e
+        finally:
+            self._inflight[idx] -= 1
+            self._running.pop(req.traj_id, None)
+            if not any(self._inflight):
+                self._idle.set()
+
+    # -- control ---------------------------------------------------------------------
+    async def suspend(self, timeout_s: float | None = None) -> None:
+        """Stop admitting requests; return once the in-flight ones have finished.
+
+        In-flight *trajectories* are preserved: their next turn waits for :meth:`resume`.
+        """
+        self._admit.clear()
+        await asyncio.wait_for(self._idle.wait(), timeout=timeout_s)
+
+    def resume(self) -> None:
+        self._admit.set()
+
+    @property
+    def suspended(self) -> bool:
+        return not self._admit.is_set()
+
+    async def abort(self, traj_ids: list[str]) -> None:
+        """Abort trajectories: their pending and future requests end with GenerationError."""
+        for tid in traj_ids:
+            self._aborted.add(tid)
+            idx = self._running.get(tid)
+            if idx is not None:
+                await self.targets[idx].handle.abort.remote(tid)
+
+    def forget(self, traj_id: str) -> None:
+        """Drop routing state of a finished trajectory."""
+        self._sticky.pop(traj_id, None)
+        self._aborted.discard(traj_id)
+
+    def stats(self) -> dict[str, Any]:
+        return {"requests": self.requests, "fallbacks": self.fallbacks, "inflight": list(self._inflight),
+                "sticky": len(self._sticky), "suspended_s": self.suspended_s}

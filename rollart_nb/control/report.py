@@ -1,0 +1,113 @@
+"""StepReport: what one pipeline iteration did, and how long each phase took."""
+
+from __future__ import annotations
+
+import html
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+__all__ = ["PHASES", "StepReport"]
+
+PHASES = ("rollout_wait", "suspend", "update", "resume", "train")
+"""Step-time phases, in protocol order (train is the part not hidden behind rollout)."""
+
+
+@dataclass
+class StepReport:
+    """One iteration of the pipeline.
+
+    Attributes:
+        step: iteration index (0-based).
+        version: policy version after this step's weight update.
+        mode: pipeline mode name.
+        step_s: wall time of the whole step.
+        phases: seconds per phase (see :data:`PHASES`); ``train`` counts only the time the
+            step waited for training (0 when fully overlapped).
+        train_s: how long the train step itself ran (overlapped or not).
+        batch_size: trajectories trained on.
+        tokens: prompt + response tokens in the batch.
+        throughput: tokens / step_s (the paper's metric).
+        reward: mean reward per task in the batch.
+        validation: validation score per task, when a validation ran this step.
+        staleness: version gap (policy version - trajectory start version) -> count, for the batch.
+        counts: trajectories that ended during the step, by status (completed, aborted_stale,
+            failed, cancelled) plus "redundant_cancelled".
+        failures: a few failure reasons seen during the step (task -> reasons).
+        weights: weight-sync metrics (push_s, pull_s, exposed_pull_s, bytes, gbps).
+        train: metrics from the train step (loss, grad norm, ...).
+    """
+
+    step: int
+    version: int
+    mode: str
+    step_s: float = 0.0
+    phases: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+    train_s: float = 0.0
+    batch_size: int = 0
+    tokens: int = 0
+    throughput: float = 0.0
+    reward: dict[str, float] = field(default_factory=dict)
+    validation: dict[str, float] = field(default_factory=dict)
+    staleness: dict[int, int] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)
+    failures: dict[str, list[str]] = field(default_factory=dict)
+    weights: dict[str, float] = field(default_factory=dict)
+    train: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def mean_reward(self) -> float:
+        vals = [v for v in self.reward.values() if not math.isnan(v)]
+        return sum(vals) / len(vals) if vals else math.nan
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def row(self) -> dict[str, Any]:
+        """A flat dict for tables / DataFrames."""
+        r: dict[str, Any] = {"step": self.step, "version": self.version, "step_s": round(self.step_s, 3)}
+        r.update({f"{k}_s": round(v, 3) for k, v in self.phases.items()})
+        r["tokens/s"] = round(self.throughput, 1)
+        r.update({f"reward/{k}": round(v, 3) for k, v in self.reward.items()})
+        r.update({f"val/{k}": round(v, 3) for k, v in self.validation.items()})
+        r["aborted"] = self.counts.get("aborted_stale", 0)
+        r["failed"] = self.counts.get("failed", 0)
+        return r
+
+    def __repr__(self) -> str:
+        rw = ", ".join(f"{k}={v:.3f}" for k, v in self.reward.items())
+        ph = " ".join(f"{k}={v:.2f}s" for k, v in self.phases.items() if v)
+        return (f"StepReport(step={self.step}, v{self.version}, {self.mode}, {self.step_s:.2f}s [{ph}], "
+                f"{self.tokens} tok, {self.throughput:.0f} tok/s, reward: {rw or '-'}, counts={self.counts})")
+
+    def _repr_html_(self) -> str:
+        total = sum(self.phases.values()) or 1.0
+        colors = {"rollout_wait": "#4c78a8", "suspend": "#f58518", "update": "#e45756", "resume": "#72b7b2",
+                  "train": "#54a24b"}
+        bar = "".join(
+            f'<div title="{k}: {v:.3f}s" style="display:inline-block;height:14px;width:{300 * v / total:.1f}px;'
+            f'background:{colors[k]}"></div>' for k, v in self.phases.items() if v > 0
+        )
+        legend = " ".join(f'<span style="color:{colors[k]}">&#9632;</span> {k} {v:.2f}s'
+                          for k, v in self.phases.items())
+        rows = "".join(f"<tr><td>{html.escape(k)}</td><td>{v:.3f}</td><td>{self.validation.get(k, float('nan')):.3f}"
+                       f"</td></tr>" for k, v in self.reward.items())
+        counts = ", ".join(f"{k}: {v}" for k, v in sorted(self.counts.items()))
+        return (
+            f"<div><b>Step {self.step}</b> &middot; version {self.version} &middot; {self.mode} &middot; "
+            f"{self.step_s:.2f}s &middot; {self.tokens} tokens &middot; {self.throughput:.0f} tok/s"
+            f"<div>{bar}</div><small>{legend}</small>"
+            f"<table><tr><th>task</th><th>reward</th><th>validation</th></tr>{rows}</table>"
+            f"<small>{html.escape(counts)}</small></div>"
+        )
+
+
+def render_pipeline_html(pipe: Any) -> str:
+    """HTML summary of a Pipeline (mode, alpha, version, state, last step)."""
+    last = pipe.reports[-1]._repr_html_() if pipe.reports else "<p>no steps yet: call pipe.step()</p>"
+    return (
+        f"<div><b>Pipeline</b> <code>{html.escape(pipe.name)}</code> &middot; mode <b>{pipe.mode.name}</b> "
+        f"&middot; &alpha;={pipe.cfg.alpha} &middot; version {pipe.version} &middot; {pipe.state} &middot; "
+        f"{len(pipe.reports)} step(s) &middot; {pipe.E} envs, batch {pipe.cfg.batch_size}, "
+        f"group {pipe.cfg.group_size}{last}</div>"
+    )

@@ -1,0 +1,150 @@
+"""Reward dispatch: versioned reward functions per task, called as trajectories finish.
+
+A reward is a plain callable ``fn(trajectory) -> float`` (or a list of per-turn floats), sync
+or async, run locally (sync ones in a thread so rollout keeps going), or an HTTP endpoint
+(Ray Serve, any serverless function). Swapping a task's reward bumps its version; every
+scored trajectory records the version that scored it. A reward that raises, times out or
+returns NaN/inf/non-number is retried, then reported as a :class:`RewardError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from rollart_nb.errors import ConfigError, RewardError
+from rollart_nb.serverless.client import Endpoint, acall
+from rollart_nb.trajectory import Trajectory
+
+__all__ = ["RewardDispatcher", "RewardSpec", "check_reward_value"]
+
+
+@dataclass
+class RewardSpec:
+    """One version of a task's reward.
+
+    Attributes:
+        task: task name.
+        version: starts at 0; each swap adds one.
+        fn: a local callable, or None when ``endpoint`` serves it.
+        endpoint: an HTTP endpoint (JSON contract of :mod:`rollart_nb.serverless.client`).
+        timeout_s: per call.
+        retries: retries after the first failure.
+        source: source code (for ``reward_history``), when available.
+        created: unix time.
+    """
+
+    task: str
+    version: int
+    fn: Any = None
+    endpoint: Endpoint | None = None
+    timeout_s: float = 30.0
+    retries: int = 1
+    source: str = ""
+    created: float = field(default_factory=time.time)
+
+    @property
+    def name(self) -> str:
+        if self.endpoint is not None:
+            return f"endpoint:{self.endpoint.name}"
+        return getattr(self.fn, "__qualname__", type(self.fn).__name__)
+
+
+def check_reward_value(value: Any, turns: int) -> tuple[float, list[float] | None]:
+    """Validate a reward's return: a finite number, or one finite number per turn (summed)."""
+    if isinstance(value, bool) or value is None:
+        raise RewardError(f"reward returned {value!r}, not a number")
+    if isinstance(value, list | tuple):
+        if len(value) != turns:
+            raise RewardError(f"per-turn reward has {len(value)} values for {turns} turns")
+        vals = [check_reward_value(v, 1)[0] for v in value]
+        return float(sum(vals)), vals
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        raise RewardError(f"reward returned {type(value).__name__} {value!r:.60}, not a number") from None
+    if not math.isfinite(x):
+        raise RewardError(f"reward returned {x}, not a finite number")
+    return x, None
+
+
+def _source(fn: Any) -> str:
+    try:
+        return inspect.getsource(fn)
+    except (OSError, TypeError):
+        return repr(fn)
+
+
+class RewardDispatcher:
+    """Holds each task's current reward (and its history) and scores trajectories.
+
+    Args:
+        default: reward for tasks with none registered (default: the env's own return).
+    """
+
+    def __init__(self, default: Any = None) -> None:
+        from rollart_nb.rewards.rules import env_return
+
+        self.default = default or env_return
+        self.current: dict[str, RewardSpec] = {}
+        self.history: list[RewardSpec] = []
+        self.calls = 0
+        self.failures = 0
+
+    def set(self, task: str, fn: Any = None, *, endpoint: Endpoint | None = None, timeout_s: float = 30.0,
+            retries: int = 1) -> RewardSpec:
+        """Register (or swap) ``task``'s reward; returns the new version's spec."""
+        if (fn is None) == (endpoint is None):
+            raise ConfigError(f"reward for {task!r}: give exactly one of a callable or an endpoint")
+        if fn is not None and not callable(fn):
+            raise ConfigError(f"reward for {task!r} must be callable, got {type(fn).__name__}")
+        old = self.current.get(task)
+        spec = RewardSpec(task, 0 if old is None else old.version + 1, fn, endpoint, timeout_s, retries,
+                          _source(fn) if fn is not None else endpoint.url)  # type: ignore[union-attr]
+        self.current[task] = spec
+        self.history.append(spec)
+        return spec
+
+    def spec(self, task: str) -> RewardSpec:
+        if task not in self.current:
+            self.set(task, self.default)
+        return self.current[task]
+
+    async def score(self, traj: Trajectory) -> None:
+        """Score ``traj`` in place (reward, turn_rewards, reward_version). Raises RewardError."""
+        spec = self.spec(traj.task)  # the version current when scoring starts scores it
+        last: Exception | None = None
+        for attempt in range(spec.retries + 1):
+            self.calls += 1
+            try:
+                value = await asyncio.wait_for(self._call(spec, traj), timeout=spec.timeout_s)
+                traj.reward, traj.turn_rewards = check_reward_value(value, len(traj.turns))
+                traj.reward_version = spec.version
+                return
+            except TimeoutError:
+                last = RewardError(f"timed out after {spec.timeout_s}s")
+            except RewardError as e:
+                last = e
+            except Exception as e:  # the user's reward raised: keep its type and message
+                last = RewardError(f"{type(e).__name__}: {e}")
+            if attempt < spec.retries:
+                await asyncio.sleep(0.05 * 2**attempt)
+        self.failures += 1
+        raise RewardError(f"reward {spec.name} v{spec.version} for task {traj.task!r} failed after "
+                          f"{spec.retries + 1} attempt(s): {last}")
+
+    async def _call(self, spec: RewardSpec, traj: Trajectory) -> Any:
+        if spec.endpoint is not None:
+            return await acall(spec.endpoint, [traj.to_dict()], {})
+        if inspect.iscoroutinefunction(spec.fn) or inspect.iscoroutinefunction(getattr(spec.fn, "__call__", None)):
+            return await spec.fn(traj)
+        return await asyncio.to_thread(spec.fn, traj)
+
+    def versions(self) -> list[dict[str, Any]]:
+        """Every version ever registered, with its source and time."""
+        return [{"task": s.task, "version": s.version, "name": s.name, "source": s.source, "created": s.created}
+                for s in self.history]

@@ -1,0 +1,142 @@
+"""RolloutWorker: the actor that hosts EnvManagers, the LLMProxy client, rewards and the SampleBuffer.
+
+Everything on the rollout timeline shares one asyncio loop here, so a turn costs one actor
+hop (this actor -> a generation worker). The Pipeline drives it through its Cluster like any
+other worker; notebook code never sees ``.remote()``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from typing import Any
+
+from rollart_nb.control.env_manager import EnvManager
+from rollart_nb.control.proxy import GenTarget, LLMProxy
+from rollart_nb.control.reward import RewardDispatcher
+from rollart_nb.control.scheduler import RolloutScheduler, SchedulerConfig
+from rollart_nb.errors import StateError
+from rollart_nb.serverless.client import Endpoint
+from rollart_nb.trajectory import Status, Trajectory
+from rollart_nb.workers.decorators import register
+from rollart_nb.workers.worker import Worker
+
+__all__ = ["RolloutWorker"]
+
+
+class RolloutWorker(Worker):
+    """Hosts the rollout side of a pipeline (one per pipeline; runs on the CPU pool).
+
+    Args:
+        envs: task -> env templates (one EnvManager each).
+        model: the policy model (its tokenizer is loaded here).
+        targets: generation workers as (actor handle, name, hardware, pool).
+        task_affinity: task -> preferred hardware.
+        config: scheduler config.
+        pd: prefill/decode disaggregation.
+        max_inflight: per generation worker, before the proxy routes elsewhere.
+    """
+
+    default_pool = "cpu"
+
+    def __init__(self, envs: dict[str, list[Any]], model: Any, targets: list[tuple[Any, str, str, str]],
+                 task_affinity: dict[str, str | None], config: SchedulerConfig, pd: bool = False,
+                 max_inflight: int = 256) -> None:
+        self._args = (envs, model, targets, task_affinity, config, pd, max_inflight)
+        self.rewards = RewardDispatcher()
+        self.sched: RolloutScheduler | None = None
+
+    def _s(self) -> RolloutScheduler:
+        if self.sched is None:
+            raise StateError("rollout is not started; call start() first")
+        return self.sched
+
+    @register("one")
+    async def start(self) -> int:
+        """Build the proxy and scheduler inside the actor's event loop; returns E (env count)."""
+        if self.sched is None:
+            envs, model, targets, affinity, config, pd, max_inflight = self._args
+            proxy = LLMProxy([GenTarget(*t) for t in targets], affinity, max_inflight=max_inflight, pd=pd)
+            self.sched = RolloutScheduler(envs, model.load_tokenizer(), proxy, self.rewards, config)
+        self.sched.schedule()
+        return self.sched.E
+
+    @register("one")
+    async def wait_ready(self, n: int, timeout_s: float | None = None) -> None:
+        await self._s().wait_ready(n, timeout_s)
+
+    @register("one")
+    def take_batch(self, n: int) -> list[Trajectory]:
+        return self._s().take_batch(n)
+
+    @register("one")
+    async def set_version(self, version: int) -> dict[str, int]:
+        return await self._s().set_version(version)
+
+    @register("one")
+    async def suspend(self, timeout_s: float | None = None) -> None:
+        await self._s().proxy.suspend(timeout_s)
+
+    @register("one")
+    def resume(self) -> None:
+        self._s().proxy.resume()
+
+    @register("one")
+    def start_iteration(self) -> None:
+        self._s().start_iteration()
+
+    @register("one")
+    def set_reward(self, task: str, fn: Any = None, endpoint: Endpoint | None = None, timeout_s: float = 30.0,
+                   retries: int = 1) -> int:
+        """Register or hot-swap a task's reward; returns the new reward version."""
+        return self.rewards.set(task, fn, endpoint=endpoint, timeout_s=timeout_s, retries=retries).version
+
+    @register("one")
+    def reward_history(self) -> list[dict[str, Any]]:
+        return self.rewards.versions()
+
+    @register("one")
+    def stats(self) -> dict[str, Any]:
+        return self._s().stats() if self.sched else {}
+
+    @register("one")
+    def trajectories(self, task: str | None = None, status: str | None = None, last: int | None = None,
+                     include_running: bool = False) -> list[Trajectory]:
+        return self._s().trajectories(task, status, last, include_running)
+
+    @register("one")
+    async def evaluate(self, task: str, seeds: list[int], temperature: float = 0.0,
+                       concurrency: int = 32) -> dict[str, Any]:
+        """Greedy validation rollouts of ``task`` over ``seeds``; not buffered or trained on.
+
+        Returns mean ``score`` (reward), ``n`` and ``failed``.
+        """
+        s = self._s()
+        template = next(m.template for m in s.managers if m.task == task)
+        sem = asyncio.Semaphore(concurrency)
+
+        async def one(seed: int) -> Trajectory:
+            async with sem:
+                m = EnvManager(-1, task, copy.deepcopy(template), s.tok, s.proxy, s.cfg.rollout)
+                t = Trajectory(task, seed=seed, group_id="validation", start_version=s.version)
+                await m.run(t, temperature=temperature)
+                s.proxy.forget(t.id)
+                if not t.status.terminal:
+                    try:
+                        await self.rewards.score(t)
+                        t.status = Status.COMPLETED
+                    except Exception as e:  # a failing reward must not fail validation
+                        t.finish(Status.FAILED, f"reward: {e}")
+                return t
+
+        done = await asyncio.gather(*(one(sd) for sd in seeds))
+        ok = [t.reward for t in done if t.status is Status.COMPLETED]
+        return {"score": sum(ok) / len(ok) if ok else float("nan"), "n": len(done), "failed": len(done) - len(ok)}
+
+    @register("one")
+    async def shutdown(self) -> dict[str, int]:
+        """Cancel in-flight trajectories (accounted as cancelled); returns final counts."""
+        if self.sched is None:
+            return {}
+        await self.sched.close()
+        return dict(self.sched.counts)

