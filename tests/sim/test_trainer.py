@@ -1,0 +1,64 @@
+"""SimTrainBackend: modelled step time, versions, honest metrics."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pytest
+
+from rollart_nb.errors import ConfigError
+from rollart_nb.models.spec import spec
+from rollart_nb.protocols import TrainBackend
+from rollart_nb.resources.profiles import PROFILES
+from rollart_nb.sim import SimTrainBackend, train_time
+from rollart_nb.sim.trainer import trajectory_tokens
+from rollart_nb.trajectory import Trajectory, Turn
+
+Q8, H800 = spec("qwen3-8b"), PROFILES["H800"]
+
+
+def traj(prompt_lens, response=10, reward=math.nan):
+    t = Trajectory(task="math", reward=reward)
+    t.turns = [Turn("o", prompt_ids=[5] * p, response_ids=[6] * response) for p in prompt_lens]
+    return t
+
+
+def test_implements_the_protocol():
+    assert isinstance(SimTrainBackend(Q8, H800), TrainBackend)
+
+
+def test_trajectory_tokens_counts_the_full_sequence_once():
+    assert trajectory_tokens(traj([100, 130, 160])) == 170  # cumulative history: last prompt + response
+    assert trajectory_tokens(traj([100, 20])) == 100 + 10 + 20 + 10  # non-cumulative: every turn
+    assert trajectory_tokens(Trajectory(task="x")) == 0
+
+
+def test_train_step_times_bumps_version_and_reports_honest_metrics():
+    t = SimTrainBackend(Q8, H800, gpus=8, time_scale=1e-1)
+    batch = [traj([1000, 1500], reward=1.0), traj([2000], reward=0.0), traj([500])]
+    expected_tokens = 1510 + 2010 + 510
+    modelled = train_time(Q8, H800, expected_tokens, gpus=8)  # ~0.63 s modelled
+    t0 = time.perf_counter()
+    m = t.train_step(batch)
+    assert time.perf_counter() - t0 >= modelled * 0.1 * 0.9
+    assert m["tokens"] == expected_tokens and m["trajectories"] == 3
+    assert m["modelled_s"] == pytest.approx(modelled)
+    assert m["reward_mean"] == pytest.approx(0.5)  # the unscored one is left out
+    assert "loss" not in m  # it has none, so it reports none
+    assert t.version == 1 and m["version"] == 1
+    assert t.state_dict() == {"version": 1}
+    assert math.isnan(t.train_step([traj([10])])["reward_mean"])
+    assert t.version == 2 and t.modelled_s == pytest.approx(modelled + train_time(Q8, H800, 20, 8))
+
+
+def test_more_gpus_train_faster():
+    one = SimTrainBackend(Q8, H800, gpus=1, time_scale=0).train_step([traj([4000])])["modelled_s"]
+    many = SimTrainBackend(Q8, H800, gpus=32, time_scale=0).train_step([traj([4000])])["modelled_s"]
+    assert one == pytest.approx(32 * many)
+
+
+def test_config_errors():
+    with pytest.raises(ConfigError) as e:
+        SimTrainBackend(Q8, H800, gpus=0, time_scale=-1, mfu=0)
+    assert len(e.value.problems) == 3
