@@ -224,6 +224,9 @@ class SimBackend:
         The result carries the older of the two nodes' versions (conservative for staleness).
         """
         version = min(self.version, int(prefilled["version"]))
+        if prefilled.get("aborted"):
+            return self._result(request, version, [], [], "abort", float(prefilled["prefill_s"]), 0.0,
+                                int(prefilled["recomputed_tokens"]))
         transfer_s = self.spec.kv_bytes_per_token * prefilled["tokens"] / (self.link_gbps * 1e9)
         self._stats["kv_transfer_s"] += transfer_s
         ev = self._register(request.traj_id)
@@ -278,8 +281,8 @@ class SimBackend:
 
     async def _sleep(self, modelled_s: float, ev: asyncio.Event) -> bool:
         """Sleep ``modelled_s * time_scale``; True if aborted first."""
-        if ev.is_set():
-            return True
+        if ev.is_set() or modelled_s * self.time_scale <= 0:
+            return ev.is_set()
         try:
             await asyncio.wait_for(ev.wait(), modelled_s * self.time_scale)
             return True
@@ -304,7 +307,7 @@ class SimBackend:
             recomputed = n  # weights changed mid-trajectory: the whole history's KV is stale
             reuse = 0
         elif cached is not None:
-            reuse = min(cached.tokens, n - 1)  # the last prompt token is always run, for its logits
+            reuse = max(min(cached.tokens, n - 1), 0)  # the last prompt token always runs, for its logits
         else:
             reuse = 0
         new = max(n - reuse, 0)

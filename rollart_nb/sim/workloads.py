@@ -15,6 +15,7 @@ learning signal**: they are uniform in [0, 1] whatever the actions say.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import itertools
 import time
@@ -234,7 +235,9 @@ class SimEnv:
         return max(0.0, float(rng.normal(mean, std)) if std > 0 else mean)
 
     @staticmethod
+    @functools.lru_cache(maxsize=4096)
     def _words(n: int) -> str:
+        # Cached: thousands of envs emit observations of a few hundred distinct lengths.
         return " ".join(f"o{k}" for k in range(n))
 
     def _reset(self, seed: int | None) -> tuple[tuple[str, dict[str, Any]], float]:

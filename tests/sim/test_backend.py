@@ -206,6 +206,21 @@ def test_pd_split_equals_colocated_plus_kv_transfer():
     assert pre2["tokens"] == 340
 
 
+def test_pd_decode_after_an_aborted_prefill_aborts():
+    p, d = SimBackend(Q8, H20, time_scale=1.0), SimBackend(Q8, H20, time_scale=0)
+
+    async def scenario():
+        task = asyncio.create_task(p.prefill(req("long", prompt=32000)))
+        await asyncio.sleep(0.05)
+        await p.abort("long")
+        return await asyncio.wait_for(task, 1.0)
+
+    pre = run(scenario())
+    assert pre["aborted"] and p.cached_tokens("long") == 0
+    r = run(d.decode(req("long", prompt=32000), pre))
+    assert r.finish_reason == "abort" and r.token_ids == [] and d.stats()["decode_tokens"] == 0
+
+
 def test_pd_result_takes_the_older_version():
     p, d = SimBackend(Q8, H800, time_scale=0), SimBackend(Q8, H20, time_scale=0)
     d.load_weights({}, 2)
