@@ -61,6 +61,7 @@ class MooncakeTransport:
         local_hostname: address other clients reach this one at.
         metadata_server: transfer-engine metadata; ``"P2PHANDSHAKE"`` needs no extra service.
         connect_timeout_s: how long to wait for the master's port before giving up.
+        get_retries: re-reads of a bucket whose read lease lapsed mid-transfer (-707).
     """
 
     def __init__(
@@ -76,6 +77,7 @@ class MooncakeTransport:
         local_hostname: str = "127.0.0.1",
         metadata_server: str = "P2PHANDSHAKE",
         connect_timeout_s: float = 5.0,
+        get_retries: int = 2,
     ) -> None:
         self.master_address = master.address if isinstance(master, MooncakeMaster) else master
         self.prefix = prefix
@@ -87,6 +89,7 @@ class MooncakeTransport:
         self.local_hostname = local_hostname
         self.metadata_server = metadata_server
         self.connect_timeout_s = connect_timeout_s
+        self.get_retries = get_retries
         self.metrics = WeightSyncMetrics()
         self._store: Any = None
         self._published: dict[int, int] = {}  # version -> number of buckets (for gc)
@@ -268,15 +271,9 @@ class MooncakeTransport:
         if keys:
             store.register_buffer(buf.ctypes.data, buf.nbytes)
             try:
-                got = store.batch_get_into(keys, ptrs, sizes)
+                self._get_buckets(version, keys, ptrs, sizes)
             finally:
                 store.unregister_buffer(buf.ctypes.data)
-            for i, (rc, n) in enumerate(zip(got, sizes, strict=True)):
-                if rc != n:
-                    raise WeightSyncError(
-                        f"weight version {version} is partial: bucket {i} ({keys[i]}) returned {_code(rc)} "
-                        f"instead of {n} bytes; it was garbage-collected or lost, pull a newer version"
-                    )
         buckets = [buf[offsets[i] : offsets[i + 1]] for i in range(len(sizes))]
         state = unpack(manifest, buckets)
         self.metrics.pull_s += time.perf_counter() - t0
@@ -284,6 +281,33 @@ class MooncakeTransport:
         self.metrics.pulls += 1
         self.metrics.version = max(self.metrics.version, version)
         return state
+
+    def _get_buckets(self, version: int, keys: list[str], ptrs: list[int], sizes: list[int]) -> None:
+        """Read buckets in batches of about one bucket, retrying a lapsed lease.
+
+        A batch takes its read leases when it starts, so a whole 1 GiB+ batch on a slow or
+        loaded link can outlive the master's lease (-707); per-bucket batches keep each
+        transfer well inside it.
+        """
+        i = 0
+        while i < len(keys):
+            j, n = i + 1, sizes[i]
+            while j < len(keys) and n + sizes[j] <= self.bucket_bytes:  # batch small buckets
+                n += sizes[j]
+                j += 1
+            for attempt in range(self.get_retries + 1):
+                got = self.store.batch_get_into(keys[i:j], ptrs[i:j], sizes[i:j])
+                bad = [(k, rc) for k, rc in zip(range(i, j), got, strict=True) if rc != sizes[k]]
+                if not bad or any(rc != -707 for _, rc in bad) or attempt == self.get_retries:
+                    break
+                logger.debug("mooncake: lease lapsed reading %s, retrying", keys[bad[0][0]])
+            if bad:
+                k, rc = bad[0]
+                raise WeightSyncError(
+                    f"weight version {version} is partial: bucket {k} ({keys[k]}) returned {_code(rc)} "
+                    f"instead of {sizes[k]} bytes; it was garbage-collected or lost, pull a newer version"
+                )
+            i = j
 
     # ---- gc --------------------------------------------------------------------------------
     def gc(self, keep: int = 2) -> None:
