@@ -16,6 +16,7 @@ worker / env / trajectory, and what to do next. The tree::
     ├── RewardError            a reward function raised, timed out or returned NaN/inf
     ├── EnvError               an env raised or hung (the trajectory ends failed)
     ├── GenerationError        a generation backend failed or the request was aborted
+    ├── RolloutStalledError    every recent trajectory failed: a batch cannot form
     ├── WeightSyncError        a weight version is missing, partial or corrupt
     └── StoreError             metadata store (GCS KV / Redis) failure
 """
@@ -32,6 +33,7 @@ __all__ = [
     "ResourceError",
     "RewardError",
     "RollartError",
+    "RolloutStalledError",
     "ServerlessError",
     "StateError",
     "StoreError",
@@ -113,6 +115,10 @@ class EnvError(RollartError):
 
 class GenerationError(RollartError):
     """A generation backend failed, or the request was aborted."""
+
+
+class RolloutStalledError(RollartError):
+    """Every recent trajectory failed, so no batch can form; the message lists the reasons."""
 
 
 class WeightSyncError(RollartError):

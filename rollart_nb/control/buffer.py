@@ -4,10 +4,9 @@ At policy version ``n``, a trajectory begun at version ``v`` is usable only whil
 ``v >= n - alpha``. :meth:`SampleBuffer.set_version` evicts the stale ones (and returns
 them so the scheduler can account for them and relaunch group members);
 :meth:`SampleBuffer.take_batch` evicts again and returns whole GRPO groups only.
-With ``E`` concurrent envs, the buffer never holds more than ``(alpha + 1) * E`` trajectories
-beyond one batch, because every trajectory it holds was started within the window and each
-env starts at most one trajectory at a time per version... which the scheduler also caps
-with :attr:`capacity`.
+Everything buffered began within the last ``alpha`` versions, and the scheduler opens new
+groups only while buffered + running trajectories stay under ``(alpha + 1) * batch + E``, so
+the buffer holds O(alpha * E) trajectories; :attr:`capacity` enforces that bound hard.
 """
 
 from __future__ import annotations

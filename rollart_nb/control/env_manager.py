@@ -98,6 +98,7 @@ class EnvManager:
         self.env = copy.deepcopy(template)
         self.busy = False
         self.trajectories = 0
+        self.failures_in_a_row = 0
 
     @property
     def max_turns(self) -> int:
@@ -156,7 +157,9 @@ class EnvManager:
             if step_info:
                 traj.info.setdefault("step_info", []).append(_jsonable(step_info))
             if barrier is not None:  # batch-level interaction: everyone waits for the slowest env
+                t3 = clock()
                 await barrier.wait()
+                turn.timings["barrier"] = clock() - t3
             if terminated or truncated:
                 traj.info["terminated"] = bool(terminated)
                 return

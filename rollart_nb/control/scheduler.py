@@ -26,7 +26,7 @@ from rollart_nb.control.buffer import SampleBuffer
 from rollart_nb.control.env_manager import EnvManager, RolloutConfig, TurnBarrier
 from rollart_nb.control.modes import Mode
 from rollart_nb.control.reward import RewardDispatcher
-from rollart_nb.errors import ConfigError, RewardError
+from rollart_nb.errors import ConfigError, RewardError, RolloutStalledError
 from rollart_nb.trajectory import Status, Trajectory
 
 __all__ = ["GroupState", "RolloutScheduler", "SchedulerConfig"]
@@ -130,6 +130,10 @@ class RolloutScheduler:
         self._barrier: TurnBarrier | None = None
         self._pending_reward: list[tuple[Trajectory, GroupState]] = []
         self._closed = False
+        self.consecutive_failures = 0
+        self.stall_after = max(4 * self.E, 64)
+        self.launched = 0
+        self._tasks: set[asyncio.Task] = set()
 
     # -- launching -------------------------------------------------------------------
     def start_iteration(self) -> None:
@@ -192,10 +196,16 @@ class RolloutScheduler:
             traj = Trajectory(g.task, seed=g.seed, group_id=g.id, start_version=self.version, created_s=time.time())
             g.running.add(traj.id)
             task = asyncio.get_running_loop().create_task(self._run(m, traj, g, self._barrier))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+            task.add_done_callback(lambda _t, traj=traj, g=g, m=m: self._reap(traj, g, m))
             self.running[traj.id] = (traj, task, m)
+            self.launched += 1
 
     async def _run(self, m: EnvManager, traj: Trajectory, g: GroupState, barrier: TurnBarrier | None) -> None:
         try:
+            if m.failures_in_a_row:  # back off a failing env (or backend) instead of spinning on it
+                await asyncio.sleep(min(2.0, 0.01 * 2 ** min(m.failures_in_a_row, 8)))
             await m.run(traj, barrier=barrier)
         except asyncio.CancelledError:
             traj.finish(Status.CANCELLED, "cancelled", now=time.time())  # no-op if the canceller set a status
@@ -204,6 +214,10 @@ class RolloutScheduler:
             self.running.pop(traj.id, None)
             g.running.discard(traj.id)
             self.proxy.forget(traj.id)
+        if traj.status is Status.FAILED:
+            m.failures_in_a_row += 1
+        elif not traj.status.terminal:
+            m.failures_in_a_row = 0
         if traj.status.terminal:
             self._end(traj, g)
             self.schedule()
@@ -226,6 +240,10 @@ class RolloutScheduler:
             await self.rewards.score(traj)
         except RewardError as e:
             traj.finish(Status.FAILED, f"reward: {e}", now=time.time())
+        except asyncio.CancelledError:
+            traj.finish(Status.CANCELLED, "pipeline closed while scoring", now=time.time())
+            self._end(traj, g)
+            raise
         finally:
             self.scoring.discard(traj.id)
         if traj.status.terminal:
@@ -242,16 +260,27 @@ class RolloutScheduler:
             self.counts["completed"] += 1
             self.ended.append(traj)
         self._on_evicted(rejected)
+        self.consecutive_failures = 0
         if len(g.buffered) >= self.cfg.group_size:
             self._cancel_surplus(g)
 
     # -- endings ---------------------------------------------------------------------
+    def _reap(self, traj: Trajectory, g: GroupState, m: EnvManager) -> None:
+        """Account a task cancelled before its body ever ran (it never reached its own cleanup)."""
+        if self.running.pop(traj.id, None) is None:
+            return
+        g.running.discard(traj.id)
+        m.busy = False
+        self.proxy.forget(traj.id)
+        traj.finish(Status.CANCELLED, "cancelled before it started", now=time.time())
+        self._end(traj, g)
     def _end(self, traj: Trajectory, g: GroupState | None) -> None:
         """Account a trajectory that ended without entering the buffer (or left it)."""
         self.counts[traj.status.value] += 1
         self.ended.append(traj)
         if traj.status is Status.FAILED:
             self.failure_reasons.append((traj.task, traj.reason))
+            self.consecutive_failures += 1
         if g is None or g.closed:
             return
         g.running.discard(traj.id)
@@ -268,7 +297,15 @@ class RolloutScheduler:
 
     def _on_evicted(self, evicted: list[Trajectory]) -> None:
         for t in evicted:
-            self._end(t, self.groups.get(t.group_id))
+            g = self.groups.get(t.group_id)
+            if g is not None and t.id in g.buffered:  # it was counted completed: move its count
+                self.counts["completed"] -= 1
+                self.counts[t.status.value] += 1
+                g.buffered.discard(t.id)
+                if not g.closed and len(g.buffered) + len(g.running) + g.budget < self.cfg.group_size:
+                    g.budget += 1
+            else:
+                self._end(t, g)
 
     def _cancel_surplus(self, g: GroupState) -> None:
         g.budget = 0
@@ -307,9 +344,24 @@ class RolloutScheduler:
         return {"aborted_in_flight": aborted}
 
     async def wait_ready(self, n: int, timeout_s: float | None = None) -> None:
+        """Wait until ``n`` samples are ready; raise RolloutStalledError if everything keeps failing."""
         self._check_batch(n)
         self.schedule()
-        await self.buffer.wait_ready(n, timeout_s)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            try:
+                await self.buffer.wait_ready(n, 0.5)
+                return
+            except TimeoutError:
+                pass
+            if self.consecutive_failures >= self.stall_after:
+                reasons = collections.Counter(f"{t}: {r[:160]}" for t, r in self.failure_reasons)
+                raise RolloutStalledError(
+                    f"the last {self.consecutive_failures} trajectories all failed; no batch can form. Most "
+                    "common reasons:\n" + "\n".join(f"  {c} x {r}" for r, c in reasons.most_common(3)))
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"{n} samples not ready within {timeout_s}s ({len(self.buffer)} buffered, "
+                                   f"{len(self.running)} running, counts {dict(self.counts)})")
 
     def take_batch(self, n: int) -> list[Trajectory]:
         """Remove ``n`` trajectories (whole groups) from the buffer; their groups close."""
@@ -335,11 +387,11 @@ class RolloutScheduler:
     async def close(self) -> None:
         """Cancel everything in flight (each ends cancelled and is accounted)."""
         self._closed = True
-        tasks = []
-        for traj, task, _ in list(self.running.values()):
+        for traj, _, _ in list(self.running.values()):
             traj.finish(Status.CANCELLED, "pipeline closed", now=time.time())
+        tasks = list(self._tasks)  # rollouts and the scoring that follows them
+        for task in tasks:
             task.cancel()
-            tasks.append(task)
         await asyncio.gather(*tasks, return_exceptions=True)
 
     # -- views -----------------------------------------------------------------------

@@ -1,0 +1,198 @@
+"""RolloutScheduler + LLMProxy + EnvManager in one event loop, on the sim backend (no Ray)."""
+
+import asyncio
+import time
+
+import pytest
+
+from rollart_nb.control.env_manager import RolloutConfig
+from rollart_nb.control.local import LocalGenerator, LocalHandle
+from rollart_nb.control.modes import MODES
+from rollart_nb.control.proxy import GenTarget, LLMProxy
+from rollart_nb.control.reward import RewardDispatcher
+from rollart_nb.control.scheduler import RolloutScheduler, SchedulerConfig
+from rollart_nb.envs import Arithmetic, WithFailures, WithLatency
+from rollart_nb.models.spec import spec
+from rollart_nb.resources.profiles import PROFILES
+from rollart_nb.sim import SimBackend, SimTokenizer
+from rollart_nb.trajectory import Status
+
+M = spec("qwen3-0.6b")
+
+
+def make(envs, *, mode="rollart", batch=8, group=4, alpha=1, redundancy=0, n_workers=2, time_scale=1e-4,
+         max_turns=4, rewards=None, timeout=60.0):
+    backends = [SimBackend(M, PROFILES["H20"], time_scale=time_scale, mean_response_tokens=8, name=f"g{i}")
+                for i in range(n_workers)]
+    targets = [GenTarget(LocalHandle(LocalGenerator(b)), f"gen/{i}", "H20", "H20") for i, b in enumerate(backends)]
+    proxy = LLMProxy(targets, {})
+    cfg = SchedulerConfig(batch_size=batch, group_size=group, alpha=alpha, mode=MODES[mode], redundancy=redundancy,
+                          rollout=RolloutConfig(max_turns=max_turns, max_new_tokens=8, env_timeout_s=timeout))
+    return RolloutScheduler(envs, SimTokenizer(), proxy, rewards or RewardDispatcher(), cfg), backends
+
+
+def arith(n):
+    return {"math": [Arithmetic() for _ in range(n)]}
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_batches_are_whole_scored_groups():
+    async def go():
+        s, _ = make(arith(8))
+        batch = await s.get_batch(8, timeout_s=30)
+        groups = {}
+        for t in batch:
+            groups.setdefault(t.group_id, set()).add(t.seed)
+            assert t.status is Status.COMPLETED and t.scored and t.reward_version == 0
+            assert t.turns and t.turns[0].prompt_ids and t.turns[0].version == 0
+        assert len(groups) == 2 and all(len(seeds) == 1 for seeds in groups.values())  # shared prompt
+        await s.close()
+
+    run(go())
+
+
+def test_suspend_preserves_in_flight_and_resume_continues():
+    async def go():
+        envs = {"slow": [WithLatency(Arithmetic(max_turns=3), mean_s=0.05, std_s=0.0) for _ in range(4)]}
+        s, _ = make(envs, batch=4, group=4, max_turns=3)
+        s.schedule()
+        await asyncio.sleep(0.02)
+        running_before = set(s.running)
+        assert running_before
+        await s.proxy.suspend(timeout_s=5)
+        assert s.proxy.suspended
+        await asyncio.sleep(0.3)  # envs step, but no new generation is admitted
+        assert set(s.running) == running_before  # nothing was dropped while suspended
+        s.proxy.resume()
+        batch = await s.get_batch(4, timeout_s=30)
+        assert {t.id for t in batch} <= running_before | {t.id for t in s.ended}
+        assert s.counts.get("failed", 0) == 0
+        await s.close()
+
+    run(go())
+
+
+def test_redundant_rollouts_cancel_the_surplus():
+    async def go():
+        envs = {"math": [WithLatency(Arithmetic(), mean_s=0.02, std_s=0.02, seed=i) for i in range(12)]}
+        s, _ = make(envs, batch=8, group=4, redundancy=2)
+        batch = await s.get_batch(8, timeout_s=30)
+        await asyncio.sleep(0.1)
+        assert len(batch) == 8
+        assert s.counts["redundant_cancelled"] >= 1
+        cancelled = [t for t in s.ended if t.status is Status.CANCELLED and t.reason.startswith("redundant")]
+        assert cancelled and all(not t.scored for t in cancelled)
+        await s.close()
+
+    run(go())
+
+
+def test_crashing_and_hanging_envs_fail_with_reason_without_stalling():
+    async def go():
+        envs = {
+            "math": [Arithmetic() for _ in range(8)],
+            "crash": [WithFailures(Arithmetic(), p_raise=1.0, seed=i) for i in range(2)],
+            "hang": [WithFailures(Arithmetic(), p_hang=1.0, hang_s=3600, seed=i) for i in range(2)],
+        }
+        s, _ = make(envs, batch=8, group=4, timeout=0.3)
+        s.cfg.task_weights  # uniform
+        t0 = time.monotonic()
+        await s.wait_ready(8, timeout_s=30)
+        assert time.monotonic() - t0 < 10
+        batch = s.take_batch(8)
+        assert {t.task for t in batch} == {"math"}
+        await asyncio.sleep(0.5)
+        failed = [t for t in s.ended if t.status is Status.FAILED]
+        reasons = {t.task: t.reason for t in failed}
+        assert "crash" in reasons and "env" in reasons["crash"]
+        assert "hang" in reasons and "timed out" in reasons["hang"] or "timeout" in reasons.get("hang", "")
+        await s.close()
+
+    run(go())
+
+
+def test_bad_rewards_fail_the_trajectory_with_reason():
+    async def go():
+        rw = RewardDispatcher()
+        rw.set("nan", lambda t: float("nan"), retries=1)
+        rw.set("boom", lambda t: 1 / 0, retries=0)
+        rw.set("math", lambda t: 1.0)
+        envs = {"math": [Arithmetic() for _ in range(4)], "nan": [Arithmetic()], "boom": [Arithmetic()]}
+        s, _ = make(envs, batch=4, group=4, rewards=rw)
+        await s.get_batch(4, timeout_s=30)
+        await asyncio.sleep(0.2)
+        reasons = {t.task: t.reason for t in s.ended if t.status is Status.FAILED}
+        assert "not a finite number" in reasons["nan"] and "after 2 attempt" in reasons["nan"]
+        assert "ZeroDivisionError" in reasons["boom"]
+        await s.close()
+
+    run(go())
+
+
+def test_every_trajectory_ends_in_exactly_one_terminal_status():
+    async def go():
+        envs = {"math": [WithLatency(Arithmetic(max_turns=2), mean_s=0.01, std_s=0.01, seed=i) for i in range(8)],
+                "crash": [WithFailures(Arithmetic(), p_raise=0.5, seed=3)]}
+        s, backends = make(envs, batch=8, group=4, redundancy=1, alpha=0)
+        for v in range(1, 4):
+            await s.get_batch(8, timeout_s=30)
+            for b in backends:  # what the pipeline's update step does before set_version
+                b.load_weights({}, v)
+            await s.set_version(v)
+        await s.close()
+        # every launched trajectory is counted under exactly one terminal status
+        statuses = {k: v for k, v in s.counts.items() if k != "redundant_cancelled"}
+        assert sum(statuses.values()) == s.launched
+        assert set(statuses) <= {"completed", "failed", "cancelled", "aborted_stale"}
+        assert all(t.status.terminal for t in s.ended)
+        assert not s.running and not s.scoring
+
+    run(go())
+
+
+@pytest.mark.parametrize("mode,aborted", [("rollart", True), ("areal", False)])
+def test_areal_keeps_what_rollart_aborts(mode, aborted):
+    """A long trajectory that crosses two version bumps: rollart (alpha=1) aborts it, areal keeps it."""
+
+    async def go():
+        envs = {"long": [WithLatency(Arithmetic(max_turns=1), mean_s=0.6, std_s=0.0)],
+                "fast": [Arithmetic() for _ in range(4)]}
+        s, _ = make(envs, mode=mode, batch=4, group=4)
+        s.schedule()
+        await asyncio.sleep(0.05)
+        long_ids = [tid for tid, (t, _, _) in s.running.items() if t.task == "long"]
+        assert long_ids
+        await s.set_version(1)
+        await s.set_version(2)
+        await asyncio.sleep(0.05)
+        t = next(t for t in list(s.ended) + [r[0] for r in s.running.values()] if t.id == long_ids[0])
+        if aborted:
+            assert t.status is Status.ABORTED_STALE and "alpha=1" in t.reason
+        else:
+            assert not t.status.terminal or t.status is Status.COMPLETED
+        await s.close()
+
+    run(go())
+
+
+def test_sync_mode_waits_for_the_slowest_env_each_turn():
+    """Batch-level interaction: every turn lasts as long as the slowest env's step."""
+
+    async def go(mode):
+        envs = {"m": [WithLatency(Arithmetic(max_turns=3), mean_s=0.01 if i else 0.15, std_s=0.0)
+                      for i in range(4)]}
+        s, _ = make(envs, mode=mode, batch=4, group=4, max_turns=3)
+        batch = await s.get_batch(4, timeout_s=30)
+        await s.close()
+        return batch
+
+    sync = asyncio.run(go("sync"))
+    fast = [t for t in sync if all(tr.timings["env"] < 0.1 for tr in t.turns)]
+    assert len(fast) == 3
+    for t in fast:  # each fast env waited at the barrier for the slow one, every turn
+        assert all(tr.timings["barrier"] > 0.1 for tr in t.turns)
+    plus = asyncio.run(go("sync+"))
+    assert all("barrier" not in tr.timings for t in plus for tr in t.turns)
