@@ -1,0 +1,508 @@
+"""Reward functions as Ray Serve deployments that scale to zero.
+
+A reward is a stateless function of a finished trajectory, with small, bursty demand: the
+paper runs it serverless so no pool slots sit reserved between steps. :class:`ServeManager`
+turns a plain callable into such a deployment on the current Ray connection and hands back
+an :class:`~rollart_nb.serverless.client.Endpoint` that speaks the client's JSON contract::
+
+    POST /<name>  {"args": [trajectory.to_dict()], "kwargs": {}}
+    200           {"result": <float | [per-turn floats]>, "version": <deploy number>}
+    500           {"error": "<ExceptionType>: <message>"}   (the function raised)
+    400 / 401     bad body / missing or wrong bearer token
+
+Non-finite results are sent as JSON ``NaN`` / ``Infinity`` (Python's ``json`` reads them),
+so the caller's validation (:func:`~rollart_nb.control.reward.check_reward_value`) decides.
+
+Hot swap: deploying a name again updates the same Serve application in place; Serve starts
+the new replicas before it drains the old ones, so requests keep being answered by one
+version or the other and none fails.
+
+Measured on a 2-core box (``benchmarks/serverless_reward.py``): a cold start (0 -> 1
+replica, a fresh worker process) takes ~3 s; a warm call ~2-5 ms through the HTTP proxy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import hmac
+import inspect
+import json
+import logging
+import os
+import re
+import socket
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from rollart_nb import _ray
+from rollart_nb.errors import ConfigError, ServerlessError, StateError
+from rollart_nb.serverless.client import Endpoint
+from rollart_nb.trajectory import Trajectory
+
+__all__ = ["ServeManager"]
+
+log = logging.getLogger(__name__)
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+_TIMELINE_POINTS = 20_000  # per deployment; ~3 h at the default sampling interval
+
+
+# -- inside Serve ----------------------------------------------------------------------
+class _RewardReplica:
+    """One replica of a reward deployment (runs in a Serve replica actor).
+
+    ``fn`` gets one :class:`Trajectory` (or, when batched, a list of them and returns a list).
+    If ``fn`` has a ``setup()`` method it runs here once, so a judge model loads per replica
+    (part of the cold start) rather than per request.
+    """
+
+    def __init__(self, fn: Any, name: str, version: int, token_digest: str | None, batched: bool,
+                 max_batch_size: int, batch_wait_s: float, stats: Any) -> None:
+        t0 = time.perf_counter()
+        self.fn, self.name, self.version = fn, name, version
+        self.token_digest, self.stats = token_digest, stats
+        if callable(getattr(fn, "setup", None)):
+            fn.setup()
+        self.is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__)
+        self.batch = None
+        if batched:
+            from ray import serve
+
+            self.batch = serve.batch(max_batch_size=max_batch_size, batch_wait_timeout_s=batch_wait_s)(self._run_batch)
+        # Busy time is the union of request intervals, so utilization stays <= 1 per replica
+        # even when requests overlap.
+        self.ongoing, self.busy_since, self.busy_unreported = 0, 0.0, 0.0
+        stats.replica_started.remote(name, version, time.perf_counter() - t0)
+
+    async def _run(self, traj: Trajectory) -> Any:
+        if self.is_async:
+            return await self.fn(traj)
+        return await asyncio.to_thread(self.fn, traj)  # keep the replica's loop answering
+
+    async def _run_batch(self, trajs: list[Trajectory]) -> list[Any]:
+        out = await self.fn(trajs) if self.is_async else await asyncio.to_thread(self.fn, trajs)
+        if not isinstance(out, list | tuple) or len(out) != len(trajs):
+            raise TypeError(f"batched reward returned {type(out).__name__} for {len(trajs)} trajectories; "
+                            "return a list with one value per trajectory")
+        return list(out)
+
+    def _authorized(self, header: str | None) -> bool:
+        if self.token_digest is None:
+            return True
+        scheme, _, token = (header or "").partition(" ")
+        digest = hashlib.sha256(token.encode()).hexdigest()
+        return scheme.lower() == "bearer" and hmac.compare_digest(digest, self.token_digest)
+
+    async def __call__(self, request: Any) -> Any:
+        from starlette.responses import Response
+
+        def answer(status: int, body: dict[str, Any]) -> Response:
+            return Response(json.dumps(body, allow_nan=True), status_code=status, media_type="application/json")
+
+        if not self._authorized(request.headers.get("authorization")):
+            return answer(401, {"error": "missing or wrong bearer token"})
+        try:
+            body = await request.json()
+            traj = Trajectory.from_dict(body["args"][0])
+        except Exception as e:  # any malformed body is the caller's error, not the reward's
+            return answer(400, {"error": f"body must be {{'args': [trajectory dict], 'kwargs': {{}}}}: "
+                                         f"{type(e).__name__}: {e}"})
+        now = time.perf_counter()
+        if self.ongoing == 0:
+            self.busy_since = now
+        self.ongoing += 1
+        ok = True
+        try:
+            value = await (self.batch(traj) if self.batch is not None else self._run(traj))
+            return answer(200, {"result": value, "version": self.version})
+        except Exception as e:
+            ok = False
+            logging.getLogger(__name__).warning("reward %s v%d raised %s: %s", self.name, self.version,
+                                                type(e).__name__, e)
+            return answer(500, {"error": f"{type(e).__name__}: {e}"})
+        finally:
+            self.ongoing -= 1
+            end = time.perf_counter()
+            if self.ongoing == 0:
+                self.busy_unreported += end - self.busy_since
+            busy, self.busy_unreported = self.busy_unreported, 0.0
+            self.stats.record.remote(self.name, ok, busy)  # fire and forget: off the request path
+
+
+class _ServeStats:
+    """Counters that outlive replicas (a replica scaled to zero takes its own with it)."""
+
+    def __init__(self) -> None:
+        self.by_name: dict[str, dict[str, float]] = {}
+
+    def _row(self, name: str) -> dict[str, float]:
+        return self.by_name.setdefault(name, {"requests": 0, "errors": 0, "busy_s": 0.0, "replica_starts": 0,
+                                              "init_s_total": 0.0})
+
+    def record(self, name: str, ok: bool, busy_s: float) -> None:
+        row = self._row(name)
+        row["requests"] += 1
+        row["errors"] += 0 if ok else 1
+        row["busy_s"] += busy_s
+
+    def replica_started(self, name: str, version: int, init_s: float) -> None:
+        row = self._row(name)
+        row["replica_starts"] += 1
+        row["init_s_total"] += init_s
+
+    def snapshot(self) -> dict[str, dict[str, float]]:
+        return {k: dict(v) for k, v in self.by_name.items()}
+
+
+# -- driver side ------------------------------------------------------------------------
+@dataclass
+class _Deployed:
+    endpoint: Endpoint
+    version: int
+    options: dict[str, Any]
+    deployed_at: float
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _ship(fn: Any) -> None:
+    # Functions from notebooks / tests / scripts must travel by value: Serve replicas cannot
+    # import those modules. ship_by_value only reads ``__module__``, which functions and
+    # callable instances (via their class) both have.
+    target = fn if inspect.isfunction(fn) or inspect.isclass(fn) else type(fn)
+    _ray.ship_by_value(target)
+
+
+class ServeManager:
+    """Ray Serve on the current Ray connection, serving reward functions that scale to zero.
+
+    Start a Session first (``rn.Session.local()`` or ``attach``); Serve runs in that cluster
+    with its HTTP proxy on ``host:port`` of the head node. Ray Serve is one per cluster, so
+    one manager per cluster.
+
+    Args:
+        host: address the HTTP proxy binds (keep 127.0.0.1 unless others must reach it).
+        port: HTTP port; None picks a free one.
+
+    Example:
+        >>> sess = rn.Session.local({"cpu": 2})                           # doctest: +SKIP
+        >>> mgr = ServeManager()                                          # doctest: +SKIP
+        >>> ep = mgr.deploy("math", rn.rewards.exact_answer, downscale_delay_s=5)  # doctest: +SKIP
+        >>> call(ep, [traj.to_dict()], {})                                 # doctest: +SKIP
+        1.0
+        >>> mgr.utilization("math")["cold_starts"]                        # doctest: +SKIP
+        1
+    """
+
+    def __init__(self, host: str = "127.0.0.1", port: int | None = None) -> None:
+        if not _ray.is_initialized():
+            raise StateError("ServeManager needs a Ray connection; create rn.Session.local() or "
+                             "rn.Session.attach(...) first")
+        from ray import serve
+
+        self.host = host
+        want = port or _free_port(host)
+        serve.start(http_options={"host": host, "port": want}, proxy_location="HeadOnly")
+        self.port = self._bound_port(want)
+        ray = _ray.ray()
+        self._stats = ray.remote(_ServeStats).options(num_cpus=0, max_concurrency=1).remote()
+        self.deployments: dict[str, _Deployed] = {}
+        self.state = "running"
+        self._lock = threading.Lock()
+        self._timeline: dict[str, deque[tuple[float, int]]] = {}
+        self._last_replicas: dict[str, int] = {}
+        self._cold_starts: dict[str, int] = {}
+        self._sampler: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    def _bound_port(self, want: int) -> int:
+        # Serve is one per cluster: if it already ran, its proxy keeps its own port.
+        try:
+            from ray.serve.context import _get_global_client
+
+            port = int(_get_global_client().http_config.port)
+        except Exception as e:  # private API; the port we asked for is the best guess
+            log.debug("could not read Serve's HTTP port: %s", e)
+            return want
+        if port != want:
+            log.warning("Ray Serve was already running on port %d; using it (asked for %d)", port, want)
+        return port
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    # -- deployments -------------------------------------------------------------------
+    def deploy(
+        self,
+        name: str,
+        fn: Any,
+        *,
+        min_replicas: int = 0,
+        max_replicas: int = 4,
+        downscale_delay_s: float = 30.0,
+        upscale_delay_s: float = 0.0,
+        target_ongoing_requests: float = 2.0,
+        max_ongoing_requests: int = 16,
+        batched: bool = False,
+        max_batch_size: int = 16,
+        batch_wait_s: float = 0.01,
+        num_cpus: float = 0.1,
+        num_gpus: float = 0.0,
+        token_env: str | None = None,
+        timeout_s: float = 30.0,
+        retries: int = 2,
+    ) -> Endpoint:
+        """Deploy ``fn`` as ``/<name>`` (or hot-swap it if ``name`` is deployed) and wait until ready.
+
+        Args:
+            name: deployment, application and route name (letters, digits, ``_``, ``-``).
+            fn: ``fn(trajectory) -> float | list[float]``, sync or async; with ``batched``,
+                ``fn(list[trajectory]) -> list``. Notebook / test functions ship by value.
+            min_replicas: 0 scales to zero when idle (the first call then pays a cold start).
+            max_replicas: most replicas under load.
+            downscale_delay_s: idle time before removing a replica (and going to zero).
+            upscale_delay_s: sustained load before adding a replica (0 from zero replicas).
+            target_ongoing_requests: requests per replica the autoscaler aims for.
+            max_ongoing_requests: requests one replica accepts at once; more wait in the proxy.
+            batched: group concurrent requests into one ``fn`` call (``serve.batch``).
+            max_batch_size: largest batch when ``batched``.
+            batch_wait_s: how long a batch waits to fill.
+            num_cpus: CPUs per replica (small: reward functions are light).
+            num_gpus: GPUs per replica (an LLM judge on a GPU pool).
+            token_env: environment variable holding a bearer token the deployment demands.
+                Only its SHA-256 reaches Serve; the returned Endpoint reads it at call time.
+            timeout_s: per-request timeout of the returned endpoint (covers a cold start).
+            retries: endpoint retries on 5xx / connection errors.
+
+        Returns:
+            An Endpoint for :func:`~rollart_nb.serverless.client.call`, ``acall`` and
+            ``RewardDispatcher.set(task, endpoint=...)``; the same URL across hot swaps.
+
+        Raises:
+            ConfigError: bad name / options, ``fn`` not callable, or ``token_env`` unset.
+            ServerlessError: Serve could not deploy it.
+        """
+        self._check()
+        from ray import serve
+
+        problems = []
+        if not isinstance(name, str) or not _NAME.match(name):
+            problems.append(f"name {name!r} must be 1-64 letters, digits, '_' or '-' (it becomes the URL route)")
+        if not callable(fn):
+            problems.append(f"fn must be callable, got {type(fn).__name__}")
+        if not isinstance(min_replicas, int) or min_replicas < 0:
+            problems.append(f"min_replicas={min_replicas!r} must be an int >= 0")
+        if not isinstance(max_replicas, int) or max_replicas < max(1, min_replicas if isinstance(min_replicas, int)
+                                                                  else 1):
+            problems.append(f"max_replicas={max_replicas!r} must be an int >= max(1, min_replicas)")
+        for key, val in (("downscale_delay_s", downscale_delay_s), ("upscale_delay_s", upscale_delay_s),
+                         ("batch_wait_s", batch_wait_s), ("num_cpus", num_cpus), ("num_gpus", num_gpus)):
+            if val < 0:
+                problems.append(f"{key}={val} must be >= 0")
+        if target_ongoing_requests <= 0:
+            problems.append(f"target_ongoing_requests={target_ongoing_requests} must be > 0")
+        if max_ongoing_requests < 1 or max_batch_size < 1:
+            problems.append("max_ongoing_requests and max_batch_size must be >= 1")
+        digest = None
+        if token_env is not None:
+            token = os.environ.get(token_env)
+            if not token:
+                problems.append(f"token_env ${token_env} is unset or empty; export the token first")
+            else:
+                digest = hashlib.sha256(token.encode()).hexdigest()
+        if problems:
+            raise ConfigError(problems, where=f"ServeManager.deploy({name!r}, ...)")
+
+        _ship(fn)
+        old = self.deployments.get(name)
+        version = 0 if old is None else old.version + 1
+        autoscaling = {
+            "min_replicas": min_replicas,
+            "max_replicas": max_replicas,
+            "target_ongoing_requests": target_ongoing_requests,
+            "upscale_delay_s": upscale_delay_s,
+            "downscale_delay_s": downscale_delay_s,
+            # Serve's defaults (10 s pushes, 30 s window) would keep an idle reward replica up
+            # for ~40 s past downscale_delay_s; between-step idleness is what we reclaim.
+            "metrics_interval_s": 0.5,
+            "look_back_period_s": max(1.0, min(5.0, downscale_delay_s)),
+        }
+        app = serve.deployment(_RewardReplica).options(
+            name=name,
+            ray_actor_options={"num_cpus": num_cpus, "num_gpus": num_gpus},
+            max_ongoing_requests=max_ongoing_requests,
+            autoscaling_config=autoscaling,
+        ).bind(fn, name, version, digest, batched, max_batch_size, batch_wait_s, self._stats)
+        t0 = time.perf_counter()
+        try:
+            serve.run(app, name=name, route_prefix=f"/{name}")
+        except Exception as e:
+            raise ServerlessError(f"Ray Serve could not deploy {name!r} v{version}: {type(e).__name__}: "
+                                  f"{str(e)[:300]}; check that fn pickles and its setup() works",
+                                  url=f"{self.url}/{name}") from e
+        ep = Endpoint(name, f"{self.url}/{name}", token_env=token_env, timeout_s=timeout_s, retries=retries)
+        opts = dict(autoscaling, max_ongoing_requests=max_ongoing_requests, batched=batched, num_cpus=num_cpus,
+                    num_gpus=num_gpus, token=token_env is not None)
+        with self._lock:
+            self.deployments[name] = _Deployed(ep, version, opts, time.time())
+            self._timeline.setdefault(name, deque(maxlen=_TIMELINE_POINTS))
+            self._cold_starts.setdefault(name, 0)
+        log.info("deployed reward %s v%d at %s in %.2fs", name, version, ep.url, time.perf_counter() - t0)
+        return ep
+
+    def endpoint(self, name: str) -> Endpoint:
+        """The Endpoint of a deployed name."""
+        return self._get(name).endpoint
+
+    def version(self, name: str) -> int:
+        """How many times ``name`` was redeployed (0 for the first deploy); responses carry it."""
+        return self._get(name).version
+
+    def delete(self, name: str) -> None:
+        """Remove a deployment (its replicas stop; its URL answers 404)."""
+        self._check()
+        from ray import serve
+
+        self._get(name)
+        serve.delete(name)
+        with self._lock:
+            self.deployments.pop(name)
+            self._last_replicas.pop(name, None)
+
+    # -- observation -------------------------------------------------------------------
+    def replicas(self, name: str | None = None) -> dict[str, dict[str, int]]:
+        """Replica counts by state per deployment, e.g. ``{"math": {"RUNNING": 1}}``."""
+        self._check()
+        from ray import serve
+
+        out: dict[str, dict[str, int]] = {}
+        apps = serve.status().applications
+        for n in [name] if name else list(self.deployments):
+            dep = apps.get(n).deployments.get(n) if n in apps else None
+            out[n] = {str(getattr(k, "value", k)): int(v) for k, v in (dep.replica_states if dep else {}).items()}
+        self._observe({n: s.get("RUNNING", 0) for n, s in out.items()})
+        return out
+
+    def _observe(self, running: dict[str, int]) -> None:
+        now = time.time()
+        with self._lock:
+            for n, r in running.items():
+                if n not in self.deployments:
+                    continue
+                if self._last_replicas.get(n, 0) == 0 and r > 0:
+                    self._cold_starts[n] = self._cold_starts.get(n, 0) + 1
+                self._last_replicas[n] = r
+                self._timeline.setdefault(n, deque(maxlen=_TIMELINE_POINTS)).append((now, r))
+
+    def sample_replicas(self, interval_s: float = 0.25) -> None:
+        """Start (once) a background thread recording ``(time, running replicas)`` per deployment.
+
+        The samples feed :meth:`timeline` (the dashboard's replica timeline) and make
+        :meth:`utilization`'s ``cold_starts`` count every 0 -> 1 scale-up, not only those seen
+        when you happened to ask.
+        """
+        self._check()
+        if interval_s <= 0:
+            raise ConfigError(f"interval_s={interval_s} must be > 0")
+        if self._sampler is not None and self._sampler.is_alive():
+            return
+        self._stop.clear()
+
+        def loop() -> None:
+            while not self._stop.wait(interval_s):
+                try:
+                    self.replicas()
+                except Exception as e:  # Serve restarting or Ray going away: try again next tick
+                    log.debug("replica sampling: %s", e)
+
+        self._sampler = threading.Thread(target=loop, name="rollart-serve-sampler", daemon=True)
+        self._sampler.start()
+
+    def timeline(self, name: str) -> list[tuple[float, int]]:
+        """``(unix time, running replicas)`` samples of ``name`` (see :meth:`sample_replicas`)."""
+        with self._lock:
+            return list(self._timeline.get(name, ()))
+
+    def utilization(self, name: str) -> dict[str, Any]:
+        """What ``name`` is doing and has done.
+
+        Returns:
+            ``replicas`` / ``starting`` now; ``requests``, ``errors`` served so far (all
+            versions); ``busy_s`` (time some request was running, summed over replicas);
+            ``replica_starts`` (every replica start: cold starts, scale-ups, hot swaps);
+            ``init_s_mean`` (replica constructor time); ``cold_starts`` (0 -> 1 scale-ups
+            observed by polling); ``replica_s`` (replica-seconds integrated over the sampled
+            timeline) and ``utilization`` = busy_s / replica_s (None without samples).
+        """
+        self._check()
+        d = self._get(name)
+        states = self.replicas(name)[name]
+        row = _ray.get(self._stats.snapshot.remote(), timeout_s=30, what="ServeManager.utilization").get(name, {})
+        replica_s = _integrate(self.timeline(name))
+        starts = int(row.get("replica_starts", 0))
+        busy = float(row.get("busy_s", 0.0))
+        return {
+            "name": name,
+            "version": d.version,
+            "replicas": states.get("RUNNING", 0),
+            "starting": states.get("STARTING", 0) + states.get("UPDATING", 0),
+            "requests": int(row.get("requests", 0)),
+            "errors": int(row.get("errors", 0)),
+            "busy_s": busy,
+            "replica_starts": starts,
+            "init_s_mean": row.get("init_s_total", 0.0) / starts if starts else None,
+            "cold_starts": self._cold_starts.get(name, 0),
+            "replica_s": replica_s,
+            "utilization": min(1.0, busy / replica_s) if replica_s > 0 else None,
+        }
+
+    # -- lifecycle ---------------------------------------------------------------------
+    def shutdown(self) -> None:
+        """Stop sampling, delete every deployment and shut Ray Serve down (idempotent)."""
+        if self.state == "closed":
+            return
+        self._stop.set()
+        if self._sampler is not None:
+            self._sampler.join(timeout=5)
+        self.state = "closed"
+        if not _ray.is_initialized():
+            return
+        from ray import serve
+
+        with contextlib.suppress(Exception):  # Serve half gone must not keep the session open
+            serve.shutdown()
+        _ray.kill(self._stats)
+
+    def _check(self) -> None:
+        if self.state == "closed":
+            raise StateError("ServeManager is shut down; create a new one with ServeManager()")
+
+    def _get(self, name: str) -> _Deployed:
+        if name not in self.deployments:
+            raise ConfigError(f"no reward deployment {name!r}; deployed: {sorted(self.deployments)}")
+        return self.deployments[name]
+
+    def __enter__(self) -> ServeManager:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    def __repr__(self) -> str:
+        deps = ", ".join(f"{n} v{d.version}" for n, d in self.deployments.items())
+        return f"ServeManager({self.url}, {self.state}, deployments=[{deps}])"
+
+
+def _integrate(samples: list[tuple[float, int]]) -> float:
+    """Replica-seconds under a step function of ``(time, replicas)`` samples."""
+    return sum((t1 - t0) * r0 for (t0, r0), (t1, _) in zip(samples, samples[1:], strict=False))
