@@ -310,11 +310,17 @@ class MooncakeTransport:
             i = j
 
     # ---- gc --------------------------------------------------------------------------------
-    def gc(self, keep: int = 2) -> None:
+    def gc(self, keep: int = 2, *, force: bool = False) -> None:
         """Remove all but the newest ``keep`` versions this transport published.
 
         Manifests go first (forced), so no new reader can start on an old version; buckets
         still leased by a reader in flight are retried on the next call.
+
+        Args:
+            keep: versions to keep.
+            force: also remove leased buckets now. Only safe when no reader can still be
+                reading the old versions (a reader caught mid-pull gets a partial or corrupt
+                version, which it rejects and skips).
         """
         store = self.store
         old = sorted(self._published)[:-keep] if keep > 0 else sorted(self._published)
@@ -325,7 +331,7 @@ class MooncakeTransport:
             keys += [self.bucket_key(v, i) for i in range(n)]
         if not keys:
             return
-        rcs = store.batch_remove(keys, False)
+        rcs = store.batch_remove(keys, force)
         self._pending_gc = [k for k, rc in zip(keys, rcs, strict=True) if rc not in (0, -704)]
         if self._pending_gc:
             logger.debug("mooncake gc: %d buckets still leased, retried next gc", len(self._pending_gc))
