@@ -28,13 +28,16 @@ import contextlib
 import hashlib
 import hmac
 import inspect
+import io
 import json
 import logging
 import os
 import re
 import socket
+import sys
 import threading
 import time
+import types
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
@@ -174,12 +177,42 @@ def _free_port(host: str) -> int:
         return s.getsockname()[1]
 
 
-def _ship(fn: Any) -> None:
-    # Functions from notebooks / tests / scripts must travel by value: Serve replicas cannot
-    # import those modules. ship_by_value only reads ``__module__``, which functions and
-    # callable instances (via their class) both have.
-    target = fn if inspect.isfunction(fn) or inspect.isclass(fn) else type(fn)
-    _ray.ship_by_value(target)
+def _ship(fn: Any) -> bytes:
+    """Register by value every non-importable module ``fn`` reaches; return ``fn`` pickled.
+
+    Functions from notebooks, tests and scripts must travel by value: Serve replicas cannot
+    import those modules. ``fn`` may be an importable object holding such functions (an
+    ``LLMJudge`` with a notebook ``parse``), so record every class and function the pickler
+    meets, register their modules, and pickle again until no new module turns up.
+    """
+    from ray import cloudpickle
+
+    shipped: set[str] = set()
+    class _Recorder(cloudpickle.CloudPickler):
+        def reducer_override(self, obj: Any) -> Any:
+            if isinstance(obj, type | types.FunctionType):
+                self.met.append(obj)
+            return super().reducer_override(obj)
+
+    for _ in range(8):
+        buf = io.BytesIO()
+        rec = _Recorder(buf)
+        rec.met = []
+        rec.dump(fn)
+        new = [o for o in rec.met if isinstance(getattr(o, "__module__", None), str) and o.__module__ not in shipped
+               and o.__module__.partition(".")[0] not in sys.stdlib_module_names]  # stdlib: importable
+        if not new:
+            return buf.getvalue()
+        for o in new:
+            shipped.add(o.__module__)
+            _ray.ship_by_value(o)  # reads only __module__; skips installed / rollart_nb modules
+    return cloudpickle.dumps(fn)
+
+
+def _loads(blob: bytes) -> str:
+    from ray import cloudpickle
+
+    return type(cloudpickle.loads(blob)).__name__
 
 
 class ServeManager:
@@ -323,7 +356,7 @@ class ServeManager:
         if problems:
             raise ConfigError(problems, where=f"ServeManager.deploy({name!r}, ...)")
 
-        _ship(fn)
+        self._check_ships(name, fn)
         old = self.deployments.get(name)
         version = 0 if old is None else old.version + 1
         autoscaling = {
@@ -359,6 +392,22 @@ class ServeManager:
             self._cold_starts.setdefault(name, 0)
         log.info("deployed reward %s v%d at %s in %.2fs", name, version, ep.url, time.perf_counter() - t0)
         return ep
+
+    def _check_ships(self, name: str, fn: Any) -> None:
+        # A replica that cannot unpickle fn never starts, and with min_replicas=0 nobody
+        # would know until a request timed out: try it in a plain worker first.
+        try:
+            blob = _ship(fn)
+        except Exception as e:
+            raise ConfigError(f"fn does not pickle: {type(e).__name__}: {e}", where=f"reward {name!r}") from e
+        task = _ray.ray().remote(num_cpus=0, max_retries=0)(_loads)
+        try:
+            _ray.get(task.remote(blob), timeout_s=120, what=f"unpickling reward {name!r} in a worker")
+        except Exception as e:
+            raise ConfigError(
+                f"fn does not unpickle in a Ray worker ({type(e).__name__}: {str(e)[:200]}); define it in a "
+                "notebook, a script or an installed module, not in a module only this process can import",
+                where=f"reward {name!r}") from e
 
     def endpoint(self, name: str) -> Endpoint:
         """The Endpoint of a deployed name."""
@@ -420,6 +469,8 @@ class ServeManager:
 
         def loop() -> None:
             while not self._stop.wait(interval_s):
+                if not _ray.is_initialized():  # the session closed under us: nothing left to watch
+                    return
                 try:
                     self.replicas()
                 except Exception as e:  # Serve restarting or Ray going away: try again next tick
@@ -437,7 +488,9 @@ class ServeManager:
         """What ``name`` is doing and has done.
 
         Returns:
-            ``replicas`` / ``starting`` now; ``requests``, ``errors`` served so far (all
+            Serve's ``status`` (HEALTHY, UPSCALING, UNHEALTHY, ...) and ``message`` (why
+            replicas fail to start, e.g. a judge model that does not load); ``replicas`` /
+            ``starting`` now; ``requests``, ``errors`` served so far (all
             versions); ``busy_s`` (time some request was running, summed over replicas);
             ``replica_starts`` (every replica start: cold starts, scale-ups, hot swaps);
             ``init_s_mean`` (replica constructor time); ``cold_starts`` (0 -> 1 scale-ups
@@ -445,8 +498,12 @@ class ServeManager:
             timeline) and ``utilization`` = busy_s / replica_s (None without samples).
         """
         self._check()
+        from ray import serve
+
         d = self._get(name)
         states = self.replicas(name)[name]
+        app = serve.status().applications.get(name)
+        dep = app.deployments.get(name) if app else None
         row = _ray.get(self._stats.snapshot.remote(), timeout_s=30, what="ServeManager.utilization").get(name, {})
         replica_s = _integrate(self.timeline(name))
         starts = int(row.get("replica_starts", 0))
@@ -454,6 +511,8 @@ class ServeManager:
         return {
             "name": name,
             "version": d.version,
+            "status": str(getattr(dep.status, "value", dep.status)) if dep else "MISSING",
+            "message": dep.message if dep else "",
             "replicas": states.get("RUNNING", 0),
             "starting": states.get("STARTING", 0) + states.get("UPDATING", 0),
             "requests": int(row.get("requests", 0)),

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import math
+import sys
 import threading
 import time
+import types
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -102,6 +104,7 @@ def test_scale_from_zero_and_back_to_zero(mgr):
     u = mgr.utilization("zero")
     assert u["cold_starts"] == 1 and u["requests"] == 2 and u["errors"] == 0
     assert u["replica_starts"] == 1 and u["busy_s"] > 0 and 0 < u["utilization"] < 1
+    assert u["status"] in ("HEALTHY", "DOWNSCALING")  # the last replica may still be stopping
     tl = mgr.timeline("zero")
     assert max(r for _, r in tl) >= 1 and tl[-1][1] == 0
     assert all(a[0] <= b[0] for a, b in zip(tl, tl[1:], strict=False))
@@ -251,6 +254,20 @@ def test_deploy_validates_everything_at_once(mgr, monkeypatch):
                  "ROLLART_UNSET_TOKEN"):
         assert part in msg
     assert "bad name!" not in mgr.deployments
+
+
+def test_fn_that_cannot_reach_replicas_is_refused_at_deploy(mgr):
+    # A module without a file (nothing to ship by value) that workers cannot import: with
+    # min_replicas=0 the failure would otherwise wait for the first request to time out.
+    mod = types.ModuleType("rollart_ghost_module")
+    exec("def ghost(t):\n    return 1.0\n", mod.__dict__)
+    sys.modules[mod.__name__] = mod
+    try:
+        with pytest.raises(ConfigError, match="does not unpickle in a Ray worker.*rollart_ghost_module"):
+            mgr.deploy("ghost", mod.ghost)
+    finally:
+        del sys.modules[mod.__name__]
+    assert "ghost" not in mgr.deployments
 
 
 def test_shutdown_is_final(mgr):

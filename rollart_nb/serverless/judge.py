@@ -1,0 +1,207 @@
+"""LLM-as-judge as a stateless reward function.
+
+The reward LLM's weights never change during training, so judging is a pure function of the
+trajectory: it can run serverless (``ServeManager.deploy("judge", LLMJudge(...))``) and
+scale to zero between steps instead of holding reserved GPUs (the paper's R3).
+
+:class:`LLMJudge` renders a prompt from the trajectory, has a frozen model answer greedily,
+and parses a score from the answer text. The model loads once per process (per Serve
+replica) on first use or in :meth:`LLMJudge.setup`, which Serve replicas call at start.
+Backends: ``hf`` (:class:`~rollart_nb.backends.hf.HFBackend`, any HF causal LM directory,
+e.g. ``rn.models.tiny_qwen()``) and ``sim`` (no model: the "answer" is a number derived
+from a hash of the prompt, so plumbing, parsing and latency can be exercised cheaply).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import re
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from rollart_nb.errors import ConfigError, RewardError
+from rollart_nb.trajectory import Trajectory, Turn
+
+__all__ = ["DEFAULT_TEMPLATE", "LLMJudge", "parse_score", "parse_yes_no"]
+
+DEFAULT_TEMPLATE = (
+    "You are a strict grader. Task: {task}. Reference answer: {answer}.\n"
+    "Conversation:\n{transcript}\n"
+    "Rate the final answer from 0 to 1. Score:"
+)
+"""Fields: ``task``, ``answer`` (``info["answer"]``), ``transcript``, ``last_action``, ``info``."""
+
+_NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?")
+
+
+def parse_score(text: str, scale: float = 1.0) -> float:
+    """The first number in ``text`` divided by ``scale``; must land in [0, 1].
+
+    Use ``functools.partial(parse_score, scale=10)`` for judges that answer out of 10.
+
+    Raises:
+        RewardError: no number, or the number is outside ``[0, scale]``.
+    """
+    m = _NUMBER.search(text)
+    if m is None:
+        raise RewardError(f"judge answer {text[:80]!r} holds no number; fix the prompt or pass parse=...")
+    score = float(m.group()) / scale
+    if not 0.0 <= score <= 1.0:
+        raise RewardError(f"judge answered {m.group()} in {text[:80]!r}, outside [0, {scale:g}]")
+    return score
+
+
+def parse_yes_no(text: str) -> float:
+    """1.0 if the answer starts with "yes", 0.0 if with "no".
+
+    Raises:
+        RewardError: it starts with neither.
+    """
+    word = (text.strip().split() or [""])[0].strip(".,:;!").lower()
+    if word in ("yes", "no"):
+        return 1.0 if word == "yes" else 0.0
+    raise RewardError(f"judge answer {text[:80]!r} starts with neither yes nor no; fix the prompt or pass parse=...")
+
+
+class LLMJudge:
+    """A frozen LLM that scores trajectories: ``LLMJudge(...)(trajectory) -> float in [0, 1]``.
+
+    Args:
+        model: a :class:`~rollart_nb.models.tiny.ModelRef` or HF model directory (``hf``);
+            None for ``sim``.
+        prompt_template: ``str.format`` template; fields as in :data:`DEFAULT_TEMPLATE`.
+        parse: ``parse(answer_text) -> float``; raise to reject an answer.
+        backend: "hf" or "sim"; default "hf" when ``model`` is given, else "sim".
+        max_new_tokens: answer budget (greedy decoding, so the same input scores the same).
+        device: torch device for ``hf`` (default: CUDA when available).
+        sim_latency_s: ``sim`` only: seconds each judgement takes (a stand-in reward LLM).
+
+    Example:
+        >>> judge = LLMJudge(rn.models.tiny_qwen(), parse=my_parse)      # doctest: +SKIP
+        >>> mgr.deploy("judge", judge, num_cpus=1)                     # doctest: +SKIP
+        >>> LLMJudge()(traj)                                              # doctest: +SKIP
+        0.42
+    """
+
+    def __init__(
+        self,
+        model: Any = None,
+        prompt_template: str = DEFAULT_TEMPLATE,
+        parse: Callable[[str], float] = parse_score,
+        backend: str | None = None,
+        *,
+        max_new_tokens: int = 8,
+        device: str | None = None,
+        sim_latency_s: float = 0.0,
+    ) -> None:
+        backend = backend or ("hf" if model is not None else "sim")
+        problems = []
+        if backend not in ("hf", "sim"):
+            problems.append(f"backend {backend!r} must be 'hf' or 'sim'")
+        if backend == "hf" and model is None:
+            problems.append("backend 'hf' needs a model (rn.models.tiny_qwen() or a model directory)")
+        if not callable(parse):
+            problems.append(f"parse must be callable, got {type(parse).__name__}")
+        if max_new_tokens < 1:
+            problems.append(f"max_new_tokens={max_new_tokens} must be >= 1")
+        if sim_latency_s < 0:
+            problems.append(f"sim_latency_s={sim_latency_s} must be >= 0")
+        try:  # a typo in a field name should fail here, not on every trajectory in a replica
+            prompt_template.format_map(_fields(Trajectory("task", turns=[Turn("obs", "act")])))
+        except (KeyError, IndexError, ValueError) as e:
+            problems.append(f"prompt_template does not format ({type(e).__name__}: {e}); "
+                            "fields: task, answer, transcript, last_action, info")
+        if problems:
+            raise ConfigError(problems, where="LLMJudge")
+        self.model, self.prompt_template, self.parse = model, prompt_template, parse
+        self.backend, self.max_new_tokens, self.device = backend, max_new_tokens, device
+        self.sim_latency_s = sim_latency_s
+        self._engine: Any = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._lock = threading.Lock()
+        self.calls = 0
+
+    # Pickled to Serve replicas without the loaded model: each replica loads its own.
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state.update(_engine=None, _loop=None, _lock=None, calls=0)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    def setup(self) -> None:
+        """Load the judge model now (idempotent); Serve replicas call this at start."""
+        if self.backend != "hf":
+            return
+        with self._lock:
+            if self._engine is not None:
+                return
+            from rollart_nb.backends.hf import HFBackend
+
+            self._engine = HFBackend(self.model, device=self.device, name="judge")
+            # HFBackend batches concurrent generate() calls on one event loop; a private loop
+            # thread lets sync __call__s from many threads share it (and batch together).
+            loop = asyncio.new_event_loop()
+            threading.Thread(target=loop.run_forever, name="rollart-judge-loop", daemon=True).start()
+            self._loop = loop
+
+    def render(self, traj: Trajectory) -> str:
+        """The prompt the judge sees for ``traj``."""
+        return self.prompt_template.format_map(_fields(traj))
+
+    def answer(self, traj: Trajectory) -> str:
+        """The judge's raw greedy answer text for ``traj``."""
+        prompt = self.render(traj)
+        if self.backend == "sim":
+            if self.sim_latency_s:
+                time.sleep(self.sim_latency_s)
+            h = int.from_bytes(hashlib.sha256(prompt.encode()).digest()[:8], "big")
+            return f"{h % 101 / 100:.2f}"
+        self.setup()
+        from rollart_nb.protocols import GenerationRequest
+
+        engine = self._engine
+        ids = engine.tokenizer.encode(prompt)
+        # Keep the end of a long prompt: the question to grade sits there.
+        ids = ids[-max(1, engine.max_len - self.max_new_tokens - 1):]
+        req = GenerationRequest(traj.id, traj.task, ids, max_new_tokens=self.max_new_tokens, temperature=0.0)
+        fut = asyncio.run_coroutine_threadsafe(engine.generate(req), self._loop)  # type: ignore[arg-type]
+        return fut.result().text
+
+    def __call__(self, traj: Trajectory) -> float:
+        """Score ``traj`` in [0, 1].
+
+        Raises:
+            RewardError: the answer does not parse, or parses outside [0, 1].
+        """
+        text = self.answer(traj)
+        self.calls += 1
+        try:
+            score = float(self.parse(text))
+        except RewardError:
+            raise
+        except Exception as e:  # a user parser's own error: say which answer it choked on
+            raise RewardError(f"parse failed on judge answer {text[:80]!r}: {type(e).__name__}: {e}") from e
+        if not 0.0 <= score <= 1.0:
+            raise RewardError(f"parse turned judge answer {text[:80]!r} into {score}, outside [0, 1]")
+        return score
+
+    def __repr__(self) -> str:
+        name = getattr(self.model, "name", self.model) if self.model is not None else "-"
+        return f"LLMJudge(backend={self.backend!r}, model={name!r}, loaded={self._engine is not None})"
+
+
+def _fields(traj: Trajectory) -> dict[str, Any]:
+    transcript = "\n".join(f"User: {t.observation}\nAssistant: {t.action}" for t in traj.turns)
+    return {
+        "task": traj.task,
+        "answer": traj.info.get("answer", ""),
+        "transcript": transcript,
+        "last_action": traj.turns[-1].action if traj.turns else "",
+        "info": traj.info,
+    }
