@@ -1,0 +1,423 @@
+"""Generation with vLLM's v1 engine (``AsyncLLM``): the ``vllm`` backend, GPU or vLLM's CPU build.
+
+Same contract as :class:`~rollart_nb.backends.hf.HFBackend`:
+
+* Prompts go in as token ids (``TokensPrompt``) and the engine runs with
+  ``skip_tokenizer_init=True``: vLLM never re-derives a tokenizer from the model dir (which
+  transformers 5 mis-loads for our word-level vocabularies); responses are decoded with
+  :meth:`ModelRef.load_tokenizer`, and EOS / stop strings are applied here.
+* Logprobs are vLLM's ``raw_logprobs``: ``log_softmax`` of the unprocessed logits, i.e. at
+  temperature 1, whatever temperature was sampled with (what the trainer recomputes).
+* :meth:`load_weights` holds new requests, waits for running ones, reloads the weights in
+  place on every worker (``collective_rpc``), resets the prefix cache and bumps the version,
+  so no response mixes two versions. The reset prefix cache means the next turn of an
+  in-flight trajectory re-prefills its history under the new weights;
+  :attr:`GenerationResult.recomputed_tokens` reports those tokens.
+
+The engine lives on a private event loop in a background thread, so the backend can be
+called from any loop (a notebook's, a Ray actor's, one ``asyncio.run`` per call) and from
+synchronous code (:meth:`load_weights`, :meth:`recompute`).
+
+Install (CPU): ``.ci/install-vllm.sh`` (a virtualenv over the main env); GPU: ``pip install
+rollart_nb[vllm-gpu]``. vLLM is imported only when a backend is constructed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+from rollart_nb.errors import ConfigError, GenerationError, StateError, WeightSyncError
+from rollart_nb.models.tiny import ModelRef, from_pretrained
+from rollart_nb.protocols import GenerationRequest, GenerationResult
+
+__all__ = ["VLLMBackend"]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+_INSTALL = (
+    "vLLM is not installed; on CPU run .ci/install-vllm.sh and use that virtualenv's python, "
+    "on GPU pip install 'rollart_nb[vllm-gpu]'"
+)
+_CPU_KV_CACHE_GB = 1.0  # vLLM's CPU build needs an explicit KV budget; 1 GiB holds ~400k tiny-model tokens
+
+
+class _WorkerExtension:
+    """Mixed into every vLLM worker (``worker_extension_cls``); called via ``collective_rpc``."""
+
+    def rollart_load_weights(self, blob: bytes) -> int:
+        """Reload weights in place from a safetensors blob in HF naming; returns tensors read."""
+        from safetensors.torch import load
+
+        state = load(blob)
+        if hasattr(self, "reload_weights"):
+            # Re-runs each layer's weight loader and post-processing (fused qkv, CPU repacking).
+            self.reload_weights(weights_iterator=iter(state.items()), is_checkpoint_format=True)
+        else:  # older vLLM without in-place reload
+            self.model_runner.model.load_weights(state.items())
+        return len(state)
+
+
+class VLLMBackend:
+    """A :class:`~rollart_nb.protocols.GenerationBackend` on vLLM's ``AsyncLLM``.
+
+    Args:
+        model: a :class:`ModelRef` or a path to a Hugging Face model directory.
+        device: ``"cuda"`` or ``"cpu"``; must match the installed vLLM build (default: its own).
+        name: worker name reported in results.
+        gpu_memory_utilization: fraction of GPU memory vLLM may take (GPU only).
+        kv_cache_gb: KV cache size in GiB; default 1 GiB on CPU, ``gpu_memory_utilization`` on GPU.
+        seed: engine seed; also seeds requests that carry no seed of their own.
+        enforce_eager: skip CUDA graphs / torch.compile (fast start, what tests want).
+        max_model_len: context length; default the model's.
+        dtype: weights dtype (``"auto"``: the checkpoint's; ``"float32"`` to match HFBackend).
+
+    Attributes:
+        version: policy version of the weights being served.
+        stats: counters ``{"requests", "aborted", "weight_loads"}``.
+
+    Example:
+        >>> be = VLLMBackend(rn.models.tiny_qwen(), dtype="float32")        # doctest: +SKIP
+        >>> res = await be.generate(GenerationRequest("t0", "math", ids))  # doctest: +SKIP
+        >>> be.load_weights(trainer.state_dict(), version=1)               # doctest: +SKIP
+        >>> be.close()                                                     # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        model: ModelRef | str,
+        *,
+        device: str | None = None,
+        name: str = "vllm",
+        gpu_memory_utilization: float = 0.9,
+        kv_cache_gb: float | None = None,
+        seed: int = 0,
+        enforce_eager: bool = True,
+        max_model_len: int | None = None,
+        dtype: str = "auto",
+    ) -> None:
+        try:
+            import vllm  # noqa: F401
+            from vllm.platforms import current_platform
+        except ImportError as e:
+            raise ConfigError(f"{_INSTALL} ({e})", where="VLLMBackend") from e
+        import torch
+
+        self.ref = model if isinstance(model, ModelRef) else from_pretrained(model)
+        platform = str(current_platform.device_type)
+        problems = []
+        if device is not None and device.split(":")[0] != platform:
+            problems.append(f"device {device!r} but the installed vLLM build runs on {platform!r}")
+        if not 0 < gpu_memory_utilization <= 1:
+            problems.append(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
+        if kv_cache_gb is not None and kv_cache_gb <= 0:
+            problems.append(f"kv_cache_gb must be > 0, got {kv_cache_gb}")
+        if problems:
+            raise ConfigError(problems, where="VLLMBackend")
+        if kv_cache_gb is None and platform == "cpu":
+            kv_cache_gb = _CPU_KV_CACHE_GB
+
+        self.name, self.device, self.version = name, platform, 0
+        self.tokenizer = self.ref.load_tokenizer()
+        self.eos_id = self.tokenizer.eos_token_id
+        self._expected = self._expected_shapes()
+        self._seed_rng = torch.Generator().manual_seed(seed)
+        self._ids = itertools.count()
+        self._served: OrderedDict[str, int] = OrderedDict()  # traj_id -> version last served
+        self._inflight: dict[str, set[asyncio.Task[GenerationResult]]] = {}
+        self.stats = {"requests": 0, "aborted": 0, "weight_loads": 0}
+        self._closed = False
+
+        from vllm.engine.arg_utils import AsyncEngineArgs
+
+        args = AsyncEngineArgs(
+            model=self.ref.path,
+            skip_tokenizer_init=True,
+            dtype=dtype,
+            seed=seed,
+            enforce_eager=enforce_eager,
+            max_model_len=max_model_len,
+            gpu_memory_utilization=gpu_memory_utilization,
+            kv_cache_memory_bytes=None if kv_cache_gb is None else int(kv_cache_gb * (1 << 30)),
+            logprobs_mode="raw_logprobs",
+            enable_prefix_caching=True,
+            worker_extension_cls=f"{__name__}._WorkerExtension",
+            disable_log_stats=True,
+        )
+        # One private loop owns the engine: AsyncLLM binds its output handler to the loop that
+        # first uses it, and callers may come from many loops or none.
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name=f"{name}-loop", daemon=True)
+        self._thread.start()
+        try:
+            self.engine = self._call(self._start(args))
+        except Exception:
+            self._stop_loop()
+            raise
+        self.max_len = int(self.engine.model_config.max_model_len)
+
+    # -- GenerationBackend --------------------------------------------------------------
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        """Generate one response (vLLM batches concurrent requests continuously).
+
+        Raises:
+            GenerationError: empty or too-long prompt, or the engine failed.
+            StateError: the backend is closed.
+        """
+        self._check_open()
+        if not request.prompt_ids:
+            raise GenerationError(f"trajectory {request.traj_id}: empty prompt; pass at least one token id")
+        if len(request.prompt_ids) >= self.max_len:
+            raise GenerationError(
+                f"trajectory {request.traj_id}: prompt of {len(request.prompt_ids)} tokens does not fit the "
+                f"model's {self.max_len} positions; shorten the history or use a longer-context model"
+            )
+        fut = asyncio.run_coroutine_threadsafe(self._generate(request), self._loop)
+        return await asyncio.wrap_future(fut)
+
+    async def abort(self, traj_id: str) -> None:
+        """Abort running requests of ``traj_id``; they finish with reason "abort" and partial tokens."""
+        self._check_open()
+        await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._abort(traj_id), self._loop))
+
+    def load_weights(self, state: dict[str, Any], version: int) -> None:
+        """Reload the weights in place on every worker; all-or-nothing, between requests.
+
+        New requests wait until the load is done; running ones finish under the old version first.
+
+        Raises:
+            WeightSyncError: keys or shapes do not match this model (nothing is changed), or a
+                worker failed to load them.
+        """
+        self._check_open()
+        import torch
+        from safetensors.torch import save
+
+        missing = sorted(set(self._expected) - set(state))
+        unexpected = sorted(set(state) - set(self._expected))
+        shapes = [k for k in self._expected.keys() & state.keys() if self._expected[k] != tuple(state[k].shape)]
+        if missing or unexpected or shapes:
+            raise WeightSyncError(
+                f"{self.name}: weights for version {version} do not fit this model "
+                f"(missing {missing[:5]}, unexpected {unexpected[:5]}, wrong shape {shapes[:5]}); "
+                "publish a state_dict of the same architecture"
+            )
+        # Own contiguous copies: safetensors refuses tensors that share storage (tied embeddings).
+        blob = save({k: torch.as_tensor(v).detach().to("cpu").contiguous().clone() for k, v in state.items()})
+        self._call(self._load(blob, int(version)))
+
+    # -- probes and lifecycle -------------------------------------------------------------
+    def recompute(self, prompt_ids: list[int]) -> list[float]:
+        """Prefill ``prompt_ids`` under the current weights; logprobs of tokens 1.., shape [P-1].
+
+        Requests with prompt logprobs bypass vLLM's prefix cache, so this is a fresh prefill.
+        """
+        self._check_open()
+        if len(prompt_ids) < 2:
+            return []
+        return self._call(self._prompt_logprobs(list(prompt_ids)))
+
+    def close(self) -> None:
+        """Shut the engine's processes down; idempotent. Later calls raise :class:`StateError`."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.engine.shutdown()
+        finally:
+            self._stop_loop()
+            # Drop the engine now: AsyncLLM.__del__ shuts down again, which fails if it only
+            # runs at interpreter exit.
+            self.engine = None
+
+    def __enter__(self) -> VLLMBackend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- engine loop (everything below runs on self._loop) --------------------------------
+    async def _start(self, args: Any) -> Any:
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        self._ready = asyncio.Event()  # cleared while weights load: new requests wait
+        self._ready.set()
+        self._idle = asyncio.Condition()
+        self._running = 0
+        return AsyncLLM.from_engine_args(args)
+
+    async def _generate(self, request: GenerationRequest) -> GenerationResult:
+        await self._ready.wait()
+        self._running += 1
+        task = asyncio.current_task()
+        assert task is not None
+        self._inflight.setdefault(request.traj_id, set()).add(task)
+        version = self.version  # no load starts while _running > 0: the whole response is this version
+        tokens: list[int] = []
+        logprobs: list[float] = []
+        t0 = time.perf_counter()
+        first: list[float] = []  # time of the first output (end of prefill), set by _stream
+        reason = "length"
+        try:
+            budget = min(request.max_new_tokens, self.max_len - len(request.prompt_ids))
+            if budget > 0:
+                reason = await self._stream(request, budget, tokens, logprobs, first)
+        except asyncio.CancelledError:
+            reason = "abort"  # abort() cancels us; vLLM aborts the engine request on cancel
+        except Exception as e:
+            log.exception("%s: request of trajectory %s failed", self.name, request.traj_id)
+            raise GenerationError(f"{self.name}: generation failed for trajectory {request.traj_id}: {e}") from e
+        finally:
+            self._inflight.get(request.traj_id, set()).discard(task)
+            if not self._inflight.get(request.traj_id, True):
+                del self._inflight[request.traj_id]
+            self._running -= 1
+            async with self._idle:
+                self._idle.notify_all()
+        t_end = time.perf_counter()
+        prefill = (first[0] if first else t_end) - t0
+        self.stats["requests"] += 1
+        recomputed = 0 if reason == "abort" else self._note_served(request.traj_id, version, len(request.prompt_ids))
+        return GenerationResult(
+            traj_id=request.traj_id,
+            token_ids=tokens,
+            logprobs=logprobs,
+            version=version,
+            finish_reason=reason,
+            text=self.tokenizer.decode(tokens, skip_special_tokens=True),
+            worker=self.name,
+            prefill_s=prefill,
+            decode_s=t_end - t0 - prefill,
+            recomputed_tokens=recomputed,
+        )
+
+    async def _stream(
+        self,
+        request: GenerationRequest,
+        budget: int,
+        tokens: list[int],
+        logprobs: list[float],
+        first: list[float],
+    ) -> str:
+        """Run one engine request, appending to ``tokens``/``logprobs``; returns the finish reason."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        seed = request.seed
+        if seed is None:
+            import torch
+
+            seed = int(torch.randint(0, 2**62, (1,), generator=self._seed_rng))
+        params = SamplingParams(
+            temperature=max(float(request.temperature), 0.0),
+            max_tokens=budget,
+            seed=int(seed),
+            logprobs=0,  # the sampled token's logprob only
+            # No tokenizer in the engine: it cannot know EOS or match stop strings itself.
+            stop_token_ids=[self.eos_id] if self.eos_id is not None else None,
+            detokenize=False,
+            output_kind=RequestOutputKind.DELTA,
+        )
+        rid = f"{request.traj_id}#{next(self._ids)}"
+        prompt = TokensPrompt(prompt_token_ids=list(request.prompt_ids))
+        async for out in self.engine.generate(prompt, params, rid):
+            if not first:
+                first.append(time.perf_counter())
+            o = out.outputs[0]
+            for tok, lp in zip(o.token_ids, o.logprobs or [], strict=True):
+                tokens.append(int(tok))
+                logprobs.append(float(lp[tok].logprob))
+                if request.stop and self._hit_stop(tokens, request.stop):
+                    await self.engine.abort(rid)
+                    return "stop"
+            if out.finished:
+                return "stop" if o.finish_reason == "stop" else str(o.finish_reason or "length")
+        return "length"
+
+    async def _abort(self, traj_id: str) -> None:
+        tasks = list(self._inflight.get(traj_id, ()))
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            self.stats["aborted"] += len(tasks)
+            await asyncio.gather(*tasks, return_exceptions=True)
+        self._served.pop(traj_id, None)
+
+    async def _load(self, blob: bytes, version: int) -> None:
+        self._ready.clear()
+        try:
+            async with self._idle:
+                await self._idle.wait_for(lambda: self._running == 0)
+            try:
+                await self.engine.collective_rpc("rollart_load_weights", args=(blob,))
+            except Exception as e:
+                raise WeightSyncError(
+                    f"{self.name}: loading weights version {version} failed on a vLLM worker: {e}; "
+                    "the engine may hold a partial update, reload a complete state_dict"
+                ) from e
+            # KV blocks computed under the old weights must not be reused by later prompts.
+            await self.engine.reset_prefix_cache()
+            self.version = version
+            self.stats["weight_loads"] += 1
+            log.debug("%s loaded weights version %d", self.name, version)
+        finally:
+            self._ready.set()
+
+    async def _prompt_logprobs(self, prompt_ids: list[int]) -> list[float]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        await self._ready.wait()
+        params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
+        final = None
+        async for out in self.engine.generate(
+            TokensPrompt(prompt_token_ids=prompt_ids), params, f"recompute#{next(self._ids)}"
+        ):
+            final = out
+        assert final is not None and final.prompt_logprobs is not None
+        return [float(d[t].logprob) for t, d in zip(prompt_ids[1:], final.prompt_logprobs[1:], strict=True)]
+
+    # -- helpers ------------------------------------------------------------------------
+    def _call(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run ``coro`` on the engine loop and wait for it (from any thread but that loop's)."""
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def _stop_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StateError(f"{self.name}: VLLMBackend is closed; create a new one")
+
+    def _expected_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Parameter names and shapes of the HF model (built on the meta device: no memory)."""
+        import torch
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        config = AutoConfig.from_pretrained(self.ref.path)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
+        return {k: tuple(v.shape) for k, v in model.state_dict().items()}
+
+    def _note_served(self, traj_id: str, version: int, prompt_len: int) -> int:
+        """Record the version that served ``traj_id``; prompt tokens re-prefilled under newer weights."""
+        previous = self._served.pop(traj_id, version)
+        self._served[traj_id] = version
+        while len(self._served) > 100_000:  # bound memory on very long runs
+            self._served.popitem(last=False)
+        return prompt_len if previous < version else 0
+
+    def _hit_stop(self, tokens: list[int], stop: list[str]) -> bool:
+        text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+        return any(s and s in text for s in stop)
+
