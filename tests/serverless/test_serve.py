@@ -127,43 +127,42 @@ def test_async_per_turn_reward_and_acall(mgr):
 def test_hot_swap_under_load_loses_no_request(mgr):
     ep = mgr.deploy("swap", version_one, min_replicas=1, max_replicas=2, downscale_delay_s=5)
     assert call(ep, [traj().to_dict()], {}) == 1.0
-    results: list[tuple[float, float]] = []  # (time answered, value)
+    answered: list[tuple[float, float]] = []  # (time answered, value)
     failures: list[BaseException] = []
-    stop = threading.Event()
+    local = threading.local()
 
     def one() -> None:
         try:
-            with httpx.Client() as c:
-                value = call(ep, [traj().to_dict()], {}, client=c)
-            results.append((time.monotonic(), value))
+            if not hasattr(local, "client"):
+                local.client = httpx.Client()
+            answered.append((time.monotonic(), call(ep, [traj().to_dict()], {}, client=local.client)))
         except BaseException as e:
             failures.append(e)
 
     def load() -> None:
-        # A steady ~20 requests/s from 8 threads until told to stop, so they straddle the swap.
+        # 100 requests at ~10/s from 8 threads, so they straddle the swap.
         with ThreadPoolExecutor(8) as ex:
-            while not stop.is_set():
+            for _ in range(100):
                 ex.submit(one)
-                time.sleep(0.05)
+                time.sleep(0.1)
 
     th = threading.Thread(target=load)
     th.start()
-    try:
-        assert wait_for(lambda: len(results) >= 20, timeout_s=30)
-        ep2 = mgr.deploy("swap", version_two, min_replicas=1, max_replicas=2, downscale_delay_s=5)
-        swapped = time.monotonic()
-        during = len(results)
-        assert wait_for(lambda: len(results) >= max(100, during + 30), timeout_s=60)
-    finally:
-        stop.set()
-        th.join(timeout=60)
+    assert wait_for(lambda: len(answered) >= 15, timeout_s=60)
+    started = time.monotonic()
+    ep2 = mgr.deploy("swap", version_two, min_replicas=1, max_replicas=2, downscale_delay_s=5)
+    swapped = time.monotonic()
+    th.join(timeout=120)
     assert not failures, failures[:3]
-    values = [v for _, v in results]
-    assert len(values) >= 100 and set(values) == {1.0, 2.0}
-    assert during > 20  # requests kept being answered while the swap was in progress
-    # After deploy() returned (plus the proxy's routing update), only the new version answers.
-    late = [v for t, v in results if t > swapped + 1.0]
-    assert late and set(late) == {2.0}
+    values = [v for _, v in answered]
+    assert len(values) == 100 and set(values) <= {1.0, 2.0} and 1.0 in values
+    assert any(started < t < swapped for t, _ in answered)  # served while the swap was in progress
+    # deploy() returns once the new version runs; the proxy stops routing to the old one
+    # within about a second.
+    late = [v for t, v in answered if t > swapped + 1.0]
+    time.sleep(max(0.0, swapped + 1.0 - time.monotonic()))
+    late += [call(ep, [traj().to_dict()], {}) for _ in range(10)]
+    assert set(late) == {2.0}
     assert ep2 == ep and mgr.version("swap") == 1
     resp = httpx.post(ep.url, json={"args": [traj().to_dict()], "kwargs": {}}, timeout=30).json()
     assert resp == {"result": 2.0, "version": 1}
