@@ -25,12 +25,13 @@ rollart_nb[vllm-gpu]``. vLLM is imported only when a backend is constructed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Coroutine
+from collections.abc import AsyncIterator, Coroutine
 from typing import Any, TypeVar
 
 from rollart_nb.errors import ConfigError, GenerationError, StateError, WeightSyncError
@@ -254,22 +255,36 @@ class VLLMBackend:
         self._running = 0
         return AsyncLLM.from_engine_args(args)
 
-    async def _generate(self, request: GenerationRequest) -> GenerationResult:
+    @contextlib.asynccontextmanager
+    async def _admitted(self) -> AsyncIterator[int]:
+        """Wait out a weight load, then count as running (a load waits for running work).
+
+        Yields the version that serves the whole block: no load starts while it runs.
+        """
         await self._ready.wait()
         self._running += 1
+        try:
+            yield self.version
+        finally:
+            self._running -= 1
+            async with self._idle:
+                self._idle.notify_all()
+
+    async def _generate(self, request: GenerationRequest) -> GenerationResult:
         task = asyncio.current_task()
         assert task is not None
+        # Registered before admission, so abort() also reaches requests held by a weight load.
         self._inflight.setdefault(request.traj_id, set()).add(task)
-        version = self.version  # no load starts while _running > 0: the whole response is this version
         tokens: list[int] = []
         logprobs: list[float] = []
-        t0 = time.perf_counter()
         first: list[float] = []  # time of the first output (end of prefill), set by _stream
-        reason = "length"
+        reason, version, t0 = "length", self.version, time.perf_counter()
         try:
-            budget = min(request.max_new_tokens, self.max_len - len(request.prompt_ids))
-            if budget > 0:
-                reason = await self._stream(request, budget, tokens, logprobs, first)
+            async with self._admitted() as version:
+                t0 = time.perf_counter()
+                budget = min(request.max_new_tokens, self.max_len - len(request.prompt_ids))
+                if budget > 0:
+                    reason = await self._stream(request, budget, tokens, logprobs, first)
         except asyncio.CancelledError:
             reason = "abort"  # abort() cancels us; vLLM aborts the engine request on cancel
         except Exception as e:
@@ -279,9 +294,6 @@ class VLLMBackend:
             self._inflight.get(request.traj_id, set()).discard(task)
             if not self._inflight.get(request.traj_id, True):
                 del self._inflight[request.traj_id]
-            self._running -= 1
-            async with self._idle:
-                self._idle.notify_all()
         t_end = time.perf_counter()
         prefill = (first[0] if first else t_end) - t0
         self.stats["requests"] += 1
@@ -376,13 +388,13 @@ class VLLMBackend:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        await self._ready.wait()
         params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
         final = None
-        async for out in self.engine.generate(
-            TokensPrompt(prompt_token_ids=prompt_ids), params, f"recompute#{next(self._ids)}"
-        ):
-            final = out
+        async with self._admitted():
+            async for out in self.engine.generate(
+                TokensPrompt(prompt_token_ids=prompt_ids), params, f"recompute#{next(self._ids)}"
+            ):
+                final = out
         assert final is not None and final.prompt_logprobs is not None
         return [float(d[t].logprob) for t, d in zip(prompt_ids[1:], final.prompt_logprobs[1:], strict=True)]
 

@@ -205,12 +205,17 @@ def test_weight_update_changes_greedy_output_and_every_later_version(engine, tra
             await asyncio.sleep(0.001)
         overlapped = engine._running > 0 and engine.version == 0
         late = [asyncio.create_task(engine.generate(req(f"l{i}", prompt, max_new_tokens=3, seed=i))) for i in range(4)]
+        held = asyncio.create_task(engine.generate(req("held", prompt, max_new_tokens=3)))
+        await asyncio.sleep(0.01)
+        await engine.abort("held")  # a request held by the load can be aborted too
+        held = await held
         out = await asyncio.gather(running, *late)
         await asyncio.to_thread(loader.join)
-        return overlapped, out
+        return overlapped, held, out
 
-    overlapped, (running, *late) = asyncio.run(run())
+    overlapped, held, (running, *late) = asyncio.run(run())
     assert overlapped  # the load really waited for a running request
+    assert held.finish_reason == "abort" and held.token_ids == []
     assert engine.version == trainer.version == 12
     assert running.version == 0 and len(running.token_ids) == 400
     assert {r.version for r in late} == {12}
