@@ -17,8 +17,9 @@ Hot swap: deploying a name again updates the same Serve application in place; Se
 the new replicas before it drains the old ones, so requests keep being answered by one
 version or the other and none fails.
 
-Measured on a 2-core box (``benchmarks/serverless_reward.py``): a cold start (0 -> 1
-replica, a fresh worker process) takes ~3 s; a warm call ~2-5 ms through the HTTP proxy.
+Measured on a 2-core box: a cold start (0 -> 1 replica, a fresh worker process) takes
+~3 s when the box is otherwise idle (~10 s when it is saturated); a warm call ~15 ms
+through the HTTP proxy (p50 ~0.15 s when saturated). See ``benchmarks/serverless_reward.py``.
 """
 
 from __future__ import annotations
