@@ -375,6 +375,9 @@ class MegatronTrainBackend:
         from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
         cuda = self.device.type == "cuda"
+        if cuda:  # before NCCL starts: its communicator binds to the current device
+            index = self.device.index
+            torch.cuda.set_device(index if index is not None else int(os.environ.get("LOCAL_RANK", 0)))
         if not dist.is_initialized():
             if "RANK" in os.environ:  # launched by torchrun / a Ray worker group
                 dist.init_process_group("nccl" if cuda else "gloo")
@@ -390,8 +393,6 @@ class MegatronTrainBackend:
                     f"tp={tp} needs {tp} processes with torch.distributed env (RANK, WORLD_SIZE, "
                     "MASTER_ADDR, MASTER_PORT); launch with torchrun or a Ray worker group"
                 )
-        if cuda:
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
         if not ps.model_parallel_is_initialized():
             ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=1)
         elif ps.get_tensor_model_parallel_world_size() != tp:
