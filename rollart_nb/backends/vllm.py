@@ -26,8 +26,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import logging
+import math
+import os
 import threading
 import time
 from collections import OrderedDict
@@ -139,7 +142,7 @@ class VLLMBackend:
 
         from vllm.engine.arg_utils import AsyncEngineArgs
 
-        args = AsyncEngineArgs(
+        kwargs: dict[str, Any] = dict(
             model=self.ref.path,
             skip_tokenizer_init=True,
             dtype=dtype,
@@ -153,6 +156,13 @@ class VLLMBackend:
             worker_extension_cls=f"{__name__}._WorkerExtension",
             disable_log_stats=True,
         )
+        known = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
+        # Older vLLM: no logprobs_mode (its v1 engine returned raw logprobs anyway) and the CPU
+        # KV budget only through the environment, which the engine's processes inherit.
+        if "kv_cache_memory_bytes" not in known and kv_cache_gb is not None and platform == "cpu":
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, math.ceil(kv_cache_gb))))
+        optional = {"logprobs_mode", "kv_cache_memory_bytes"}  # anything else missing must fail loudly
+        args = AsyncEngineArgs(**{k: v for k, v in kwargs.items() if k in known or k not in optional})
         # One private loop owns the engine: AsyncLLM binds its output handler to the loop that
         # first uses it, and callers may come from many loops or none.
         self._loop = asyncio.new_event_loop()
