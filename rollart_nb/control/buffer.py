@@ -18,7 +18,19 @@ from collections import OrderedDict
 from rollart_nb.errors import ConfigError
 from rollart_nb.trajectory import Status, Trajectory
 
-__all__ = ["SampleBuffer"]
+__all__ = ["SampleBuffer", "split_quota"]
+
+
+def split_quota(need: int, weights: dict[str, float]) -> dict[str, int]:
+    """Split ``need`` groups across tasks in proportion to ``weights`` (largest remainder)."""
+    total = sum(w for w in weights.values() if w > 0)
+    if total <= 0:
+        raise ConfigError("task weights must have a positive sum")
+    exact = {t: need * max(w, 0.0) / total for t, w in weights.items()}
+    out = {t: int(x) for t, x in exact.items()}
+    for t in sorted(exact, key=lambda t: out[t] - exact[t])[: need - sum(out.values())]:
+        out[t] += 1
+    return out
 
 
 class SampleBuffer:
@@ -65,9 +77,17 @@ class SampleBuffer:
     def complete_groups(self) -> list[str]:
         return [g for g, m in self._groups.items() if len(m) >= self.group_size]
 
-    def ready(self, n: int) -> bool:
-        """True if ``n`` trajectories' worth of complete groups are buffered."""
-        return len(self.complete_groups()) * self.group_size >= n
+    def ready(self, n: int, task_weights: dict[str, float] | None = None) -> bool:
+        """True if ``n`` trajectories' worth of complete groups are buffered (each task's share,
+        when ``task_weights`` is given)."""
+        done = self.complete_groups()
+        if not task_weights:
+            return len(done) * self.group_size >= n
+        have: dict[str, int] = {}
+        for g in done:
+            task = self._groups[g][0].task
+            have[task] = have.get(task, 0) + 1
+        return all(have.get(t, 0) >= q for t, q in split_quota(n // self.group_size, task_weights).items())
 
     def is_stale(self, traj: Trajectory, version: int | None = None) -> bool:
         v = self.version if version is None else version
@@ -118,33 +138,32 @@ class SampleBuffer:
     def take_batch(self, n: int, task_weights: dict[str, float] | None = None) -> list[Trajectory]:
         """Remove and return ``n`` trajectories as whole complete groups (oldest first).
 
-        ``n`` must be a multiple of ``group_size``. With ``task_weights``, groups are drawn
-        so each task gets about its share of the batch, then filled from any task.
+        ``n`` must be a multiple of ``group_size``. With ``task_weights``, each task gets
+        exactly its share of the groups (see :func:`split_quota`).
         """
         if n % self.group_size:
             raise ConfigError(f"batch size {n} is not a multiple of group_size {self.group_size}")
         self.evict_stale()
         need = n // self.group_size
+        if not self.ready(n, task_weights):
+            raise ValueError(f"{n} samples are not ready; await wait_ready first")
         done = self.complete_groups()
-        if len(done) < need:
-            raise ValueError(f"only {len(done)} complete groups, {need} needed; await wait_ready first")
-        chosen: list[str] = []
         if task_weights:
-            total = sum(task_weights.values()) or 1.0
-            for task, w in task_weights.items():
-                quota = round(need * w / total)
-                chosen += [g for g in done if self._groups[g][0].task == task and g not in chosen][:quota]
-            chosen = chosen[:need]
-        chosen += [g for g in done if g not in chosen][: need - len(chosen)]
+            chosen: list[str] = []
+            for task, quota in split_quota(need, task_weights).items():
+                chosen += [g for g in done if self._groups[g][0].task == task][:quota]
+        else:
+            chosen = done[:need]
         batch: list[Trajectory] = []
         for g in chosen:
             batch += self._groups.pop(g)[: self.group_size]
         return batch
 
-    async def wait_ready(self, n: int, timeout_s: float | None = None) -> None:
-        """Block (async) until :meth:`ready` (``n``)."""
+    async def wait_ready(self, n: int, timeout_s: float | None = None,
+                         task_weights: dict[str, float] | None = None) -> None:
+        """Block (async) until :meth:`ready` (``n``, ``task_weights``)."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        while not self.ready(n):
+        while not self.ready(n, task_weights):
             ev = self._event()
             ev.clear()
             remaining = None if deadline is None else deadline - time.monotonic()

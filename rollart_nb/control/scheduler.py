@@ -22,7 +22,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollart_nb.control.buffer import SampleBuffer
+from rollart_nb.control.buffer import SampleBuffer, split_quota
 from rollart_nb.control.env_manager import EnvManager, RolloutConfig, TurnBarrier
 from rollart_nb.control.modes import Mode
 from rollart_nb.control.reward import RewardDispatcher
@@ -114,14 +114,21 @@ class RolloutScheduler:
         if not self.managers:
             raise ConfigError("no environments: pass tasks with envs_per_task >= 1")
         self.tasks = list(envs)
+        # uniform task sampling by default: each batch holds each task's share of groups
+        self.weights = {t: (config.task_weights or {}).get(t, 0.0) if config.task_weights else 1.0
+                        for t in self.tasks}
         self.E = len(self.managers)
         self.rng = random.Random(config.seed)
-        cap = (config.alpha + 1) * config.batch_size + self.E
+        self._batch_quota = split_quota(config.batch_groups, self.weights)
+        # The admission rules below keep each task under (alpha+1) * its share + its envs; the
+        # hard cap sits above that sum so it only ever acts as a safety net.
+        groups = sum(max(q, 1) for q in self._batch_quota.values())
+        cap = (config.alpha + 2) * groups * config.group_size + self.E
         self.buffer = SampleBuffer(config.group_size, config.alpha if self.mode.abort_stale else None, cap)
         self.version = 0
         self.groups: dict[str, GroupState] = {}
         self.running: dict[str, tuple[Trajectory, asyncio.Task, EnvManager]] = {}
-        self.scoring: set[str] = set()
+        self.scoring: dict[str, str] = {}  # trajectory id -> task, while its reward runs
         self.counts: collections.Counter[str] = collections.Counter()
         self.ended: collections.deque[Trajectory] = collections.deque(maxlen=4096)
         self.failure_reasons: collections.deque[tuple[str, str]] = collections.deque(maxlen=64)
@@ -130,38 +137,42 @@ class RolloutScheduler:
         self._barrier: TurnBarrier | None = None
         self._pending_reward: list[tuple[Trajectory, GroupState]] = []
         self._closed = False
-        self.consecutive_failures = 0
-        self.stall_after = max(4 * self.E, 64)
+        self.consecutive_failures: collections.Counter[str] = collections.Counter()  # per task
         self.launched = 0
+        self.batches_taken = 0
+        self.started_by_task: collections.Counter[str] = collections.Counter()
         self._tasks: set[asyncio.Task] = set()
 
     # -- launching -------------------------------------------------------------------
     def start_iteration(self) -> None:
         """Quota modes: allow one more iteration's groups (split across tasks by weight)."""
-        need = self.cfg.batch_groups
-        weights = self.cfg.task_weights or dict.fromkeys(self.tasks, 1.0)
-        total = sum(weights.get(t, 0.0) for t in self.tasks) or 1.0
-        shares = {t: int(need * weights.get(t, 0.0) / total) for t in self.tasks}
-        for t in sorted(self.tasks, key=lambda t: -weights.get(t, 0.0)):  # hand out the remainder
-            if sum(shares.values()) >= need:
-                break
-            shares[t] += 1
-        for t, n in shares.items():
+        for t, n in split_quota(self.cfg.batch_groups, self.weights).items():
             self.quota[t] += n
         self.schedule()
 
     def _may_open_group(self, task: str) -> bool:
         if not self.mode.continuous:
             return self.quota.get(task, 0) > 0
+        # Per-task limits, so a fast task cannot crowd out a slow one that the batch also needs.
+        quota = max(self._batch_quota[task], 1)
         if self.mode.admit_by_version:  # AReaL: bound staleness at trajectory start only
-            return self.started_groups < (self.version + self.cfg.alpha + 1) * self.cfg.batch_groups
-        ahead = len(self.buffer) + len(self.running) + len(self.scoring)
-        return ahead < (self.cfg.alpha + 1) * self.cfg.batch_size + self.E
+            # started <= (versions since start + alpha + 1) batches; one version per batch taken
+            return self.started_by_task[task] < (self.batches_taken + self.cfg.alpha + 1) * quota
+        envs = sum(1 for m in self.managers if m.task == task)
+        return self._ahead(task) < (self.cfg.alpha + 1) * quota * self.cfg.group_size + envs
+
+    def _ahead(self, task: str) -> int:
+        """Trajectories of ``task`` running, being scored or buffered."""
+        running = sum(1 for t, _, _ in self.running.values() if t.task == task)
+        scoring = sum(1 for t in self.scoring.values() if t == task)
+        buffered = sum(len(g.buffered) for g in self.groups.values() if g.task == task)
+        return running + scoring + buffered
 
     def _open_group(self, task: str) -> GroupState:
         if not self.mode.continuous:
             self.quota[task] -= 1
         self.started_groups += 1
+        self.started_by_task[task] += 1
         g = GroupState(uuid.uuid4().hex[:10], task, self.rng.randrange(2**31),
                        self.cfg.group_size + self.cfg.redundancy)
         self.groups[g.id] = g
@@ -226,11 +237,11 @@ class RolloutScheduler:
             self._pending_reward.append((traj, g))
             if not self.running:
                 pending, self._pending_reward = self._pending_reward, []
-                self.scoring.update(t.id for t, _ in pending)
+                self.scoring.update((t.id, t.task) for t, _ in pending)
                 await asyncio.gather(*(self._score(t, grp) for t, grp in pending))
             self.schedule()
             return
-        self.scoring.add(traj.id)
+        self.scoring[traj.id] = traj.task
         self.schedule()  # the env is free again while the reward runs
         await self._score(traj, g)
         self.schedule()
@@ -245,7 +256,7 @@ class RolloutScheduler:
             self._end(traj, g)
             raise
         finally:
-            self.scoring.discard(traj.id)
+            self.scoring.pop(traj.id, None)
         if traj.status.terminal:
             self._end(traj, g)
             return
@@ -260,7 +271,7 @@ class RolloutScheduler:
             self.counts["completed"] += 1
             self.ended.append(traj)
         self._on_evicted(rejected)
-        self.consecutive_failures = 0
+        self.consecutive_failures[traj.task] = 0
         if len(g.buffered) >= self.cfg.group_size:
             self._cancel_surplus(g)
 
@@ -280,7 +291,7 @@ class RolloutScheduler:
         self.ended.append(traj)
         if traj.status is Status.FAILED:
             self.failure_reasons.append((traj.task, traj.reason))
-            self.consecutive_failures += 1
+            self.consecutive_failures[traj.task] += 1
         if g is None or g.closed:
             return
         g.running.discard(traj.id)
@@ -302,7 +313,9 @@ class RolloutScheduler:
                 self.counts["completed"] -= 1
                 self.counts[t.status.value] += 1
                 g.buffered.discard(t.id)
-                if not g.closed and len(g.buffered) + len(g.running) + g.budget < self.cfg.group_size:
+                if t.status is Status.CANCELLED:  # dropped for capacity: give the group up, never churn
+                    self._close_group(g, t.reason)
+                elif not g.closed and len(g.buffered) + len(g.running) + g.budget < self.cfg.group_size:
                     g.budget += 1
             else:
                 self._end(t, g)
@@ -350,23 +363,34 @@ class RolloutScheduler:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
             try:
-                await self.buffer.wait_ready(n, 0.5)
+                await self.buffer.wait_ready(n, 0.5, self.weights)
                 return
             except TimeoutError:
                 pass
-            if self.consecutive_failures >= self.stall_after:
-                reasons = collections.Counter(f"{t}: {r[:160]}" for t, r in self.failure_reasons)
+            stalled = self._stalled_task()
+            if stalled is not None:
+                reasons = collections.Counter(r[:160] for t, r in self.failure_reasons if t == stalled)
                 raise RolloutStalledError(
-                    f"the last {self.consecutive_failures} trajectories all failed; no batch can form. Most "
-                    "common reasons:\n" + "\n".join(f"  {c} x {r}" for r, c in reasons.most_common(3)))
+                    f"the last {self.consecutive_failures[stalled]} trajectories of task {stalled!r} all failed, and "
+                    "each batch needs its share of that task. Most common reasons:\n"
+                    + "\n".join(f"  {c} x {r}" for r, c in reasons.most_common(3))
+                    + "\nFix the env/reward/generator, or give the task weight 0 in sess.tasks(..., weights=...).")
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"{n} samples not ready within {timeout_s}s ({len(self.buffer)} buffered, "
                                    f"{len(self.running)} running, counts {dict(self.counts)})")
 
+    def _stalled_task(self) -> str | None:
+        """A task the batch needs whose recent trajectories all failed (a batch cannot form)."""
+        for task, q in self._batch_quota.items():
+            envs = sum(1 for m in self.managers if m.task == task)
+            if q > 0 and self.consecutive_failures[task] >= max(4 * envs, 4 * self.cfg.group_size, 16):
+                return task
+        return None
+
     def take_batch(self, n: int) -> list[Trajectory]:
         """Remove ``n`` trajectories (whole groups) from the buffer; their groups close."""
-        # uniform task sampling by default: each task gets its share of the batch when it has groups ready
-        batch = self.buffer.take_batch(n, self.cfg.task_weights or dict.fromkeys(self.tasks, 1.0))
+        batch = self.buffer.take_batch(n, self.weights)
+        self.batches_taken += 1
         for gid in {t.group_id for t in batch}:
             g = self.groups.get(gid)
             if g is not None:

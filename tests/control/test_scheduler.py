@@ -12,6 +12,7 @@ from rollart_nb.control.proxy import GenTarget, LLMProxy
 from rollart_nb.control.reward import RewardDispatcher
 from rollart_nb.control.scheduler import RolloutScheduler, SchedulerConfig
 from rollart_nb.envs import Arithmetic, WithFailures, WithLatency
+from rollart_nb.errors import RolloutStalledError
 from rollart_nb.models.spec import spec
 from rollart_nb.resources.profiles import PROFILES
 from rollart_nb.sim import SimBackend, SimTokenizer
@@ -21,12 +22,13 @@ M = spec("qwen3-0.6b")
 
 
 def make(envs, *, mode="rollart", batch=8, group=4, alpha=1, redundancy=0, n_workers=2, time_scale=1e-4,
-         max_turns=4, rewards=None, timeout=60.0):
+         max_turns=4, rewards=None, timeout=60.0, weights=None):
     backends = [SimBackend(M, PROFILES["H20"], time_scale=time_scale, mean_response_tokens=8, name=f"g{i}")
                 for i in range(n_workers)]
     targets = [GenTarget(LocalHandle(LocalGenerator(b)), f"gen/{i}", "H20", "H20") for i, b in enumerate(backends)]
     proxy = LLMProxy(targets, {})
     cfg = SchedulerConfig(batch_size=batch, group_size=group, alpha=alpha, mode=MODES[mode], redundancy=redundancy,
+                          task_weights=weights,
                           rollout=RolloutConfig(max_turns=max_turns, max_new_tokens=8, env_timeout_s=timeout))
     return RolloutScheduler(envs, SimTokenizer(), proxy, rewards or RewardDispatcher(), cfg), backends
 
@@ -97,8 +99,7 @@ def test_crashing_and_hanging_envs_fail_with_reason_without_stalling():
             "crash": [WithFailures(Arithmetic(), p_raise=1.0, seed=i) for i in range(2)],
             "hang": [WithFailures(Arithmetic(), p_hang=1.0, hang_s=3600, seed=i) for i in range(2)],
         }
-        s, _ = make(envs, batch=8, group=4, timeout=0.3)
-        s.cfg.task_weights  # uniform
+        s, _ = make(envs, batch=8, group=4, timeout=0.3, weights={"math": 1.0, "crash": 0.0, "hang": 0.0})
         t0 = time.monotonic()
         await s.wait_ready(8, timeout_s=30)
         assert time.monotonic() - t0 < 10
@@ -108,7 +109,19 @@ def test_crashing_and_hanging_envs_fail_with_reason_without_stalling():
         failed = [t for t in s.ended if t.status is Status.FAILED]
         reasons = {t.task: t.reason for t in failed}
         assert "crash" in reasons and "env" in reasons["crash"]
-        assert "hang" in reasons and "timed out" in reasons["hang"] or "timeout" in reasons.get("hang", "")
+        assert "did not answer" in reasons["hang"] and "0.3s" in reasons["hang"]
+        await s.close()
+
+    run(go())
+
+
+def test_a_task_that_always_fails_stalls_with_its_reasons():
+    async def go():
+        envs = {"math": [Arithmetic() for _ in range(4)],
+                "crash": [WithFailures(Arithmetic(), p_raise=1.0, seed=i) for i in range(2)]}
+        s, _ = make(envs, batch=8, group=4)  # uniform weights: every batch needs a crash group
+        with pytest.raises(RolloutStalledError, match=r"task 'crash' all failed[\s\S]*injected failure"):
+            await s.wait_ready(8, timeout_s=60)
         await s.close()
 
     run(go())
@@ -136,7 +149,7 @@ def test_every_trajectory_ends_in_exactly_one_terminal_status():
     async def go():
         envs = {"math": [WithLatency(Arithmetic(max_turns=2), mean_s=0.01, std_s=0.01, seed=i) for i in range(8)],
                 "crash": [WithFailures(Arithmetic(), p_raise=0.5, seed=3)]}
-        s, backends = make(envs, batch=8, group=4, redundancy=1, alpha=0)
+        s, backends = make(envs, batch=8, group=4, redundancy=1, alpha=0, weights={"math": 1.0, "crash": 0.0})
         for v in range(1, 4):
             await s.get_batch(8, timeout_s=30)
             for b in backends:  # what the pipeline's update step does before set_version

@@ -1,0 +1,121 @@
+"""The Pipeline on a real local Ray with the sim backends: six steps, modes, rewards, lifecycle."""
+
+import asyncio
+
+import pytest
+
+import rollart_nb as rn
+from rollart_nb.envs import Arithmetic, WithLatency
+from rollart_nb.errors import ConfigError, StateError
+from rollart_nb.models import spec
+from rollart_nb.sim import SimEnv
+from rollart_nb.workers.roles import SimGenerator, SimTrainer
+
+M = spec("qwen3-0.6b")
+
+
+@pytest.fixture(scope="module")
+def parts(local_session):
+    sess = local_session
+    gen = sess.cluster("actor_gen", SimGenerator, pool="H20", replicas=2, model=M, time_scale=1e-4,
+                       mean_response_tokens=8)
+    train = sess.cluster("actor_train", SimTrainer, pool="H800", model=M, time_scale=1e-4)
+    tasks = sess.tasks({"fl": SimEnv("frozenlake", time_scale=1e-4), "math": Arithmetic()}, envs_per_task=8)
+    return sess, gen, train, tasks
+
+
+@pytest.mark.parametrize("mode", ["sync", "sync+", "one-off", "areal", "rollart"])
+def test_each_mode_steps_and_reports(parts, mode):
+    sess, gen, train, tasks = parts
+    pipe = sess.pipeline(train, gen, tasks, batch_size=8, group_size=4, mode=mode, name="p")
+    v0 = pipe.version
+    reps = pipe.run(3, progress=False)
+    assert [r.step for r in reps] == [0, 1, 2]
+    for r in reps:
+        assert r.batch_size == 8 and r.tokens > 0 and r.throughput > 0
+        assert set(r.reward) == {"fl", "math"}  # uniform task sampling: both tasks in each batch
+        assert r.step_s >= r.phases["rollout_wait"] > 0
+        assert sum(r.staleness.values()) == 8
+    # sync modes train inside the step; overlapped modes train behind the next rollout
+    versions = [r.version for r in reps]
+    if mode in ("sync", "sync+"):
+        assert versions == [v0 + 1, v0 + 2, v0 + 3] and all(r.phases["train"] > 0 for r in reps)
+        assert all(set(r.staleness) == {1} for r in reps)  # trained on fresh data, then updated
+    else:
+        assert versions == [v0, v0 + 1, v0 + 2]
+    assert gen.version() == [pipe.version, pipe.version]
+    assert "Pipeline" in pipe._repr_html_() and "version" in repr(pipe)
+    pipe.close()
+    with pytest.raises(StateError, match=r"Pipeline is closed; create a new one with session.pipeline"):
+        pipe.step()
+
+
+def test_reward_swap_versions_trajectories(parts):
+    sess, gen, train, tasks = parts
+    pipe = sess.pipeline(train, gen, tasks, batch_size=8, group_size=4, name="swap")
+    pipe.swap_reward("math", lambda t: 0.25)
+    r1 = pipe.step()
+    assert r1.reward["math"] == 0.25
+    v = pipe.swap_reward("math", lambda t: 0.75)
+    assert v == 1
+    hist = pipe.reward_history()
+    assert [h["version"] for h in hist if h["task"] == "math"] == [0, 1] and "0.75" in hist[-1]["source"]
+    for _ in range(4):
+        rep = pipe.step()
+    assert rep.reward["math"] == 0.75  # the old-version samples were consumed by earlier batches
+    scored = [t for t in pipe.trajectories(task="math", status="completed")]
+    assert {t.reward_version for t in scored} == {0, 1}
+    assert all((t.reward == 0.25) == (t.reward_version == 0) for t in scored)
+    with pytest.raises(ConfigError, match="unknown task 'nope'"):
+        pipe.swap_reward("nope", lambda t: 0.0)
+    pipe.close()
+
+
+def test_background_run_pause_and_astep(parts):
+    sess, gen, train, tasks = parts
+    pipe = sess.pipeline(train, gen, tasks, batch_size=8, group_size=4, name="bg")
+    seen = []
+    th = pipe.run(50, background=True, progress=False, on_step=seen.append)
+    assert th.is_alive() or seen  # returned at once
+    while len(seen) < 2:
+        th.join(0.05)
+    pipe.pause()
+    pipe.wait(timeout=60)
+    assert not th.is_alive() and pipe.state == "paused" and 2 <= len(seen) < 50
+    rep = asyncio.run(pipe.astep())  # a later step continues where it stopped
+    assert rep.step == len(seen)
+    pipe.close()
+
+
+def test_validation_and_viewer_data(parts):
+    sess, gen, train, tasks = parts
+    pipe = sess.pipeline(train, gen, tasks, batch_size=8, group_size=4, name="val", validate_every=1)
+    rep = pipe.step()
+    assert set(rep.validation) == {"fl", "math"} and 0.0 <= rep.validation["math"] <= 1.0
+    trajs = pipe.trajectories(last=5)
+    assert 0 < len(trajs) <= 5 and all(t.status.terminal for t in trajs)
+    t = trajs[-1]
+    assert t.turns and len(t.turns[0].loss_mask) == len(t.turns[0].response_ids)
+    pipe.close()
+
+
+def test_slow_env_latency_does_not_block_other_tasks(parts):
+    sess, gen, train, _ = parts
+    tasks = sess.tasks({"slow": WithLatency(Arithmetic(), mean_s=30.0, std_s=0.0), "math": Arithmetic()},
+                       envs_per_task={"slow": 2, "math": 8}, weights={"math": 1.0, "slow": 0.0})
+    pipe = sess.pipeline(train, gen, tasks, batch_size=8, group_size=4, name="slow", step_timeout_s=60)
+    rep = pipe.step()
+    assert rep.step_s < 20 and set(rep.reward) == {"math"}
+    assert pipe.stats()["running"] >= 2  # the slow ones are still going
+    pipe.close()
+    assert pipe.stats.__self__.state == "closed"
+
+
+def test_bad_pipeline_config_is_clear(parts):
+    sess, gen, train, tasks = parts
+    with pytest.raises(ConfigError, match="batch_size=6 must be a positive multiple of group_size=4"):
+        sess.pipeline(train, gen, tasks, batch_size=6, group_size=4, name="bad")
+    with pytest.raises(ConfigError, match="unknown mode 'async'"):
+        sess.pipeline(train, gen, tasks, mode="async", name="bad")
+    with pytest.raises(ConfigError, match="is not an env"):
+        sess.tasks({"x": object()})
