@@ -1,0 +1,103 @@
+"""Format-only warm start: teach a fresh model the *shape* of an answer, never the answers.
+
+A randomly initialised model almost never emits a parseable action, so RL has no signal.
+:func:`format_warm_start` runs a short supervised pass on (observation, response) pairs whose
+responses have the right format but random content (a random direction for FrozenLake, a
+random number for Arithmetic), so the policy starts from "answers in format, uniformly at
+random" and RL does all the learning.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from rollart_nb.models.tiny import ModelRef, format_history
+
+__all__ = ["format_warm_start", "random_format_examples"]
+
+log = logging.getLogger(__name__)
+
+_DIRECTIONS = ["left", "right", "up", "down"]
+
+
+def random_format_examples(envs: dict[str, Any], n: int, seed: int = 0) -> list[tuple[str, str]]:
+    """(prompt text, random well-formed response) pairs from the envs' own observations.
+
+    FrozenLake-like envs (``shape == "prefill"`` and ``max_turns > 1``) get a random direction;
+    Arithmetic-like envs get a random number written digit by digit. Other envs are skipped.
+    """
+    rng = random.Random(seed)
+    out: list[tuple[str, str]] = []
+    names = sorted(envs)
+    for i in range(n):
+        task = names[i % len(names)]
+        env = envs[task]
+        obs, _ = env.reset(seed=rng.randrange(10_000))
+        if getattr(env, "shape", "") == "prefill":
+            resp = rng.choice(_DIRECTIONS)
+        elif getattr(env, "shape", "") == "decode":
+            resp = " ".join(str(rng.randrange(0, 19)))
+        else:
+            continue
+        out.append((format_history([(obs, None)]), resp))
+    return out
+
+
+def format_warm_start(model: ModelRef, envs: dict[str, Any], *, steps: int = 60, batch: int = 32, lr: float = 3e-3,
+                      seed: int = 0, path: str | None = None,
+                      progress: Callable[[int, float], None] | None = None) -> ModelRef:
+    """Return a copy of ``model`` fine-tuned to answer in the envs' formats (random content).
+
+    Cached: the same (model, envs, steps, seed) reuses the saved directory.
+    """
+    import torch
+
+    key = json.dumps({"m": model.path, "envs": sorted(envs), "steps": steps, "seed": seed, "lr": lr})
+    import hashlib
+
+    out = Path(path or f"{model.path}-warm-{hashlib.sha1(key.encode()).hexdigest()[:10]}")
+    if (out / "config.json").exists():
+        return ModelRef(str(out), f"{model.name}-warm", model.params, model.seed)
+    torch.manual_seed(seed)
+    tok = model.load_tokenizer()
+    net = model.load_model()
+    net.train()
+    opt = torch.optim.AdamW(net.parameters(), lr=lr)
+    examples = random_format_examples(envs, steps * batch, seed)
+    eos = tok.eos_token_id
+    for step in range(steps):
+        chunk = examples[step * batch:(step + 1) * batch]
+        seqs, masks = [], []
+        for prompt, resp in chunk:
+            p = tok.encode(prompt)
+            r = tok.encode(resp) + [eos]
+            seqs.append(p + r)
+            masks.append([0] * len(p) + [1] * len(r))
+        width = max(len(s) for s in seqs)
+        ids = torch.tensor([s + [0] * (width - len(s)) for s in seqs])
+        mask = torch.tensor([m + [0] * (width - len(m)) for m in masks], dtype=torch.float32)
+        attn = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in seqs])
+        logits = net(input_ids=ids, attention_mask=attn).logits[:, :-1]
+        logp = torch.log_softmax(logits.float(), -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+        loss = -(logp * mask[:, 1:]).sum() / mask[:, 1:].sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if progress is not None:
+            progress(step, float(loss))
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    net.save_pretrained(tmp)
+    for f in Path(model.path).iterdir():  # tokenizer files and metadata travel with the weights
+        if f.is_file() and not (tmp / f.name).exists():
+            shutil.copy(f, tmp / f.name)
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    log.info("warm start saved to %s", out)
+    return ModelRef(str(out), f"{model.name}-warm", model.params, model.seed)
