@@ -4,7 +4,11 @@ Importing this package starts nothing (no Ray, no logging setup). Start with
 ``rn.Session.local()`` or ``rn.Session.attach(address)``.
 """
 
+import importlib as _importlib
+from typing import Any as _Any
+
 from rollart_nb import errors
+from rollart_nb.algo.grpo import GRPO
 from rollart_nb.errors import RollartError
 from rollart_nb.resources.manager import Binding
 from rollart_nb.resources.pools import Pool
@@ -17,9 +21,24 @@ from rollart_nb.workers.worker import Worker
 
 __version__ = "0.1.0"
 
+# Subpackages load on first use (``rn.models.tiny_qwen``, ``rn.envs.FrozenLake``, ...), so
+# ``import rollart_nb`` stays cheap and starts nothing.
+_LAZY = ("algo", "backends", "control", "envs", "models", "nb", "rewards", "serverless", "sim", "weights", "workers")
+
+
+def __getattr__(name: str) -> _Any:
+    if name in _LAZY:
+        return _importlib.import_module(f"rollart_nb.{name}")
+    raise AttributeError(f"module 'rollart_nb' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({n for n in globals() if not n.startswith('_')} | set(_LAZY))
+
 __all__ = [
     "Binding",
     "Cluster",
+    "GRPO",
     "HardwareProfile",
     "PROFILES",
     "Pool",

@@ -9,13 +9,13 @@ from __future__ import annotations
 import math
 import uuid
 from dataclasses import asdict, dataclass, field
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
-__all__ = ["Status", "Trajectory", "Turn"]
+__all__ = ["Status", "Trajectory", "TrajectoryList", "Turn"]
 
 
-class Status(str, Enum):
+class Status(StrEnum):
     """Lifecycle of a trajectory. Every trajectory ends in exactly one terminal status."""
 
     RUNNING = "running"
@@ -42,7 +42,9 @@ class Turn:
         loss_mask: 1 for tokens trained on (assistant tokens), shape [R].
         version: policy version of the weights that generated this turn.
         env_reward: reward returned by ``env.step`` for this action.
-        timings: seconds spent per phase ("generate", "env", "queue", ...).
+        timings: seconds spent per phase ("generate", "env", "barrier", ...) and the wall-clock
+            start of the turn's generation (``"t"``, unix seconds) for timelines.
+        worker: the generation worker that produced the response.
     """
 
     observation: str
@@ -54,6 +56,7 @@ class Turn:
     version: int = 0
     env_reward: float = 0.0
     timings: dict[str, float] = field(default_factory=dict)
+    worker: str = ""
 
     @property
     def num_tokens(self) -> int:
@@ -149,3 +152,25 @@ class Trajectory:
             f"Trajectory(id={self.id!r}, task={self.task!r}, status={self.status.value}, "
             f"turns={len(self.turns)}, reward={r}, versions={self.start_version}..{max(self.versions, default=self.start_version)})"
         )
+
+
+class TrajectoryList(list):
+    """A list of trajectories that shows itself as the TrajectoryViewer in a notebook.
+
+    ``source`` (optional) is the Pipeline they came from and ``filters`` the query, so the
+    viewer can keep updating as new trajectories land.
+    """
+
+    def __init__(self, items: list[Trajectory] = (), source: Any = None, filters: dict[str, Any] | None = None):
+        super().__init__(items)
+        self.source, self.filters = source, dict(filters or {})
+
+    def to_dicts(self) -> list[dict[str, Any]]:
+        return [t.to_dict() for t in self]
+
+    def _ipython_display_(self) -> None:
+        from IPython.display import display
+
+        from rollart_nb.views import view
+
+        display(view("trajectories", self))

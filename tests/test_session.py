@@ -10,9 +10,9 @@ import textwrap
 import time
 
 import pytest
+from conftest import free_port
 
 import rollart_nb as rn
-from conftest import free_port
 from rollart_nb.errors import ConfigError, ConnectError, StateError
 
 

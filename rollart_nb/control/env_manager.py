@@ -136,7 +136,7 @@ class EnvManager:
         reset_s = clock() - t0
         prompt = self._encode_obs(obs)
         for k in range(self.max_turns):
-            t1 = clock()
+            t1, wall = clock(), time.time()
             req = GenerationRequest(traj.id, self.task, list(prompt), self.cfg.max_new_tokens, temp,
                                     seed=None if traj.seed is None else traj.seed * 1000 + k + hash(traj.id) % 997)
             res = await self.proxy.generate(req)
@@ -144,7 +144,8 @@ class EnvManager:
             action = res.text or self.tok.decode(res.token_ids)
             turn = Turn(observation=obs, action=action, prompt_ids=list(prompt), response_ids=list(res.token_ids),
                         logprobs=list(res.logprobs), loss_mask=[1] * len(res.token_ids), version=res.version,
-                        timings={"generate": t2 - t1, "prefill_model": res.prefill_s, "decode_model": res.decode_s})
+                        timings={"t": wall, "generate": t2 - t1, "prefill_model": res.prefill_s,
+                                 "decode_model": res.decode_s}, worker=res.worker)
             if k == 0:
                 turn.timings["reset"] = reset_s
             if res.recomputed_tokens:

@@ -25,12 +25,14 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from rollart_nb.control.env_manager import RolloutConfig
-from rollart_nb.control.modes import Mode, mode as get_mode
+from rollart_nb.control.modes import Mode
+from rollart_nb.control.modes import mode as get_mode
 from rollart_nb.control.report import StepReport
 from rollart_nb.control.rollout_worker import RolloutWorker
 from rollart_nb.control.scheduler import SchedulerConfig
 from rollart_nb.errors import StateError
-from rollart_nb.trajectory import Trajectory
+from rollart_nb.trajectory import Trajectory, TrajectoryList
+from rollart_nb.views import view
 from rollart_nb.workers.routing import shape_affinity
 
 if TYPE_CHECKING:
@@ -104,7 +106,7 @@ class Pipeline:
 
     def _step(self) -> StepReport:
         n, m = self.cfg.batch_size, self.mode
-        rep = StepReport(step=len(self.reports), version=self.version, mode=m.name)
+        rep = StepReport(step=len(self.reports), version=self.version, mode=m.name, started_at=time.time())
         t0 = time.monotonic()
         self.rollout.wait_ready(n, self.step_timeout_s)                            # (1) get_batch
         batch: list[Trajectory] = self.rollout.take_batch(n)
@@ -253,9 +255,19 @@ class Pipeline:
         return out
 
     def trajectories(self, task: str | None = None, status: str | None = None, last: int | None = 200,
-                     include_running: bool = False) -> list[Trajectory]:
-        """Recent trajectories (all statuses), newest last."""
-        return self.rollout.trajectories(task, status, last, include_running)
+                     include_running: bool = False) -> TrajectoryList:
+        """Recent trajectories (all statuses), newest last; in a notebook, a TrajectoryViewer."""
+        items = self.rollout.trajectories(task, status, last, include_running)
+        return TrajectoryList(items, source=self, filters={"task": task, "status": status, "last": last,
+                                                           "include_running": include_running})
+
+    def viewer(self, **filters: Any) -> Any:
+        """The TrajectoryViewer widget (filters as in :meth:`trajectories`), live-updating."""
+        return view("trajectories", self.trajectories(**filters))
+
+    def dashboard(self, **kwargs: Any) -> Any:
+        """A live dashboard widget (reward, step-time phases, staleness, pool use, throughput)."""
+        return view("dashboard", self, **kwargs)
 
     def stats(self) -> dict[str, Any]:
         """Live rollout stats: counts by status, running, buffered, proxy, ..."""

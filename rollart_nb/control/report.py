@@ -36,6 +36,7 @@ class StepReport:
         failures: a few failure reasons seen during the step (task -> reasons).
         weights: weight-sync metrics (push_s, pull_s, exposed_pull_s, bytes, gbps).
         train: metrics from the train step (loss, grad norm, ...).
+        started_at: unix time the step began (for timelines).
     """
 
     step: int
@@ -54,6 +55,7 @@ class StepReport:
     failures: dict[str, list[str]] = field(default_factory=dict)
     weights: dict[str, float] = field(default_factory=dict)
     train: dict[str, float] = field(default_factory=dict)
+    started_at: float = 0.0
 
     @property
     def mean_reward(self) -> float:

@@ -140,7 +140,7 @@ class RewardDispatcher:
     async def _call(self, spec: RewardSpec, traj: Trajectory) -> Any:
         if spec.endpoint is not None:
             return await acall(spec.endpoint, [traj.to_dict()], {})
-        if inspect.iscoroutinefunction(spec.fn) or inspect.iscoroutinefunction(getattr(spec.fn, "__call__", None)):
+        if inspect.iscoroutinefunction(spec.fn) or inspect.iscoroutinefunction(spec.fn.__call__):
             return await spec.fn(traj)
         return await asyncio.to_thread(spec.fn, traj)
 

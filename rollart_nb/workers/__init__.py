@@ -2,6 +2,31 @@
 
 from rollart_nb.workers.cluster import Cluster, ClusterFuture
 from rollart_nb.workers.decorators import hw_mapping, register, register_serverless
+from rollart_nb.workers.roles import (
+    GeneratorWorker,
+    HFGenerator,
+    MegatronTrainer,
+    SimGenerator,
+    SimTrainer,
+    TorchTrainer,
+    TrainerWorker,
+    VLLMGenerator,
+)
 from rollart_nb.workers.worker import Worker
 
-__all__ = ["Cluster", "ClusterFuture", "Worker", "hw_mapping", "register", "register_serverless"]
+__all__ = [
+    "Cluster",
+    "ClusterFuture",
+    "GeneratorWorker",
+    "HFGenerator",
+    "MegatronTrainer",
+    "SimGenerator",
+    "SimTrainer",
+    "TorchTrainer",
+    "TrainerWorker",
+    "VLLMGenerator",
+    "Worker",
+    "hw_mapping",
+    "register",
+    "register_serverless",
+]

@@ -4,7 +4,6 @@ import asyncio
 
 import pytest
 
-import rollart_nb as rn
 from rollart_nb.envs import Arithmetic, WithLatency
 from rollart_nb.errors import ConfigError, StateError
 from rollart_nb.models import spec

@@ -1,0 +1,227 @@
+"""Figures as pure functions: StepReports in, plotly Figures (or HTML) out.
+
+Testable without a kernel; the live dashboard wraps them in FigureWidgets and the demo's HTML
+report embeds them.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from rollart_nb.control.report import PHASES, StepReport
+from rollart_nb.trajectory import Trajectory
+
+__all__ = [
+    "reward_figure",
+    "report_html",
+    "staleness_figure",
+    "step_time_figure",
+    "swap_step",
+    "throughput_figure",
+    "utilization_figure",
+    "utilization_segments",
+]
+
+#: Modes whose train step runs inside the step (after rollout_wait) rather than behind the next rollout.
+_INLINE_TRAIN_MODES = ("sync", "sync+")
+#: Row label of train steps in the utilization timeline.
+TRAIN_ROW = "trainer"
+
+_PHASE_COLORS = {"rollout_wait": "#4c78a8", "suspend": "#f58518", "update": "#e45756", "resume": "#72b7b2",
+                 "train": "#54a24b"}
+
+
+def _go() -> Any:
+    import plotly.graph_objects as go
+
+    return go
+
+
+def reward_figure(reports: Sequence[StepReport], *, validation: bool = True,
+                  swaps: Sequence[dict[str, Any]] = ()) -> Any:
+    """Reward per task per step (solid), validation score (dashed markers), reward swaps.
+
+    Args:
+        reports: step reports, in order.
+        validation: draw validation scores where a step has them.
+        swaps: entries of ``Pipeline.reward_history()`` (``task``, ``version``, ``created``);
+            each version > 0 becomes a dotted vertical line at the first step that began after it.
+    """
+    go = _go()
+    fig = go.Figure()
+    tasks = sorted({t for r in reports for t in r.reward})
+    for task in tasks:
+        pts = [(r.step, r.reward[task]) for r in reports if task in r.reward]
+        fig.add_trace(go.Scatter(x=[p[0] for p in pts], y=[p[1] for p in pts], mode="lines", name=f"reward/{task}"))
+        if validation:
+            vs = [(r.step, r.validation[task]) for r in reports if task in r.validation]
+            if vs:
+                fig.add_trace(go.Scatter(x=[p[0] for p in vs], y=[p[1] for p in vs], mode="lines+markers",
+                                         line={"dash": "dash"}, name=f"validation/{task}"))
+    for sw in swaps:
+        step = swap_step(reports, sw)
+        if step is not None:
+            fig.add_vline(x=step - 0.5, line_dash="dot", line_color="#888",
+                          annotation_text=f"{sw['task']} reward v{sw['version']}", annotation_position="top left")
+    fig.update_layout(title="Reward per task", xaxis_title="step", yaxis_title="reward", height=320,
+                      margin={"l": 40, "r": 10, "t": 40, "b": 40})
+    return fig
+
+
+def swap_step(reports: Sequence[StepReport], swap: dict[str, Any]) -> int | None:
+    """The first step that began after a reward swap (None for version 0 or no such step)."""
+    if not swap.get("version"):
+        return None
+    created = float(swap.get("created", 0.0))
+    return next((r.step for r in reports if r.started_at >= created), None)
+
+
+def step_time_figure(reports: Sequence[StepReport]) -> Any:
+    """Step time stacked by phase (rollout wait, suspend, update, resume, train)."""
+    go = _go()
+    fig = go.Figure()
+    steps = [r.step for r in reports]
+    for ph in PHASES:
+        fig.add_trace(go.Bar(x=steps, y=[r.phases.get(ph, 0.0) for r in reports], name=ph,
+                             marker_color=_PHASE_COLORS[ph]))
+    fig.update_layout(barmode="stack", title="Step time by phase", xaxis_title="step", yaxis_title="seconds",
+                      height=320, margin={"l": 40, "r": 10, "t": 40, "b": 40})
+    return fig
+
+
+def staleness_figure(reports: Sequence[StepReport]) -> Any:
+    """Histogram of version gaps in the trained batches, plus aborted-stale counts per step."""
+    go = _go()
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("staleness (versions) in batches", "aborted stale per step"))
+    gaps: dict[int, int] = {}
+    for r in reports:
+        for g, c in r.staleness.items():
+            gaps[int(g)] = gaps.get(int(g), 0) + c
+    fig.add_trace(go.Bar(x=sorted(gaps), y=[gaps[g] for g in sorted(gaps)], name="samples"), row=1, col=1)
+    fig.add_trace(go.Bar(x=[r.step for r in reports], y=[r.counts.get("aborted_stale", 0) for r in reports],
+                         name="aborted"), row=1, col=2)
+    fig.update_layout(height=300, showlegend=False, margin={"l": 40, "r": 10, "t": 40, "b": 40})
+    return fig
+
+
+def throughput_figure(reports: Sequence[StepReport]) -> Any:
+    """Tokens per second per step (the paper's throughput metric)."""
+    go = _go()
+    fig = go.Figure(go.Scatter(x=[r.step for r in reports], y=[r.throughput for r in reports], mode="lines+markers",
+                               name="tokens/s"))
+    fig.update_layout(title="Throughput", xaxis_title="step", yaxis_title="tokens / s", height=300,
+                      margin={"l": 40, "r": 10, "t": 40, "b": 40})
+    return fig
+
+
+def utilization_segments(trajectories: Iterable[Trajectory], reports: Sequence[StepReport] = (), *,
+                         window_s: float | None = None) -> list[dict[str, Any]]:
+    """What each worker did, and when: one segment per generated turn and per train step.
+
+    Generation segments come from each turn's ``timings["t"]`` (wall start, unix seconds),
+    ``timings["generate"]`` (seconds) and ``worker``; turns without them are skipped. Train
+    segments come from ``StepReport.started_at`` and ``train_s``: in sync modes training starts
+    after the step's rollout wait, in overlapped modes it is launched at the end of the step.
+
+    Args:
+        trajectories: trajectories to read turns from (any status).
+        reports: step reports for the train row.
+        window_s: keep only segments that end within this many seconds of the latest end.
+
+    Returns:
+        Dicts with ``row`` (worker name or :data:`TRAIN_ROW`), ``kind`` ("generate" / "train"),
+        ``start`` and ``end`` (unix seconds), ``label`` (hover text), sorted by start.
+    """
+    segs: list[dict[str, Any]] = []
+    for traj in trajectories:
+        for i, turn in enumerate(traj.turns):
+            t, dur = turn.timings.get("t"), turn.timings.get("generate")
+            if t is None or dur is None or not turn.worker:
+                continue
+            segs.append({"row": turn.worker, "kind": "generate", "start": float(t), "end": float(t) + float(dur),
+                         "label": f"{traj.task} {traj.id} turn {i} v{turn.version}"})
+    for r in reports:
+        if r.train_s <= 0 or r.started_at <= 0:
+            continue
+        start = r.started_at + (r.phases.get("rollout_wait", 0.0) if r.mode in _INLINE_TRAIN_MODES else r.step_s)
+        segs.append({"row": TRAIN_ROW, "kind": "train", "start": start, "end": start + r.train_s,
+                     "label": f"train step {r.step} (v{r.version})"})
+    if window_s is not None and segs:
+        latest = max(s["end"] for s in segs)
+        segs = [s for s in segs if s["end"] >= latest - window_s]
+    return sorted(segs, key=lambda s: s["start"])
+
+
+def utilization_figure(trajectories: Iterable[Trajectory], reports: Sequence[StepReport] = (), *,
+                       window_s: float | None = None) -> Any:
+    """Pool utilization timeline: a Gantt row per generation worker plus the trainer.
+
+    The x axis is seconds since the earliest segment shown; the title gives each row's busy
+    fraction over the shown span (overlapping turns of a batching worker count once).
+    """
+    go = _go()
+    segs = utilization_segments(trajectories, reports, window_s=window_s)
+    fig = go.Figure()
+    t0 = min((s["start"] for s in segs), default=0.0)
+    span = max((s["end"] for s in segs), default=0.0) - t0
+    for kind, color in (("generate", "#4c78a8"), ("train", "#54a24b")):
+        ks = [s for s in segs if s["kind"] == kind]
+        fig.add_trace(go.Bar(y=[s["row"] for s in ks], x=[s["end"] - s["start"] for s in ks],
+                             base=[s["start"] - t0 for s in ks], orientation="h", name=kind,
+                             marker_color=color, hovertext=[s["label"] for s in ks], hoverinfo="text+x"))
+    busy = {row: _busy(segs, row) / span for row in sorted({s["row"] for s in segs})} if span > 0 else {}
+    util = ", ".join(f"{row} {frac:.0%}" for row, frac in busy.items())
+    fig.update_layout(title=f"Pool utilization ({util})" if util else "Pool utilization", barmode="overlay",
+                      xaxis_title="seconds", height=120 + 30 * max(1, len(busy)),
+                      margin={"l": 40, "r": 10, "t": 40, "b": 40})
+    return fig
+
+
+def _busy(segs: Sequence[dict[str, Any]], row: str) -> float:
+    """Union length of a row's segments (concurrent turns on one worker count once)."""
+    total, cur_start, cur_end = 0.0, None, None
+    for s in sorted((s for s in segs if s["row"] == row), key=lambda s: s["start"]):
+        if cur_end is None or s["start"] > cur_end:
+            if cur_end is not None:
+                total += cur_end - cur_start
+            cur_start, cur_end = s["start"], s["end"]
+        else:
+            cur_end = max(cur_end, s["end"])
+    if cur_end is not None:
+        total += cur_end - cur_start
+    return total
+
+
+def _fmt(v: float) -> str:
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.3f}"
+
+
+def report_html(reports: Sequence[StepReport], *, title: str = "rollart_nb run",
+                before: dict[str, float] | None = None, after: dict[str, float] | None = None) -> str:
+    """A standalone HTML report: validation before/after, learning curves, step times, a table."""
+    parts = [f"<h1>{html.escape(title)}</h1>"]
+    if before or after:
+        tasks = sorted(set(before or {}) | set(after or {}))
+        rows = "".join(f"<tr><td>{html.escape(t)}</td><td>{_fmt((before or {}).get(t))}</td>"
+                       f"<td>{_fmt((after or {}).get(t))}</td></tr>" for t in tasks)
+        parts.append(f"<h2>Validation (greedy)</h2><table border=1><tr><th>task</th><th>before</th>"
+                     f"<th>after</th></tr>{rows}</table>")
+    try:
+        import plotly.io as pio
+
+        for i, fig in enumerate([reward_figure(reports), step_time_figure(reports), staleness_figure(reports),
+                                 throughput_figure(reports)]):
+            parts.append(pio.to_html(fig, full_html=False, include_plotlyjs="cdn" if i else True))
+    except ImportError:
+        parts.append("<p>(install plotly for charts: pip install 'rollart_nb[nb]')</p>")
+    keys = list(reports[0].row()) if reports else []
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(r.row().get(k, '')))}</td>" for k in keys) + "</tr>"
+                   for r in reports)
+    parts.append("<h2>Steps</h2><table border=1><tr>" + "".join(f"<th>{html.escape(k)}</th>" for k in keys)
+                 + f"</tr>{body}</table>")
+    return "<html><head><meta charset='utf-8'></head><body>" + "".join(parts) + "</body></html>"
