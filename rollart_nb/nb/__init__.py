@@ -1,0 +1,27 @@
+"""The notebook layer: live dashboard, trajectory viewer, figures. A consumer of the public API.
+
+Needs the ``nb`` extra (``pip install 'rollart_nb[nb]'``: ipywidgets, plotly, anywidget,
+pandas). Names load on first use, so ``import rollart_nb.nb`` stays cheap:
+
+* :class:`Dashboard` — ``pipe.dashboard()``: reward, step-time phases, staleness, pool
+  utilization, throughput; Pause / Resume / Step.
+* :class:`TrajectoryViewer` — ``pipe.trajectories(...)`` / ``pipe.viewer(...)``: turns, token
+  loss masks, logprobs, per-turn policy versions, reward versions, export.
+* :mod:`rollart_nb.nb.figures` — pure figure functions (StepReports in, plotly figures out).
+* :func:`trajectory_html` — one trajectory as HTML, without widgets.
+"""
+
+import importlib as _importlib
+from typing import Any as _Any
+
+__all__ = ["Dashboard", "TrajectoryViewer", "figures", "trajectory_html"]
+
+_WHERE = {"Dashboard": "dashboard", "TrajectoryViewer": "viewer", "trajectory_html": "viewer"}
+
+
+def __getattr__(name: str) -> _Any:
+    if name == "figures":
+        return _importlib.import_module("rollart_nb.nb.figures")
+    if name in _WHERE:
+        return getattr(_importlib.import_module(f"rollart_nb.nb.{_WHERE[name]}"), name)
+    raise AttributeError(f"module 'rollart_nb.nb' has no attribute {name!r}")

@@ -1,0 +1,364 @@
+"""TrajectoryViewer: browse a pipeline's trajectories turn by turn, token by token.
+
+The HTML of one trajectory comes from pure functions (:func:`trajectory_html` and friends),
+usable without widgets: ``IPython.display.HTML(trajectory_html(traj))``. The widget adds
+filters, a selector, live refresh from the pipeline and export to JSONL / pandas.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import logging
+import math
+import threading
+from pathlib import Path
+from typing import Any
+
+import ipywidgets as widgets
+
+from rollart_nb.trajectory import Status, Trajectory, Turn
+
+__all__ = ["TokenDecoder", "TrajectoryViewer", "logprob_strip_html", "tokens_html", "trajectory_html",
+           "trajectory_summary"]
+
+log = logging.getLogger(__name__)
+_STATUS_COLORS = {"completed": "#2e7d32", "failed": "#c62828", "aborted_stale": "#ef6c00", "cancelled": "#757575",
+                  "running": "#1565c0"}
+_TRAINED_BG, _MASKED_BG = "#d7ecff", "#eeeeee"
+
+
+class TokenDecoder:
+    """Token id -> text for display, cached; falls back to ``#id`` without a tokenizer.
+
+    Args:
+        tokenizer: anything with ``decode(list[int]) -> str`` (an HF tokenizer, a SimTokenizer),
+            or None to show ids.
+    """
+
+    def __init__(self, tokenizer: Any = None) -> None:
+        self.tokenizer = tokenizer
+        self._cache: dict[int, str] = {}
+
+    def __call__(self, token_id: int) -> str:
+        if self.tokenizer is None:
+            return f"#{token_id}"
+        if token_id not in self._cache:
+            try:
+                self._cache[token_id] = self.tokenizer.decode([token_id])
+            except Exception:  # an id outside the vocabulary still shows
+                self._cache[token_id] = f"#{token_id}"
+        return self._cache[token_id]
+
+
+def tokens_html(ids: list[int], loss_mask: list[int], logprobs: list[float], decode: TokenDecoder) -> str:
+    """One span per token: blue background where ``loss_mask`` is 1 (trained on), grey where 0.
+
+    Each span's tooltip gives the token id, mask and logprob.
+    """
+    out = []
+    for i, tid in enumerate(ids):
+        m = loss_mask[i] if i < len(loss_mask) else 0
+        lp = logprobs[i] if i < len(logprobs) else math.nan
+        text = decode(tid).replace("\n", "\u21b5") or "\u2205"
+        out.append(f'<span class="rn-tok rn-mask-{int(bool(m))}" title="id {tid} &middot; mask {m} &middot; '
+                   f'logprob {lp:.3f}" style="background:{_TRAINED_BG if m else _MASKED_BG};'
+                   f'margin:0 1px;padding:0 2px;border-radius:2px;font-family:monospace">{html.escape(text)}</span>')
+    return "".join(out)
+
+
+def logprob_strip_html(logprobs: list[float], *, floor: float = -10.0) -> str:
+    """A strip of cells, one per token, dark for confident (logprob near 0), light for unlikely."""
+    cells = []
+    for lp in logprobs:
+        frac = 0.0 if math.isnan(lp) else max(0.0, min(1.0, 1.0 - lp / floor))
+        shade = int(235 - 200 * frac)
+        cells.append(f'<span title="{lp:.3f}" style="display:inline-block;width:6px;height:12px;'
+                     f'background:rgb({shade},{shade},255)"></span>')
+    return f'<div class="rn-logprobs" style="line-height:0">{"".join(cells)}</div>'
+
+
+def trajectory_summary(t: Trajectory) -> str:
+    """One line: id, task, status, reward, versions, turns (the selector's labels)."""
+    r = "-" if math.isnan(t.reward) else f"{t.reward:.3g}"
+    vmax = max(t.versions, default=t.start_version)
+    return f"{t.id} · {t.task} · {t.status.value} · r={r} · v{t.start_version}..{vmax} · {len(t.turns)} turns"
+
+
+def _turn_html(i: int, turn: Turn, prev_version: int, decode: TokenDecoder) -> str:
+    changed = turn.version != prev_version
+    marker = (f'<span class="rn-version-change" style="color:#ef6c00;font-weight:bold">'
+              f'&#9888; policy v{prev_version} &rarr; v{turn.version}</span>') if changed else ""
+    timings = ", ".join(f"{k} {v:.3f}s" for k, v in turn.timings.items() if k != "t" and isinstance(v, int | float)
+                        and not k.endswith("tokens"))
+    extra = ", ".join(f"{k} {int(v)}" for k, v in turn.timings.items() if k.endswith("tokens"))
+    return (
+        f'<div class="rn-turn" style="border-left:3px solid {"#ef6c00" if changed else "#ccc"};'
+        f'padding-left:6px;margin:6px 0">'
+        f"<b>turn {i}</b> &middot; policy v{turn.version} {marker} &middot; {html.escape(turn.worker or '-')}"
+        f" &middot; env reward {turn.env_reward:g}"
+        f'<div><small>observation</small><pre style="margin:2px 0;white-space:pre-wrap">'
+        f"{html.escape(turn.observation)}</pre></div>"
+        f'<div><small>action</small><pre style="margin:2px 0;white-space:pre-wrap">{html.escape(turn.action)}</pre></div>'
+        f"<div><small>response tokens ({len(turn.response_ids)}, {sum(turn.loss_mask)} trained)</small><br>"
+        f"{tokens_html(turn.response_ids, turn.loss_mask, turn.logprobs, decode)}</div>"
+        f"<div><small>logprobs</small>{logprob_strip_html(turn.logprobs)}</div>"
+        f"<div><small>timings: {html.escape(timings or '-')}{'; ' + html.escape(extra) if extra else ''}"
+        f"</small></div></div>"
+    )
+
+
+def trajectory_html(t: Trajectory, tokenizer: Any = None, *, max_turns: int = 50) -> str:
+    """The whole trajectory: status and reason, reward and reward version, every turn.
+
+    Args:
+        t: the trajectory.
+        tokenizer: decodes token ids (a :class:`TokenDecoder` or a tokenizer); None shows ids.
+        max_turns: render at most this many turns (the rest are counted).
+    """
+    decode = tokenizer if isinstance(tokenizer, TokenDecoder) else TokenDecoder(tokenizer)
+    color = _STATUS_COLORS.get(t.status.value, "#000")
+    r = "not scored" if math.isnan(t.reward) else f"{t.reward:.4g}"
+    rv = "-" if t.reward_version is None else f"v{t.reward_version}"
+    reason = f' &middot; reason: <code class="rn-reason">{html.escape(t.reason)}</code>' if t.reason else ""
+    changes = sum(1 for a, b in zip([t.start_version, *t.versions], t.versions, strict=False) if a != b)
+    head = (f'<div class="rn-trajectory"><b>{html.escape(t.id)}</b> &middot; task <b>{html.escape(t.task)}</b> '
+            f'&middot; <span class="rn-status" style="color:{color};font-weight:bold">{t.status.value}</span>'
+            f"{reason}<br>reward <b>{r}</b> (reward fn {rv}) &middot; env return {t.env_return:g} &middot; "
+            f"seed {t.seed} &middot; group {html.escape(t.group_id or '-')} &middot; started at policy "
+            f"v{t.start_version}, {changes} version change(s) &middot; {len(t.turns)} turn(s), {t.num_tokens} tokens")
+    prev, body = t.start_version, []
+    for i, turn in enumerate(t.turns[:max_turns]):
+        body.append(_turn_html(i, turn, prev, decode))
+        prev = turn.version
+    if len(t.turns) > max_turns:
+        body.append(f"<p>... {len(t.turns) - max_turns} more turn(s)</p>")
+    return head + "".join(body) + "</div>"
+
+
+_ANY = "any"
+
+
+class TrajectoryViewer(widgets.VBox):
+    """Browse trajectories: filters, a selector, one trajectory's turns in detail, export.
+
+    Built by ``pipe.trajectories(...)`` (shown in a notebook) or ``pipe.viewer(...)``.
+
+    Args:
+        trajectories: a :class:`~rollart_nb.trajectory.TrajectoryList` (or any list of
+            trajectories); when it has a ``source`` (the Pipeline), Refresh pulls new ones with
+            its ``filters``.
+        tokenizer: decodes token ids in the loss-mask view; default: the source pipeline's
+            generation model's tokenizer when it can be loaded, else token ids are shown.
+        live_s: refresh from the source every this many seconds while the Live box is ticked.
+
+    Example:
+        >>> v = pipe.viewer(task="math")                       # doctest: +SKIP
+        >>> v.set_filters(status="failed"); v.select(0)        # doctest: +SKIP
+        >>> v.to_dataframe()                                   # doctest: +SKIP
+    """
+
+    def __init__(self, trajectories: Any, tokenizer: Any = None, *, live_s: float = 2.0) -> None:
+        self.source = getattr(trajectories, "source", None)
+        self.query = dict(getattr(trajectories, "filters", {}) or {})
+        self.items: list[Trajectory] = list(trajectories)
+        self.live_s = live_s
+        self._tokenizer, self._decoder = tokenizer, None
+        self._timer: threading.Timer | None = None
+        self.task = widgets.Dropdown(description="task", layout=widgets.Layout(width="200px"))
+        self.status = widgets.Dropdown(description="status", options=[_ANY] + [s.value for s in Status],
+                                       layout=widgets.Layout(width="220px"))
+        self.min_reward = widgets.Text(value="", placeholder=_ANY, description="min reward", continuous_update=False,
+                                       layout=widgets.Layout(width="180px"))
+        self.version = widgets.Dropdown(description="version", layout=widgets.Layout(width="180px"))
+        self.selector = widgets.Select(rows=8, layout=widgets.Layout(width="100%"))
+        self.detail = widgets.HTML()
+        self.count = widgets.HTML()
+        self.refresh_button = widgets.Button(description="Refresh", icon="refresh",
+                                             disabled=self.source is None)
+        self.live = widgets.Checkbox(value=False, description="Live", disabled=self.source is None, indent=False,
+                                     layout=widgets.Layout(width="70px"))
+        self.export_path = widgets.Text(value="trajectories.jsonl", layout=widgets.Layout(width="220px"))
+        self.export_button = widgets.Button(description="Export JSONL", icon="download")
+        for w in (self.task, self.status, self.min_reward, self.version):
+            w.observe(lambda _c: self._apply(), names="value")
+        self.selector.observe(lambda _c: self._show(), names="value")
+        self.refresh_button.on_click(lambda _b: self.refresh())
+        self.live.observe(self._on_live, names="value")
+        self.export_button.on_click(lambda _b: self._export())
+        super().__init__(children=[
+            widgets.HBox([self.task, self.status, self.min_reward, self.version]),
+            widgets.HBox([self.refresh_button, self.live, self.export_path, self.export_button, self.count]),
+            self.selector, self.detail,
+        ])
+        self.add_class("rollart-viewer")
+        self._set_options()
+        self._apply()
+
+    # -- public API ------------------------------------------------------------------------
+    @property
+    def filtered(self) -> list[Trajectory]:
+        """The trajectories that pass the current filters, in list order."""
+        task, status, version = self.task.value, self.status.value, self.version.value
+        low = _parse_float(self.min_reward.value)
+        out = []
+        for t in self.items:
+            if task not in (None, _ANY) and t.task != task:
+                continue
+            if status not in (None, _ANY) and t.status.value != status:
+                continue
+            if low is not None and (math.isnan(t.reward) or t.reward < low):
+                continue
+            if version not in (None, _ANY) and int(version) not in {t.start_version, *t.versions}:
+                continue
+            out.append(t)
+        return out
+
+    @property
+    def selected(self) -> Trajectory | None:
+        """The trajectory shown in detail (None when the filters leave nothing)."""
+        return next((t for t in self.items if t.id == self.selector.value), None)
+
+    def set_filters(self, task: str | None = None, status: str | None = None, min_reward: float | None = None,
+                    version: int | None = None) -> list[Trajectory]:
+        """Set the filters (None: any); returns :attr:`filtered`."""
+        self.task.value = task if task in self.task.options else _ANY
+        self.status.value = status or _ANY
+        self.min_reward.value = "" if min_reward is None else repr(float(min_reward))
+        self.version.value = str(version) if version is not None and str(version) in self.version.options else _ANY
+        return self.filtered
+
+    def select(self, index_or_id: int | str) -> Trajectory:
+        """Show one trajectory: an index into :attr:`filtered`, or a trajectory id."""
+        shown = self.filtered
+        t = shown[index_or_id] if isinstance(index_or_id, int) else next(t for t in shown if t.id == index_or_id)
+        self.selector.value = t.id
+        return t
+
+    def refresh(self) -> int:
+        """Pull the newest trajectories from the source pipeline (its original query).
+
+        Returns:
+            How many trajectories were not shown before.
+        """
+        if self.source is None:
+            return 0
+        fresh = list(self.source.trajectories(**self.query))
+        known = {t.id for t in self.items}
+        self.items = fresh
+        self._set_options()
+        self._apply()
+        return sum(1 for t in fresh if t.id not in known)
+
+    def to_dataframe(self, which: str = "filtered") -> Any:
+        """One row per trajectory (``which``: "filtered", "all" or "selected"); needs pandas."""
+        import pandas as pd
+
+        return pd.DataFrame([_row(t) for t in self._which(which)])
+
+    def to_jsonl(self, path: str | Path, which: str = "filtered") -> Path:
+        """Write full trajectories (turns, token ids, masks, logprobs) as JSON lines."""
+        path = Path(path)
+        with path.open("w") as f:
+            for t in self._which(which):
+                f.write(json.dumps(t.to_dict(), default=str) + "\n")
+        return path
+
+    def close(self) -> None:
+        """Stop the live timer and close the widgets."""
+        self.live.value = False
+        super().close()
+
+    # -- internals -------------------------------------------------------------------------
+    def _which(self, which: str) -> list[Trajectory]:
+        if which == "all":
+            return list(self.items)
+        if which == "selected":
+            return [self.selected] if self.selected is not None else []
+        if which == "filtered":
+            return self.filtered
+        raise ValueError(f"which must be 'filtered', 'all' or 'selected', got {which!r}")
+
+    def _set_options(self) -> None:
+        tasks = sorted({t.task for t in self.items})
+        versions = sorted({v for t in self.items for v in (t.start_version, *t.versions)})
+        keep_task, keep_version = self.task.value, self.version.value
+        self.task.options = [_ANY, *tasks]
+        self.version.options = [_ANY, *map(str, versions)]
+        self.task.value = keep_task if keep_task in self.task.options else _ANY
+        self.version.value = keep_version if keep_version in self.version.options else _ANY
+
+    def _apply(self) -> None:
+        shown = self.filtered
+        keep = self.selector.value
+        self.selector.options = [(trajectory_summary(t), t.id) for t in shown]
+        ids = [t.id for t in shown]
+        self.selector.value = keep if keep in ids else (ids[-1] if ids else None)
+        self.count.value = f"{len(shown)} of {len(self.items)} trajectories"
+        self._show()
+
+    def _show(self) -> None:
+        t = self.selected
+        self.detail.value = trajectory_html(t, self._decode()) if t is not None else "<p>no trajectory matches</p>"
+
+    def _decode(self) -> TokenDecoder:
+        if self._decoder is None:
+            tok = self._tokenizer
+            if tok is None:
+                model = getattr(getattr(self.source, "gen", None), "model", None)
+                try:
+                    tok = model.load_tokenizer() if model is not None else None
+                except Exception as e:  # ids are still useful without text
+                    log.debug("no tokenizer for the viewer: %s", e)
+            self._decoder = TokenDecoder(tok)
+        return self._decoder
+
+    def _on_live(self, change: dict[str, Any]) -> None:
+        if change["new"]:
+            self._schedule()
+        elif self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _schedule(self) -> None:
+        self._timer = threading.Timer(self.live_s, self._tick)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _tick(self) -> None:
+        try:
+            self.refresh()
+        except Exception as e:  # e.g. the pipeline was closed: stop being live, say why
+            self.count.value += f" &middot; live refresh stopped: {html.escape(str(e))}"
+            self.live.value = False
+            return
+        if self.live.value:
+            self._schedule()
+
+    def _export(self) -> None:
+        try:
+            p = self.to_jsonl(self.export_path.value)
+            self.count.value = f"{len(self.filtered)} trajectories written to {html.escape(str(p))}"
+        except OSError as e:
+            self.count.value = f"export failed: {html.escape(str(e))}"
+
+
+def _parse_float(text: str) -> float | None:
+    try:
+        return float(text) if text.strip() and text.strip() != _ANY else None
+    except ValueError:
+        return None
+
+
+def _row(t: Trajectory) -> dict[str, Any]:
+    versions = t.versions
+    return {
+        "id": t.id, "task": t.task, "status": t.status.value, "reason": t.reason,
+        "reward": t.reward, "reward_version": t.reward_version, "env_return": t.env_return,
+        "seed": t.seed, "group_id": t.group_id, "start_version": t.start_version,
+        "min_version": t.min_version, "max_version": max(versions, default=t.start_version),
+        "version_changes": sum(1 for a, b in zip([t.start_version, *versions], versions, strict=False) if a != b),
+        "turns": len(t.turns), "tokens": t.num_tokens,
+        "trained_tokens": sum(sum(u.loss_mask) for u in t.turns),
+        "created_s": t.created_s, "finished_s": t.finished_s,
+    }

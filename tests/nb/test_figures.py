@@ -1,0 +1,92 @@
+"""Pure figure functions: the plotted data is exactly the input's."""
+
+import pytest
+
+from rollart_nb.control.report import PHASES
+from rollart_nb.nb import figures
+
+pytest.importorskip("plotly")
+
+
+@pytest.fixture(autouse=True)
+def _factories(synth):
+    global T0, make_report, make_trajectory
+    T0, make_report, make_trajectory = synth["T0"], synth["report"], synth["trajectory"]
+
+
+def test_reward_figure_has_a_line_per_task_and_validation_where_run():
+    reps = [make_report(0), make_report(1, validation={"math": 0.7}), make_report(2)]
+    fig = figures.reward_figure(reps)
+    by_name = {t.name: t for t in fig.data}
+    assert set(by_name) == {"reward/fl", "reward/math", "validation/math"}
+    assert list(by_name["reward/math"].y) == pytest.approx([0.0, 0.1, 0.2])
+    assert list(by_name["validation/math"].x) == [1] and list(by_name["validation/math"].y) == [0.7]
+
+
+def test_reward_figure_marks_swaps_at_the_first_step_after_them():
+    reps = [make_report(i) for i in range(4)]
+    swaps = [{"task": "math", "version": 0, "created": 0.0}, {"task": "math", "version": 1, "created": T0 + 15}]
+    assert figures.swap_step(reps, swaps[0]) is None
+    assert figures.swap_step(reps, swaps[1]) == 2  # step 2 started at T0 + 20
+    fig = figures.reward_figure(reps, swaps=swaps)
+    assert [s.x0 for s in fig.layout.shapes] == [1.5]
+    assert "math reward v1" in fig.layout.annotations[0].text
+
+
+def test_step_time_figure_stacks_every_phase():
+    reps = [make_report(0), make_report(1)]
+    fig = figures.step_time_figure(reps)
+    assert fig.layout.barmode == "stack"
+    assert [t.name for t in fig.data] == list(PHASES)
+    assert list(fig.data[0].y) == [1.5, 1.5] and list(fig.data[-1].y) == [0.15, 0.15]
+
+
+def test_staleness_figure_sums_gaps_and_counts_aborts():
+    reps = [make_report(0), make_report(1), make_report(2)]
+    fig = figures.staleness_figure(reps)
+    hist, aborts = fig.data
+    assert list(hist.x) == [0, 1] and list(hist.y) == [18, 6]
+    assert list(aborts.y) == [0, 1, 2]
+
+
+def test_throughput_figure():
+    fig = figures.throughput_figure([make_report(0), make_report(1)])
+    assert list(fig.data[0].y) == [400.0, 401.0]
+
+
+def test_utilization_segments_from_turn_timings_and_train_steps():
+    trajs = [make_trajectory(0), make_trajectory(1, worker="actor_gen/1")]
+    trajs[0].turns[1].timings.pop("t")  # a turn without a wall start is skipped
+    reps = [make_report(0), make_report(1, mode="sync")]
+    segs = figures.utilization_segments(trajs, reps)
+    gen = [s for s in segs if s["kind"] == "generate"]
+    assert [(s["row"], s["start"], s["end"]) for s in gen] == [
+        ("actor_gen/0", T0, T0 + 0.4), ("actor_gen/1", T0 + 1, T0 + 1.4), ("actor_gen/1", T0 + 2, T0 + 2.4)]
+    train = [s for s in segs if s["kind"] == "train"]
+    # overlapped mode: launched at the end of the step; sync: after the rollout wait
+    assert [(s["start"], s["end"]) for s in train] == [(T0 + 2.0, T0 + 2.5), (T0 + 11.5, T0 + 12.0)]
+    assert [s["start"] for s in segs] == sorted(s["start"] for s in segs)
+    windowed = figures.utilization_segments(trajs, reps, window_s=1.0)
+    assert [s["kind"] for s in windowed] == ["train"]
+
+
+def test_utilization_figure_rows_and_busy_fraction():
+    trajs = [make_trajectory(0, versions=(0, 0, 0))]
+    trajs[0].turns[1].timings["t"] = T0 + 0.2  # overlaps turn 0: counted once
+    fig = figures.utilization_figure(trajs)
+    gen, train = fig.data
+    assert list(gen.y) == ["actor_gen/0"] * 3 and list(gen.base) == pytest.approx([0.0, 0.2, 2.0])
+    assert list(gen.x) == pytest.approx([0.4] * 3) and len(train.x) == 0
+    # busy: [0, 0.6] + [2, 2.4] = 1.0 of 2.4 s
+    assert f"actor_gen/0 {1.0 / 2.4:.0%}" in fig.layout.title.text
+
+
+def test_empty_inputs_make_empty_figures():
+    assert figures.utilization_figure([], []).layout.title.text == "Pool utilization"
+    assert all(len(t.x) == 0 for t in figures.step_time_figure([]).data)
+    assert len(figures.reward_figure([]).data) == 0
+
+
+def test_report_html_contains_charts_and_table():
+    out = figures.report_html([make_report(0), make_report(1)], before={"math": 0.1}, after={"math": 0.4})
+    assert "plotly" in out and "<h2>Steps</h2>" in out and "0.400" in out

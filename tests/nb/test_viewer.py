@@ -1,0 +1,125 @@
+"""TrajectoryViewer outside a kernel: filters, selection, rendering, refresh, export."""
+
+import json
+import math
+
+import pytest
+
+pytest.importorskip("ipywidgets")
+
+from rollart_nb.nb.viewer import TokenDecoder, TrajectoryViewer, trajectory_html  # noqa: E402
+from rollart_nb.trajectory import Status, TrajectoryList  # noqa: E402
+
+
+class WordTokenizer:
+    def decode(self, ids):
+        return " ".join(f"w{i}" for i in ids)
+
+
+def test_filters_by_task_status_reward_and_version(trajectories):
+    v = TrajectoryViewer(trajectories)
+    assert len(v.filtered) == 5 and "5 of 5" in v.count.value
+    assert [t.id for t in v.set_filters(task="fl")] == ["traj002", "traj003"]
+    assert [t.id for t in v.set_filters(status="failed")] == ["traj002"]
+    assert [t.id for t in v.set_filters(min_reward=0.5)] == ["traj000", "traj004"]  # NaN rewards excluded
+    assert [t.id for t in v.set_filters(version=2)] == ["traj004"]
+    assert [t.id for t in v.set_filters(task="math", version=1)] == ["traj001", "traj004"]
+    assert v.set_filters(task="nope") == v.set_filters()  # unknown task: any
+    assert v.task.options == ("any", "fl", "math") and v.version.options == ("any", "0", "1", "2")
+
+
+def test_selection_follows_filters_and_renders_the_trajectory(trajectories):
+    v = TrajectoryViewer(trajectories, tokenizer=WordTokenizer())
+    assert v.selected.id == "traj004"  # newest by default
+    v.set_filters(status="failed")
+    assert v.selected.id == "traj002"
+    assert "EnvError: injected failure" in v.detail.value and "failed" in v.detail.value
+    v.set_filters()
+    t = v.select("traj001")
+    assert v.selector.value == "traj001" and t.versions == [0, 1, 1]
+    assert v.detail.value.count("rn-version-change") == 1  # the v0 -> v1 switch, once
+    assert "w10" in v.detail.value  # decoded with the tokenizer
+    v.set_filters(task="nope", status="cancelled")
+    assert v.selected is None and "no trajectory matches" in v.detail.value
+
+
+def test_trajectory_html_masks_logprobs_and_failures(trajectories):
+    out = trajectory_html(trajectories[3])
+    assert out.count('class="rn-tok rn-mask-1"') == 6 and out.count('class="rn-tok rn-mask-0"') == 3
+    assert "#10" in out  # no tokenizer: ids
+    assert "aborted_stale" in out and "stale: started at v0" in out and "not scored" in out
+    assert out.count("rn-logprobs") == 3 and "logprob -5.000" in out
+    assert "generate 0.400s" in out and "reward fn v0" in out
+
+
+def test_token_decoder_caches_and_survives_bad_ids():
+    calls = []
+
+    class Tok:
+        def decode(self, ids):
+            calls.append(ids)
+            if ids[0] < 0:
+                raise IndexError("out of vocab")
+            return f"<{ids[0]}>"
+
+    d = TokenDecoder(Tok())
+    assert d(5) == "<5>" and d(5) == "<5>" and calls == [[5]]
+    assert d(-1) == "#-1"
+    assert TokenDecoder()(7) == "#7"
+
+
+def test_refresh_pulls_from_the_source_with_its_query(synth, trajectories):
+    pipe = synth["fake_pipeline"](trajectories[:2])
+    v = TrajectoryViewer(pipe.trajectories(task="math", last=50))
+    assert len(v.items) == 2
+    pipe.items.extend(trajectories[2:])
+    assert v.refresh() == 1  # only traj004 is new math
+    assert pipe.calls[-1] == ("trajectories", "math", None, 50)
+    assert [t.id for t in v.filtered] == ["traj000", "traj001", "traj004"]
+    assert not v.refresh_button.disabled
+    assert TrajectoryViewer(list(trajectories)).refresh() == 0  # no source: nothing to pull
+
+
+def test_live_refresh_ticks_and_stops(synth, trajectories):
+    import time
+
+    pipe = synth["fake_pipeline"](trajectories)
+    v = TrajectoryViewer(pipe.trajectories(), live_s=0.05)
+    v.live.value = True
+    deadline = time.time() + 5
+    while sum(1 for c in pipe.calls if c[0] == "trajectories") < 3 and time.time() < deadline:
+        time.sleep(0.02)
+    v.live.value = False
+    n = len(pipe.calls)
+    time.sleep(0.2)
+    assert n >= 3 and len(pipe.calls) <= n + 1
+    v.close()
+
+
+def test_export_jsonl_and_dataframe(tmp_path, trajectories):
+    v = TrajectoryViewer(trajectories)
+    v.set_filters(task="math")
+    path = v.to_jsonl(tmp_path / "out.jsonl")
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["id"] for r in rows] == ["traj000", "traj001", "traj004"]
+    assert rows[1]["turns"][1]["loss_mask"] == [1, 1, 0] and rows[1]["turns"][1]["version"] == 1
+    assert len(v.to_jsonl(tmp_path / "sel.jsonl", which="selected").read_text().splitlines()) == 1
+    pd = pytest.importorskip("pandas")
+    df = v.to_dataframe(which="all")
+    assert isinstance(df, pd.DataFrame) and len(df) == 5
+    row = df.set_index("id").loc["traj001"]
+    assert row["version_changes"] == 1 and row["turns"] == 3 and row["trained_tokens"] == 6
+    assert math.isnan(df.set_index("id").loc["traj002", "reward"])
+    with pytest.raises(ValueError, match="which must be"):
+        v.to_dataframe(which="nope")
+    v.export_path.value = str(tmp_path / "button.jsonl")
+    v.export_button.click()
+    assert (tmp_path / "button.jsonl").exists() and "written to" in v.count.value
+
+
+def test_trajectory_list_displays_the_viewer(monkeypatch, trajectories):
+    shown = []
+    monkeypatch.setattr("IPython.display.display", lambda obj: shown.append(obj))
+    TrajectoryList(list(trajectories))._ipython_display_()
+    assert isinstance(shown[0], TrajectoryViewer) and len(shown[0].items) == 5
+    assert Status.FAILED.value in shown[0].status.options
