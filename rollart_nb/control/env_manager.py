@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import time
+import zlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +24,7 @@ from rollart_nb.errors import EnvError, GenerationError
 from rollart_nb.protocols import GenerationRequest, Tokenizer
 from rollart_nb.trajectory import Status, Trajectory, Turn
 
-__all__ = ["EnvManager", "RolloutConfig", "TurnBarrier"]
+__all__ = ["EnvManager", "RolloutConfig", "TurnBarrier", "request_seed"]
 
 
 @dataclass(frozen=True)
@@ -138,7 +139,7 @@ class EnvManager:
         for k in range(self.max_turns):
             t1, wall = clock(), time.time()
             req = GenerationRequest(traj.id, self.task, list(prompt), self.cfg.max_new_tokens, temp,
-                                    seed=None if traj.seed is None else traj.seed * 1000 + k + hash(traj.id) % 997)
+                                    seed=request_seed(traj, k))
             res = await self.proxy.generate(req)
             t2 = clock()
             action = res.text or self.tok.decode(res.token_ids)
@@ -169,6 +170,11 @@ class EnvManager:
                 traj.info["truncated"] = "context"
                 return
         traj.info["truncated"] = "max_turns"
+
+
+def request_seed(traj: Trajectory, turn: int) -> int:
+    """Sampling seed of a trajectory's turn: reproducible across processes, distinct per group member."""
+    return (traj.seed * 1000 + turn + zlib.crc32(traj.id.encode()) % 997) % 2**31
 
 
 def _jsonable(d: dict[str, Any]) -> dict[str, Any]:

@@ -61,6 +61,9 @@ class LocalGenerator:
     async def generate(self, request: Any, tag_name: str | None = None) -> Any:
         return await self.backend.generate(request)
 
+    async def generate_many(self, requests: list[Any]) -> list[Any]:
+        return list(await asyncio.gather(*(self.backend.generate(r) for r in requests), return_exceptions=True))
+
     async def prefill(self, request: Any) -> Any:
         return await self.backend.prefill(request)
 

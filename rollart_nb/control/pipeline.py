@@ -59,7 +59,7 @@ class Pipeline:
                  batch_size: int = 32, alpha: int = 1, mode: str | Mode = "rollart", redundancy: int = 0,
                  rollout: RolloutConfig | None = None, seed: int | None = None, name: str = "pipeline",
                  validate_every: int = 0, validation_seeds: dict[str, list[int]] | None = None, pd: bool = False,
-                 max_inflight: int = 256, rewards: dict[str, dict[str, Any]] | None = None,
+                 max_inflight: int = 256, dispatch: str = "direct", rewards: dict[str, dict[str, Any]] | None = None,
                  step_timeout_s: float | None = None) -> None:
         self.mode = get_mode(mode)
         self.session, self.train, self.gen, self.tasks, self.name = session, train, gen, tasks, name
@@ -75,7 +75,7 @@ class Pipeline:
         targets = [(h.actor, h.binding.worker, h.binding.hardware, h.binding.pool) for h in gen.workers]
         self.rollout = session.cluster(f"{name}.rollout", RolloutWorker, pool="cpu", fallback=None,
                                        envs=tasks.expand(), model=gen.model, targets=targets, task_affinity=self.affinity,
-                                       config=self.cfg, pd=pd, max_inflight=max_inflight)
+                                       config=self.cfg, pd=pd, max_inflight=max_inflight, dispatch=dispatch)
         for task, spec in (rewards or {}).items():
             self.rollout.set_reward(task, **spec)
         self.E = self.rollout.start()

@@ -47,9 +47,17 @@ class LLMProxy:
     """
 
     def __init__(self, targets: list[GenTarget], affinity: dict[str, str | None] | None = None, *,
-                 max_inflight: int = 256, pd: bool = False) -> None:
+                 max_inflight: int = 256, pd: bool = False, dispatch: str = "direct", max_batch: int = 64) -> None:
         if not targets:
             raise GenerationError("LLMProxy needs at least one generation worker")
+        if dispatch not in ("direct", "batched"):
+            raise GenerationError(f"dispatch must be 'direct' or 'batched', got {dispatch!r}")
+        # "batched": requests for one worker that arrive while its previous call is in flight go
+        # together in one actor call (one hop for many turns), like an engine consuming a batch.
+        self.dispatch, self.max_batch = dispatch, max_batch
+        self._queues: list[list[tuple[GenerationRequest, asyncio.Future]]] = [[] for _ in targets]
+        self._pumping = [False] * len(targets)
+        self.batches = 0
         self.targets = targets
         self.affinity = dict(affinity or {})
         self.max_inflight, self.pd = max_inflight, pd
@@ -90,7 +98,50 @@ class LLMProxy:
         if self.pd:
             return await self._generate_pd(req)
         idx = self.route(req.traj_id, req.task)
+        if self.dispatch == "batched":
+            return await self._enqueue(idx, req)
         return await self._call(idx, req, "generate", req, req.task)
+
+    async def _enqueue(self, idx: int, req: GenerationRequest) -> GenerationResult:
+        fut: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._queues[idx].append((req, fut))
+        self._inflight[idx] += 1
+        self._running[req.traj_id] = idx
+        self._idle.clear()
+        if not self._pumping[idx]:
+            self._pumping[idx] = True
+            asyncio.get_running_loop().create_task(self._pump(idx))
+        try:
+            return await fut
+        finally:
+            self._inflight[idx] -= 1
+            self._running.pop(req.traj_id, None)
+            if not any(self._inflight):
+                self._idle.set()
+
+    async def _pump(self, idx: int) -> None:
+        """Send whatever is queued for worker ``idx`` as one call, until the queue is empty."""
+        try:
+            while self._queues[idx]:
+                batch, self._queues[idx] = self._queues[idx][: self.max_batch], self._queues[idx][self.max_batch:]
+                live = [(r, f) for r, f in batch if not f.done()]
+                if not live:
+                    continue
+                self.batches += 1
+                try:
+                    results = await self.targets[idx].handle.generate_many.remote([r for r, _ in live])
+                except Exception as e:  # the whole call failed (worker died, ...)
+                    results = [e] * len(live)
+                for (r, f), res in zip(live, results, strict=True):
+                    if f.done():
+                        continue
+                    if isinstance(res, BaseException):
+                        f.set_exception(GenerationError(f"{self.targets[idx].name} failed on trajectory "
+                                                        f"{r.traj_id}: {type(res).__name__}: {str(res)[:200]}"))
+                    else:
+                        f.set_result(res)
+        finally:
+            self._pumping[idx] = False
 
     async def _generate_pd(self, req: GenerationRequest) -> GenerationResult:
         p = self.route(req.traj_id, req.task, pref="compute")
@@ -149,4 +200,5 @@ class LLMProxy:
 
     def stats(self) -> dict[str, Any]:
         return {"requests": self.requests, "fallbacks": self.fallbacks, "inflight": list(self._inflight),
-                "sticky": len(self._sticky), "suspended_s": self.suspended_s}
+                "sticky": len(self._sticky), "suspended_s": self.suspended_s, "batches": self.batches,
+                "dispatch": self.dispatch}

@@ -35,14 +35,16 @@ class RolloutWorker(Worker):
         config: scheduler config.
         pd: prefill/decode disaggregation.
         max_inflight: per generation worker, before the proxy routes elsewhere.
+        dispatch: "direct" (one actor call per turn) or "batched" (turns queued for a busy worker
+            go together in one call).
     """
 
     default_pool = "cpu"
 
     def __init__(self, envs: dict[str, list[Any]], model: Any, targets: list[tuple[Any, str, str, str]],
                  task_affinity: dict[str, str | None], config: SchedulerConfig, pd: bool = False,
-                 max_inflight: int = 256) -> None:
-        self._args = (envs, model, targets, task_affinity, config, pd, max_inflight)
+                 max_inflight: int = 256, dispatch: str = "direct") -> None:
+        self._args = (envs, model, targets, task_affinity, config, pd, max_inflight, dispatch)
         self.rewards = RewardDispatcher()
         self.sched: RolloutScheduler | None = None
 
@@ -55,8 +57,9 @@ class RolloutWorker(Worker):
     async def start(self) -> int:
         """Build the proxy and scheduler inside the actor's event loop; returns E (env count)."""
         if self.sched is None:
-            envs, model, targets, affinity, config, pd, max_inflight = self._args
-            proxy = LLMProxy([GenTarget(*t) for t in targets], affinity, max_inflight=max_inflight, pd=pd)
+            envs, model, targets, affinity, config, pd, max_inflight, dispatch = self._args
+            proxy = LLMProxy([GenTarget(*t) for t in targets], affinity, max_inflight=max_inflight, pd=pd,
+                             dispatch=dispatch)
             self.sched = RolloutScheduler(envs, model.load_tokenizer(), proxy, self.rewards, config)
         self.sched.schedule()
         return self.sched.E

@@ -18,6 +18,7 @@ versioned ``load_weights``; a trainer serves ``train_step`` and ``state_dict``.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from rollart_nb.errors import ConfigError
@@ -62,6 +63,14 @@ class GeneratorWorker(Worker):
         res = await self.backend.generate(request)
         res.worker = res.worker or f"{self.role}/{self.rank}"
         return res
+
+    async def generate_many(self, requests: list[GenerationRequest]) -> list[Any]:
+        """Batched dispatch: many turns in one call; each entry is a result or the exception it raised."""
+        results = await asyncio.gather(*(self.backend.generate(r) for r in requests), return_exceptions=True)
+        for r in results:
+            if isinstance(r, GenerationResult):
+                r.worker = r.worker or f"{self.role}/{self.rank}"
+        return list(results)
 
     async def prefill(self, request: GenerationRequest) -> dict[str, Any]:
         """PD disaggregation: prefill only (compute-bound)."""

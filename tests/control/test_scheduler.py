@@ -5,7 +5,8 @@ import time
 
 import pytest
 
-from rollart_nb.control.env_manager import RolloutConfig
+from rollart_nb.control.env_manager import RolloutConfig, request_seed
+from rollart_nb.protocols import GenerationRequest
 from rollart_nb.control.local import LocalGenerator, LocalHandle
 from rollart_nb.control.modes import MODES
 from rollart_nb.control.proxy import GenTarget, LLMProxy
@@ -22,11 +23,11 @@ M = spec("qwen3-0.6b")
 
 
 def make(envs, *, mode="rollart", batch=8, group=4, alpha=1, redundancy=0, n_workers=2, time_scale=1e-4,
-         max_turns=4, rewards=None, timeout=60.0, weights=None):
+         max_turns=4, rewards=None, timeout=60.0, weights=None, dispatch="direct"):
     backends = [SimBackend(M, PROFILES["H20"], time_scale=time_scale, mean_response_tokens=8, name=f"g{i}")
                 for i in range(n_workers)]
     targets = [GenTarget(LocalHandle(LocalGenerator(b)), f"gen/{i}", "H20", "H20") for i, b in enumerate(backends)]
-    proxy = LLMProxy(targets, {})
+    proxy = LLMProxy(targets, {}, dispatch=dispatch)
     cfg = SchedulerConfig(batch_size=batch, group_size=group, alpha=alpha, mode=MODES[mode], redundancy=redundancy,
                           task_weights=weights,
                           rollout=RolloutConfig(max_turns=max_turns, max_new_tokens=8, env_timeout_s=timeout))
@@ -51,6 +52,22 @@ def test_batches_are_whole_scored_groups():
             assert t.status is Status.COMPLETED and t.scored and t.reward_version == 0
             assert t.turns and t.turns[0].prompt_ids and t.turns[0].version == 0
         assert len(groups) == 2 and all(len(seeds) == 1 for seeds in groups.values())  # shared prompt
+        await s.close()
+
+    run(go())
+
+
+def test_batched_dispatch_routes_each_result_to_its_trajectory():
+    async def go():
+        s, backends = make(arith(16), batch=16, group=4, dispatch="batched", n_workers=2)
+        batch = await s.get_batch(16, timeout_s=30)
+        st = s.proxy.stats()
+        assert st["batches"] < st["requests"]  # several turns shared one call
+        fresh = SimBackend(M, PROFILES["H20"], time_scale=0, mean_response_tokens=8)
+        for t in batch:  # the sim policy is a function of the request: a mixed-up result would not match
+            req = GenerationRequest(t.id, "math", t.turns[0].prompt_ids, 8, 1.0, seed=request_seed(t, 0))
+            assert (await fresh.generate(req)).token_ids == t.turns[0].response_ids
+        assert all(t.turns[0].worker for t in batch)
         await s.close()
 
     run(go())
