@@ -6,7 +6,6 @@ import time
 import pytest
 
 from rollart_nb.control.env_manager import RolloutConfig, request_seed
-from rollart_nb.protocols import GenerationRequest
 from rollart_nb.control.local import LocalGenerator, LocalHandle
 from rollart_nb.control.modes import MODES
 from rollart_nb.control.proxy import GenTarget, LLMProxy
@@ -15,6 +14,7 @@ from rollart_nb.control.scheduler import RolloutScheduler, SchedulerConfig
 from rollart_nb.envs import Arithmetic, WithFailures, WithLatency
 from rollart_nb.errors import RolloutStalledError
 from rollart_nb.models.spec import spec
+from rollart_nb.protocols import GenerationRequest
 from rollart_nb.resources.profiles import PROFILES
 from rollart_nb.sim import SimBackend, SimTokenizer
 from rollart_nb.trajectory import Status
