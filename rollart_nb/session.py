@@ -61,6 +61,7 @@ class Session:
         self._pipelines: dict[str, Any] = {}
         self._rewards: dict[str, dict[str, Any]] = {}
         self._serve: Any = None
+        self._mooncake: Any = None
         self.log_dir = ""
         self.seed = 0
         self._owns_ray = False
@@ -292,6 +293,25 @@ class Session:
             self._serve = ServeManager()
         return self._serve
 
+    def _weight_transport(self, weights: Any, name: str) -> Any:
+        """``"direct"`` (None), ``"object_store"``, ``"mooncake"`` (a master on 127.0.0.1), or a transport."""
+        if weights in (None, "direct"):
+            return None
+        if weights == "object_store":
+            from rollart_nb.weights.object_store import ObjectStoreTransport
+
+            return ObjectStoreTransport(name=f"rollart_nb/{self.id}/{name}/weights")
+        if weights == "mooncake":
+            from rollart_nb.weights.mooncake import MooncakeMaster, MooncakeTransport
+
+            if self._mooncake is None:
+                self._mooncake = MooncakeMaster().start()
+            return MooncakeTransport(self._mooncake.address, prefix=f"{self.id}/{name}",
+                                     segment_bytes=256 * 2**20)
+        if hasattr(weights, "publish") and hasattr(weights, "pull"):
+            return weights
+        raise ConfigError(f"weights={weights!r}: use 'direct', 'object_store', 'mooncake' or a WeightTransport")
+
     def _deploy_reward(self, pipe: Any, task: str, fn: Any, **kwargs: Any) -> int:
         kwargs.pop("serverless", None)
         timeout_s, retries = kwargs.pop("timeout_s", 30.0), kwargs.pop("retries", 1)
@@ -355,6 +375,11 @@ class Session:
                 self._serve.shutdown()
             except Exception as e:
                 log.warning("stopping Ray Serve: %s", e)
+        if self._mooncake is not None:
+            try:
+                self._mooncake.stop()
+            except Exception as e:
+                log.warning("stopping mooncake_master: %s", e)
         for name in list(self.clusters):
             try:
                 self.close_cluster(name)

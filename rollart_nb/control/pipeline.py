@@ -60,7 +60,7 @@ class Pipeline:
                  rollout: RolloutConfig | None = None, seed: int | None = None, name: str = "pipeline",
                  validate_every: int = 0, validation_seeds: dict[str, list[int]] | None = None, pd: bool = False,
                  max_inflight: int = 256, dispatch: str = "direct", rewards: dict[str, dict[str, Any]] | None = None,
-                 step_timeout_s: float | None = None) -> None:
+                 step_timeout_s: float | None = None, weights: Any = "direct", hw_affinity: bool = True) -> None:
         self.mode = get_mode(mode)
         self.session, self.train, self.gen, self.tasks, self.name = session, train, gen, tasks, name
         self.cfg = SchedulerConfig(batch_size=batch_size, group_size=group_size, alpha=alpha, mode=self.mode,
@@ -70,8 +70,9 @@ class Pipeline:
         self.state = "idle"
         self.validation_seeds = validation_seeds or tasks.validation_seeds()
         self.step_timeout_s = step_timeout_s
+        # task -> preferred hardware: the generator's @hw_mapping, else the env's shape hint
         self.affinity = {t: gen.affinity("generate", t) or shape_affinity(getattr(env, "shape", None))
-                         for t, env in tasks.envs.items()} if hasattr(gen.worker_cls, "generate") else {}
+                         for t, env in tasks.envs.items()} if hw_affinity else {}
         targets = [(h.actor, h.binding.worker, h.binding.hardware, h.binding.pool) for h in gen.workers]
         self.rollout = session.cluster(f"{name}.rollout", RolloutWorker, pool="cpu", fallback=None,
                                        envs=tasks.expand(), model=gen.model, targets=targets, task_affinity=self.affinity,
@@ -80,7 +81,11 @@ class Pipeline:
             self.rollout.set_reward(task, **spec)
         self.E = self.rollout.start()
         self.version = 0
+        self.transport = session._weight_transport(weights, name)
         trained = int(train.version())
+        if self.transport is not None:  # trainer publishes, generators pull in the background
+            train.set_transport(self.transport)
+            gen.set_transport(self.transport)
         if trained:  # a trainer reused from an earlier pipeline: serve its weights from the start
             self._update_weights(trained)
         self.state = "idle"
@@ -126,7 +131,8 @@ class Pipeline:
             rep.train_s = metrics.get("step_s", metrics.get("modelled_s", 0.0))
         t4 = time.monotonic()
         if metrics:                                                                # (3) update
-            self._update_weights(int(metrics["version"]))
+            rep.weights = self._update_weights(int(metrics["version"]))
+            rep.weights.update({k: metrics[k] for k in ("push_s", "push_bytes") if k in metrics})
         rep.phases["update"] = time.monotonic() - t4
         t5 = time.monotonic()
         self.rollout.resume()                                                      # (4) resume, (5) recompute
@@ -137,11 +143,21 @@ class Pipeline:
             self._train_fut = self.train.train_step(batch, blocking=False)
         return self._finish_report(rep, batch, metrics, t0)
 
-    def _update_weights(self, version: int) -> None:
-        state = self.train.state_dict(blocking=False)  # an object ref: weights go trainer -> generators
-        self.gen.load_weights(state.refs[0], version)
+    def _update_weights(self, version: int) -> dict[str, float]:
+        """Generators switch to ``version``; returns weight-sync metrics (summed over generators)."""
+        out: dict[str, float] = {}
+        if self.transport is None:
+            state = self.train.state_dict(blocking=False)  # an object ref: weights go trainer -> generators
+            self.gen.load_weights(state.refs[0], version)
+        else:  # pulled in the background since the trainer published; wait only for the rest
+            for m in self.gen.apply_weights(version):
+                for k in ("pull_s", "exposed_pull_s", "bytes"):
+                    out[k] = out.get(k, 0.0) + float(m.get(k) or 0.0)
+            if out.get("pull_s"):
+                out["hidden_fraction"] = 1.0 - out["exposed_pull_s"] / out["pull_s"]
         self.version = version
         self.rollout.set_version(version)
+        return out
 
     def _finish_report(self, rep: StepReport, batch: list[Trajectory], metrics: dict[str, float],
                        t0: float) -> StepReport:

@@ -19,6 +19,7 @@ versioned ``load_weights``; a trainer serves ``train_step`` and ``state_dict``.
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 from rollart_nb.errors import ConfigError
@@ -53,9 +54,30 @@ class GeneratorWorker(Worker):
     def __init__(self, model: Any, **backend_kwargs: Any) -> None:
         self.model = model
         self.backend = self.make_backend(model, **backend_kwargs)
+        self._puller: Any = None
 
     def make_backend(self, model: Any, **kwargs: Any) -> Any:
         raise NotImplementedError
+
+    @register()
+    def set_transport(self, transport: Any) -> None:
+        """Pull new weight versions from ``transport`` in the background (a WeightPuller)."""
+        from rollart_nb.weights.puller import WeightPuller
+
+        if self._puller is not None:
+            self._puller.close()
+        self._puller = WeightPuller(transport, current_version=self.backend.version).start()
+
+    @register()
+    def apply_weights(self, version: int, timeout_s: float | None = 600.0) -> dict[str, Any]:
+        """Switch to ``version`` once the background pull has it complete and verified.
+
+        Returns this step's pull metrics: ``pull_s`` (background), ``exposed_pull_s`` (waited here).
+        """
+        state = self._puller.wait_for(version, timeout_s)
+        if state is not None:
+            self.backend.load_weights(state, self._puller.current_version)
+        return self._puller.take_metrics().as_dict()
 
     @hw_mapping()
     async def generate(self, request: GenerationRequest, tag_name: str | None = None) -> GenerationResult:
@@ -96,6 +118,13 @@ class GeneratorWorker(Worker):
     @register()
     def version(self) -> int:
         return self.backend.version
+
+    @register()
+    def score_tokens(self, ids: list[int]) -> list[float]:
+        """Log-probabilities of ``ids[1:]`` under the served weights (a consistency probe)."""
+        if not hasattr(self.backend, "recompute"):
+            raise ConfigError(f"{type(self.backend).__name__} cannot score tokens")
+        return self.backend.recompute(ids)
 
     @register()
     def stats(self) -> dict[str, Any]:
@@ -143,15 +172,32 @@ class TrainerWorker(Worker):
     def __init__(self, model: Any, **backend_kwargs: Any) -> None:
         self.model = model
         self.backend = self.make_backend(model, **backend_kwargs)
+        self._transport: Any = None
 
     def make_backend(self, model: Any, **kwargs: Any) -> Any:
         raise NotImplementedError
 
     @register("one")
+    def set_transport(self, transport: Any) -> None:
+        """Publish weights through ``transport`` after every train step (and now)."""
+        self._transport = transport
+        transport.publish(self.backend.version, self.backend.state_dict())
+
+    @register("one")
     def train_step(self, batch: list[Trajectory]) -> dict[str, float]:
-        """One optimizer step on ``batch``; returns metrics including the new ``version``."""
+        """One optimizer step on ``batch``; returns metrics including the new ``version``.
+
+        With a transport set, the new weights are published right away (bucketed, versioned),
+        so generation workers can pull them in the background while rollout goes on.
+        """
         metrics = dict(self.backend.train_step(batch))
         metrics["version"] = self.backend.version
+        if self._transport is not None:
+            t0 = time.perf_counter()
+            manifest = self._transport.publish(self.backend.version, self.backend.state_dict())
+            metrics["push_s"] = time.perf_counter() - t0
+            metrics["push_bytes"] = float(manifest.total_bytes)
+            self._transport.gc(keep=2)
         return metrics
 
     @register("one")
