@@ -277,7 +277,7 @@ class Session:
             spec: dict[str, Any] = {"endpoint": Endpoint(f"{task}-reward", url, token_env=token_env,
                                                          timeout_s=timeout_s, retries=0)}
         elif serverless:
-            spec = {"endpoint": self._serve_manager().deploy(f"reward-{task}", fn, **serve_options)}
+            spec = {"endpoint": self._deploy_version(task, fn, **serve_options)}
         else:
             spec = {"fn": fn}
         spec.update(timeout_s=timeout_s, retries=retries)
@@ -312,10 +312,17 @@ class Session:
             return weights
         raise ConfigError(f"weights={weights!r}: use 'direct', 'object_store', 'mooncake' or a WeightTransport")
 
+    def _deploy_version(self, task: str, fn: Any, **serve_options: Any) -> Endpoint:
+        """Deploy ``fn`` under a new route per version, so the dispatcher's switch is atomic:
+        a trajectory is scored by exactly the version it records (old routes scale to zero)."""
+        mgr = self._serve_manager()
+        n = sum(1 for name in mgr.deployments if name.startswith(f"reward-{task}-v"))
+        return mgr.deploy(f"reward-{task}-v{n}", fn, **serve_options)
+
     def _deploy_reward(self, pipe: Any, task: str, fn: Any, **kwargs: Any) -> int:
         kwargs.pop("serverless", None)
         timeout_s, retries = kwargs.pop("timeout_s", 30.0), kwargs.pop("retries", 1)
-        ep = self._serve_manager().deploy(f"reward-{task}", fn, **kwargs)
+        ep = self._deploy_version(task, fn, **kwargs)
         return pipe.rollout.set_reward(task, endpoint=ep, timeout_s=timeout_s, retries=retries)
 
     def pipeline(self, train: Cluster, gen: Cluster, tasks: TaskSet, *, algo: Any = None, batch_size: int = 32,
