@@ -229,6 +229,8 @@ def ship_by_value(cls: type) -> None:
     file = getattr(mod, "__file__", None) or ""
     if mod is None or cls.__module__ == "__main__" or not file:
         return
+    if cls.__module__.split(".")[0] in sys.stdlib_module_names:  # importable everywhere
+        return
     pkg_dir = str(Path(__file__).resolve().parent)
     if "site-packages" in file or "dist-packages" in file or str(Path(file).resolve()).startswith(pkg_dir):
         return
