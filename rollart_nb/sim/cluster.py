@@ -1,0 +1,414 @@
+"""LocalCluster: a :class:`~rollart_nb.workers.cluster.Cluster` whose workers are in-process objects.
+
+A :class:`~rollart_nb.sim.session.SimSession` builds these instead of Ray actors, so a what-if
+study with a hundred simulated GPUs and thousands of envs runs in one process: every Worker
+instance lives on the session's single background asyncio loop thread, and the same Pipeline,
+RolloutWorker, LLMProxy and RolloutScheduler code as a Ray run drives them.
+
+Calling convention (the same as :class:`~rollart_nb.workers.cluster.Cluster`):
+
+- ``cluster.method(...)`` has the Worker method's signature and docstring plus a keyword-only
+  ``blocking``; ``@register`` / ``@hw_mapping`` / ``@register_serverless`` dispatch the same way
+  (the routing rule is the shared :func:`~rollart_nb.workers.routing.pick_worker`).
+- ``blocking=False`` returns a :class:`LocalFuture` (``.result(timeout)``, ``await``, ``.refs``);
+  an element of ``.refs`` passed as an argument to another LocalCluster call is resolved to its
+  value first, as Ray resolves an ObjectRef.
+- ``worker.actor.method.remote(...)`` returns an awaitable: an :class:`asyncio.Task` when called
+  on the loop thread (what the LLMProxy does), a :class:`LocalRef` from any other thread.
+
+Where sync methods run (the one deliberate difference from Ray):
+
+- Async methods run as tasks on the loop thread.
+- Sync methods of most workers run on the loop thread too: they are short bookkeeping calls
+  (``take_batch``, ``stats``, ``load_weights``) that touch state the loop owns (the scheduler,
+  the sim backend), so running them anywhere else would race with it.
+- Sync methods of :class:`~rollart_nb.workers.roles.TrainerWorker` subclasses run on a thread of
+  their own (one per worker, so calls to one trainer stay ordered as on a Ray actor).
+  ``SimTrainer.train_step`` models GPU time with ``time.sleep``; on the loop it would freeze
+  every rollout for the length of a train step and erase exactly the train/rollout overlap the
+  asynchronous modes are measured on. Pass ``threaded=True/False`` to override per cluster.
+
+Arguments are passed by reference (nothing is pickled), so workers must not mutate what they
+are given; the control plane already copies what it owns (env templates, prompts).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import functools
+import html
+import inspect
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from rollart_nb.errors import ClusterError, ConfigError, StateError
+from rollart_nb.resources.manager import Binding
+from rollart_nb.serverless.client import Endpoint, acall, call
+from rollart_nb.workers.cluster import _ordered, _pick
+from rollart_nb.workers.decorators import Dispatch, dispatch_of
+from rollart_nb.workers.roles import TrainerWorker
+from rollart_nb.workers.routing import pick_worker
+from rollart_nb.workers.worker import Worker, actor_class_for
+
+if TYPE_CHECKING:
+    from rollart_nb.sim.session import SimSession
+
+__all__ = ["LocalActor", "LocalCluster", "LocalFuture", "LocalRef", "LocalWorkerHandle"]
+
+
+class LocalRef:
+    """The in-process ObjectRef: a call's pending result.
+
+    Pass it as an argument to another LocalCluster call (it is resolved to its value there),
+    ``await`` it from any event loop, or block on :meth:`result`.
+    """
+
+    def __init__(self, fut: concurrent.futures.Future) -> None:
+        self.future = fut
+
+    def result(self, timeout: float | None = None) -> Any:
+        return self.future.result(timeout)
+
+    def done(self) -> bool:
+        return self.future.done()
+
+    def __await__(self):  # noqa: ANN204
+        return asyncio.wrap_future(self.future).__await__()
+
+    def __repr__(self) -> str:
+        return f"LocalRef({'done' if self.future.done() else 'pending'})"
+
+
+class _LocalMethod:
+    def __init__(self, actor: LocalActor, name: str) -> None:
+        self._actor, self._name = actor, name
+
+    def remote(self, *args: Any, **kwargs: Any) -> Any:
+        """Start the call; an asyncio Task on the loop thread, else a :class:`LocalRef`."""
+        return self._actor._submit(self._name, args, kwargs)
+
+
+class LocalActor:
+    """An actor-handle stand-in for one in-process Worker: ``actor.m.remote(*a)`` calls ``worker.m(*a)``.
+
+    Args:
+        instance: the Worker object.
+        loop: the session's event loop (where every call runs).
+        threaded: run sync methods in this actor's own thread instead of on the loop.
+    """
+
+    def __init__(self, instance: Worker, loop: asyncio.AbstractEventLoop, threaded: bool) -> None:
+        self.instance, self._loop, self.threaded = instance, loop, threaded
+        # one thread per actor: a trainer's calls run in order, like a sync Ray actor's
+        self._thread = (concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"sim-{instance.role}")
+                        if threaded else None)
+        self.closed = False
+
+    def __getattr__(self, name: str) -> _LocalMethod:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _LocalMethod(self, name)
+
+    def _submit(self, name: str, args: tuple, kwargs: dict) -> Any:
+        if self.closed:
+            raise StateError(f"worker {self.instance.binding.worker if self.instance.binding else '?'} is closed")
+        coro = self._invoke(name, args, kwargs)
+        if _running_loop() is self._loop:
+            return self._loop.create_task(coro)
+        return LocalRef(asyncio.run_coroutine_threadsafe(coro, self._loop))
+
+    async def _invoke(self, name: str, args: tuple, kwargs: dict) -> Any:
+        args = tuple([await _resolve(a) for a in args])
+        kwargs = {k: await _resolve(v) for k, v in kwargs.items()}
+        fn = getattr(self.instance, name)
+        if inspect.iscoroutinefunction(fn):
+            return await fn(*args, **kwargs)
+        if self._thread is not None:
+            return await self._loop.run_in_executor(self._thread, functools.partial(fn, *args, **kwargs))
+        res = fn(*args, **kwargs)
+        return await res if inspect.isawaitable(res) else res
+
+    def close(self) -> None:
+        self.closed = True
+        if self._thread is not None:
+            self._thread.shutdown(wait=False, cancel_futures=True)
+
+    def __repr__(self) -> str:
+        return f"LocalActor({type(self.instance).__name__}, {'threaded' if self.threaded else 'loop'})"
+
+
+@dataclass
+class LocalWorkerHandle:
+    """One in-process worker of a LocalCluster (the ``WorkerHandle`` of a Ray Cluster)."""
+
+    actor: LocalActor
+    binding: Binding
+    inflight: int = 0
+    calls: int = 0
+    instance: Worker | None = field(default=None, repr=False)
+
+
+class LocalFuture:
+    """Result of a non-blocking LocalCluster call: ``.result(timeout)``, ``await fut``, ``.refs``."""
+
+    def __init__(self, refs: list[LocalRef], combine: Callable[[list[Any]], Any], what: str,
+                 who: list[Binding]) -> None:
+        self._refs, self._combine, self._what, self._who = refs, combine, what, who
+
+    @property
+    def refs(self) -> list[LocalRef]:
+        """One :class:`LocalRef` per worker called; pass one to another call instead of its value."""
+        return list(self._refs)
+
+    def result(self, timeout: float | None = None) -> Any:
+        out = []
+        for r, b in zip(self._refs, self._who, strict=True):
+            try:
+                out.append(r.result(timeout))
+            except concurrent.futures.TimeoutError as e:
+                raise ClusterError(f"{self._what} on {b.worker} did not finish within {timeout}s") from e
+        return self._combine(out)
+
+    def done(self) -> bool:
+        return all(r.done() for r in self._refs)
+
+    def __await__(self):  # noqa: ANN204
+        async def run() -> Any:
+            return self._combine([await r for r in self._refs])
+
+        return run().__await__()
+
+
+class LocalCluster:
+    """A role's Workers as in-process objects on a SimSession's event loop.
+
+    Built by :meth:`rollart_nb.sim.session.SimSession.cluster`; same interface as
+    :class:`~rollart_nb.workers.cluster.Cluster`.
+
+    Example:
+        >>> sess = SimSession({"H800": 8, "H20": 8, "cpu": 4})                     # doctest: +SKIP
+        >>> gen = sess.cluster("actor_gen", SimGenerator, pool="H20", replicas=8,   # doctest: +SKIP
+        ...                    model=spec("qwen3-8b"))
+        >>> gen.version()                                                           # doctest: +SKIP
+        [0, 0, 0, 0, 0, 0, 0, 0]
+    """
+
+    def __init__(self, session: SimSession, name: str, worker_cls: type[Worker], *, replicas: int, pool: str,
+                 fallback: list[str] | None, slots: float, init_kwargs: dict[str, Any],
+                 endpoints: dict[str, Endpoint], affinity: dict[str, str] | None,
+                 threaded: bool | None = None) -> None:
+        self.name, self.worker_cls, self.pool = name, worker_cls, pool
+        self._session, self._init_kwargs, self._fallback, self._slots = session, init_kwargs, fallback, slots
+        self._endpoints = endpoints
+        self._affinity_override = dict(affinity or {})
+        self.threaded = issubclass(worker_cls, TrainerWorker) if threaded is None else bool(threaded)
+        # re-entrant: a done-callback runs at once, under the lock, when the call already finished
+        self._lock = threading.RLock()
+        self._cls = actor_class_for(worker_cls)
+        self.fallbacks: dict[str, int] = {}
+        self.closed = False
+        self.workers: list[LocalWorkerHandle] = []
+        self._bind_methods()  # validates the Worker class before any worker is built
+        try:
+            for i in range(replicas):
+                self.workers.append(self._spawn(i, replicas))
+        except BaseException:
+            self.close()
+            raise
+
+    # -- construction ----------------------------------------------------------------
+    def _spawn(self, index: int, world: int, binding: Binding | None = None) -> LocalWorkerHandle:
+        b = binding or self._session._resources.bind(self.name, index, prefer=self.pool, fallback=self._fallback,
+                                                     slots=self._slots)
+        try:
+            # built on the loop thread: a worker may create loop-bound objects in __init__.
+            # No log dir: in-process, a per-worker file handler would capture the driver's logs too.
+            inst = self._session._run_sync(lambda: self._cls(b, world, None, **self._init_kwargs))
+        except Exception as e:
+            self._session._resources.release(self.name, index)
+            raise ClusterError(f"worker {b.worker} on pool {b.pool} did not start: {type(e).__name__}: {e}. "
+                               "Check the Worker's __init__ arguments") from e
+        return LocalWorkerHandle(LocalActor(inst, self._session._loop, self.threaded), b, instance=inst)
+
+    def _bind_methods(self) -> None:
+        for attr, fn in inspect.getmembers(self.worker_cls, predicate=inspect.isfunction):
+            d = dispatch_of(fn)
+            if d is None:
+                continue
+            if hasattr(LocalCluster, attr):
+                raise ConfigError(f"{self.worker_cls.__name__}.{attr} clashes with a Cluster attribute; rename it")
+            setattr(self, attr, self._make_proxy(attr, fn, d))
+
+    def _make_proxy(self, attr: str, fn: Callable[..., Any], d: Dispatch) -> Callable[..., Any]:
+        impl = {"register": self._call_register, "hw_mapping": self._call_hw}.get(d.kind, self._call_serverless)
+
+        @functools.wraps(fn)
+        def proxy(*args: Any, blocking: bool = True, **kwargs: Any) -> Any:
+            self._check_open()
+            return impl(attr, d, args, kwargs, blocking)
+
+        sig = inspect.signature(fn)
+        params = [p for n, p in sig.parameters.items() if n != "self"]
+        params.append(inspect.Parameter("blocking", inspect.Parameter.KEYWORD_ONLY, default=True))
+        proxy.__signature__ = sig.replace(parameters=_ordered(params))  # type: ignore[attr-defined]
+        return proxy
+
+    # -- dispatch paths --------------------------------------------------------------
+    def _submit(self, idx: list[int], attr: str, per_worker_args: list[tuple[tuple, dict]]) -> list[LocalRef]:
+        refs = []
+        with self._lock:
+            for i, (a, k) in zip(idx, per_worker_args, strict=True):
+                h = self.workers[i]
+                h.inflight += 1
+                h.calls += 1
+                fut = asyncio.run_coroutine_threadsafe(h.actor._invoke(attr, a, k), self._session._loop)
+                # released on completion (not on .result()): routing sees the true in-flight count
+                fut.add_done_callback(lambda _f, h=h: self._release(h))
+                refs.append(LocalRef(fut))
+        return refs
+
+    def _release(self, h: LocalWorkerHandle) -> None:
+        with self._lock:
+            h.inflight -= 1
+
+    def _finish(self, idx: list[int], refs: list[LocalRef], combine: Callable[[list[Any]], Any], blocking: bool,
+                what: str) -> Any:
+        fut = LocalFuture(refs, combine, what, [self.workers[i].binding for i in idx])
+        if not blocking:
+            return fut
+        if _running_loop() is self._session._loop:
+            raise StateError(f"{what}: a blocking call from inside the simulation's event loop would deadlock; "
+                             "call it with blocking=False and await the result")
+        return fut.result()
+
+    def _call_register(self, attr: str, d: Dispatch, args: tuple, kwargs: dict, blocking: bool) -> Any:
+        n = len(self.workers)
+        if d.mode == "one":
+            idx, per = [0], [(args, kwargs)]
+            combine: Callable[[list[Any]], Any] = lambda r: r[0]  # noqa: E731
+        elif d.mode == "scatter":
+            for v in (*args, *kwargs.values()):
+                if isinstance(v, list | tuple) and len(v) != n:
+                    raise ConfigError(f"{self.name}.{attr}: scatter argument has {len(v)} items for {n} workers")
+            idx = list(range(n))
+            per = [(tuple(_pick(a, i) for a in args), {k: _pick(v, i) for k, v in kwargs.items()}) for i in idx]
+            combine = list
+        else:
+            idx, per, combine = list(range(n)), [(args, kwargs)] * n, list
+        return self._finish(idx, self._submit(idx, attr, per), combine, blocking, f"{self.name}.{attr}")
+
+    def affinity(self, attr: str, tag: str | None) -> str | None:
+        """Preferred hardware for ``tag`` when calling ``attr`` (cluster override, then decorator)."""
+        d = dispatch_of(getattr(self.worker_cls, attr))
+        if tag is not None and tag in self._affinity_override:
+            return self._affinity_override[tag]
+        if d is not None and tag is not None and tag in d.affinity:
+            return d.affinity[tag]
+        return d.default if d is not None else None
+
+    def set_affinity(self, tag: str, hardware: str) -> None:
+        """Route calls tagged ``tag`` to ``hardware`` ("H20", "compute", "bandwidth", ...)."""
+        self._affinity_override[tag] = hardware
+
+    def choose_worker(self, attr: str, tag: str | None, max_inflight: int) -> tuple[int, bool]:
+        """Pick a worker index for a tagged call; returns (index, fell_back)."""
+        pref = self.affinity(attr, tag)
+        with self._lock:
+            return pick_worker([(h.binding.hardware, h.binding.pool) for h in self.workers],
+                               [h.inflight for h in self.workers], pref, max_inflight)
+
+    def _call_hw(self, attr: str, d: Dispatch, args: tuple, kwargs: dict, blocking: bool) -> Any:
+        tag = kwargs.get("tag_name")
+        if tag is None:
+            params = [p for p in inspect.signature(getattr(self.worker_cls, attr)).parameters if p != "self"]
+            pos = params.index("tag_name")
+            tag = args[pos] if len(args) > pos else None
+        i, fell_back = self.choose_worker(attr, tag, d.max_inflight)
+        if fell_back:
+            self.fallbacks[attr] = self.fallbacks.get(attr, 0) + 1
+        refs = self._submit([i], attr, [(args, kwargs)])
+        return self._finish([i], refs, lambda r: r[0], blocking, f"{self.name}.{attr}")
+
+    def _call_serverless(self, attr: str, d: Dispatch, args: tuple, kwargs: dict, blocking: bool) -> Any:
+        name = d.endpoint or ""
+        ep = self._endpoints.get(name) or self._session.endpoints.get(name)
+        if ep is None:
+            raise ConfigError(f"{self.name}: no serverless endpoint {name!r} is registered; pass "
+                              f"endpoints={{{name!r}: url}} to sess.cluster")
+        ep = Endpoint(ep.name, ep.url, ep.token_env, timeout_s=d.timeout_s, retries=d.retries, backoff_s=ep.backoff_s)
+        return call(ep, list(args), kwargs) if blocking else acall(ep, list(args), kwargs)
+
+    # -- lifecycle -------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self.closed:
+            raise StateError(f"Cluster {self.name!r} is closed; build it again with sess.cluster({self.name!r}, ...)")
+
+    def restart_worker(self, index: int) -> Binding:
+        """Failover: drop worker ``index``, rebind its slot (another node if possible), build it again."""
+        self._check_open()
+        self.workers[index].actor.close()
+        b = self._session._resources.rebind(self.name, index)
+        self.workers[index] = self._spawn(index, len(self.workers), binding=b)
+        return b
+
+    def info(self) -> list[dict[str, Any]]:
+        """Per worker: node, pid (this process), hardware, pool, rank."""
+        return [{"node_id": h.binding.node, "pid": os.getpid(), "hardware": h.binding.hardware,
+                 "pool": h.binding.pool, "rank": h.binding.index} for h in self.workers]
+
+    @property
+    def model(self) -> Any:
+        """The ``model`` the workers were built with (None if not given)."""
+        return self._init_kwargs.get("model")
+
+    @property
+    def bindings(self) -> list[Binding]:
+        return [h.binding for h in self.workers]
+
+    def close(self) -> None:
+        """Drop the workers and release their pool slots (idempotent)."""
+        if self.closed:
+            return
+        self.closed = True
+        for h in self.workers:
+            h.actor.close()
+        self._session._resources.release(self.name)
+
+    def __len__(self) -> int:
+        return len(self.workers)
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"{len(self.workers)} worker(s)"
+        pools = ",".join(sorted({h.binding.pool for h in self.workers}))
+        return f"LocalCluster({self.name!r}, {self.worker_cls.__name__}, {state}, pools={pools or '-'})"
+
+    def _repr_html_(self) -> str:
+        rows = "".join(
+            f"<tr><td>{h.binding.index}</td><td>{html.escape(h.binding.pool)}</td><td>{h.binding.hardware}</td>"
+            f"<td><code>{html.escape(h.binding.node)}</code></td>"
+            f"<td>{'yes: ' + html.escape(h.binding.reason) if h.binding.fell_back else 'no'}</td>"
+            f"<td>{h.inflight}</td><td>{h.calls}</td></tr>"
+            for h in self.workers
+        )
+        return (
+            f"<div><b>Cluster</b> <code>{html.escape(self.name)}</code> &middot; {self.worker_cls.__name__} &middot; "
+            f"{'closed' if self.closed else 'open'} &middot; in-process (simulated)<table><tr><th>rank</th>"
+            f"<th>pool</th><th>hardware</th><th>node</th><th>fell back</th><th>in flight</th><th>calls</th></tr>"
+            f"{rows}</table></div>"
+        )
+
+
+async def _resolve(v: Any) -> Any:
+    """A LocalRef argument becomes its value (as Ray resolves a top-level ObjectRef argument)."""
+    return await v if isinstance(v, LocalRef) else v
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None

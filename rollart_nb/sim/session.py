@@ -1,0 +1,302 @@
+"""SimSession: a whole simulated cluster in one process, for what-if studies.
+
+``Session.local()`` runs every worker as a Ray actor: right for real backends, but a hundred
+sim generation workers would be a hundred processes on a laptop. A :class:`SimSession` instead
+builds :class:`~rollart_nb.sim.cluster.LocalCluster` s whose Workers live in this process on one
+background asyncio loop thread. Everything else is the real thing: pools, the
+:class:`~rollart_nb.resources.manager.ResourceManager` and its bindings, the
+:class:`~rollart_nb.control.pipeline.Pipeline`, the RolloutWorker with its LLMProxy and
+RolloutScheduler. Time comes only from the sim backends and envs sleeping their modelled time
+times ``time_scale`` on that loop (and the trainer's sleep, on a thread of its own).
+
+Lifecycle: ``attached -> closed`` (it is attached from construction; nothing to connect to).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import html
+import logging
+import threading
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from rollart_nb.control.tasks import TaskSet
+from rollart_nb.errors import ConfigError, StateError
+from rollart_nb.resources.manager import Binding, ResourceManager
+from rollart_nb.resources.pools import SERVERLESS_SLOTS, Pool, hardware_for_pool
+from rollart_nb.resources.profiles import PROFILES
+from rollart_nb.resources.store import MemoryStore
+from rollart_nb.serverless.client import Endpoint
+from rollart_nb.sim.cluster import LocalCluster
+from rollart_nb.workers.worker import Worker
+
+__all__ = ["DEFAULT_SIM_POOLS", "SimSession"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SIM_POOLS: dict[str, int] = {"H800": 96, "H20": 32, "cpu": 64}
+"""Pools of a :class:`SimSession` when none are given (pool name -> devices / CPU slots)."""
+
+
+class SimSession:
+    """An in-process simulated cluster with the Session API (clusters, tasks, rewards, pipelines).
+
+    Args:
+        pools: pool name -> device count ("H800", "H20", "H100", "A100", "cpu", "serverless").
+            Default :data:`DEFAULT_SIM_POOLS`.
+        seed: base seed (pipelines derive theirs from it).
+        gpus_per_node: GPUs per simulated node (bindings name a node; a worker with
+            ``slots=k`` must fit on one node, as a TP group must).
+
+    Example:
+        >>> from rollart_nb.models import spec
+        >>> from rollart_nb.workers.roles import SimGenerator, SimTrainer
+        >>> with SimSession({"H800": 8, "H20": 8, "cpu": 4}) as sess:
+        ...     gen = sess.cluster("actor_gen", SimGenerator, pool="H20", replicas=8, model=spec("qwen3-8b"))
+        ...     gen.version()
+        [0, 0, 0, 0, 0, 0, 0, 0]
+    """
+
+    def __init__(self, pools: dict[str, int] | None = None, seed: int = 0, *, gpus_per_node: int = 8) -> None:
+        pools = dict(DEFAULT_SIM_POOLS if pools is None else pools)
+        problems = []
+        for name, n in pools.items():
+            if name.lower() not in ("cpu", "serverless") and name.upper() not in PROFILES:
+                problems.append(f"pool {name!r} is not a known hardware type ({sorted(PROFILES)}) or 'cpu'")
+            if not isinstance(n, int) or n <= 0:
+                problems.append(f"pool {name!r} needs a positive integer count, got {n!r}")
+        if not isinstance(gpus_per_node, int) or gpus_per_node < 1:
+            problems.append(f"gpus_per_node must be an int >= 1, got {gpus_per_node!r}")
+        if problems:
+            raise ConfigError(problems, where="SimSession")
+        self.id = uuid.uuid4().hex[:8]
+        self.mode, self.address, self.seed = "sim", "in-process", seed
+        self.pools: dict[str, Pool] = {_canon(n): _make_pool(_canon(n), c, gpus_per_node) for n, c in pools.items()}
+        self.store = MemoryStore(prefix=f"sessions/{self.id}/")
+        self._resources = ResourceManager(self.pools, self.store)
+        self.endpoints: dict[str, Endpoint] = {}
+        self.clusters: dict[str, LocalCluster] = {}
+        self._pipelines: dict[str, Any] = {}
+        self._rewards: dict[str, dict[str, Any]] = {}
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name=f"rollart-sim-{self.id}", daemon=True)
+        self._thread.start()
+        self.state = "attached"
+
+    # -- the loop --------------------------------------------------------------------
+    def _run_sync(self, fn: Callable[[], Any], timeout: float | None = None) -> Any:
+        """Run ``fn()`` on the loop thread (where the workers live); returns its result."""
+        if threading.current_thread() is self._thread:
+            return fn()
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+
+        def run() -> None:
+            try:
+                fut.set_result(fn())
+            except BaseException as e:  # handed to the caller, raised there
+                fut.set_exception(e)
+
+        self._loop.call_soon_threadsafe(run)
+        return fut.result(timeout)
+
+    def run(self, coro: Any, timeout: float | None = None) -> Any:
+        """Run a coroutine on the simulation's loop from the driver and wait for its result."""
+        self._check()
+        if threading.current_thread() is self._thread:
+            raise StateError("SimSession.run() was called on the simulation loop itself; await the coroutine")
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    # -- clusters --------------------------------------------------------------------
+    def cluster(self, name: str, worker_cls: type[Worker], pool: str | None = None, replicas: int = 1, *,
+                fallback: list[str] | None = None, slots: float = 1, endpoints: dict[str, str] | None = None,
+                affinity: dict[str, str] | None = None, threaded: bool | None = None,
+                **init_kwargs: Any) -> LocalCluster:
+        """Build (or rebuild) the in-process cluster ``name`` of ``replicas`` ``worker_cls`` workers.
+
+        Args:
+            name: role name; building the same name again closes the old cluster first.
+            worker_cls: a :class:`~rollart_nb.Worker` subclass.
+            pool: preferred pool; default ``worker_cls.default_pool``.
+            replicas: number of workers (>= 1).
+            fallback: pools to try if ``pool`` is full or absent (default: compatible pools).
+            slots: pool slots per worker (GPUs of one TP group; they must fit on one node).
+            endpoints: serverless endpoint name -> URL for ``@register_serverless`` methods.
+            affinity: tag -> hardware overrides for ``@hw_mapping`` methods.
+            threaded: run the workers' sync methods on a thread of their own (default: only for
+                trainers, whose sim step blocks; see :mod:`rollart_nb.sim.cluster`).
+            **init_kwargs: passed to ``worker_cls.__init__`` (by reference: nothing is pickled).
+        """
+        self._check()
+        problems = []
+        if not (isinstance(worker_cls, type) and issubclass(worker_cls, Worker)):
+            problems.append(f"worker_cls must be a rollart_nb.Worker subclass, got {worker_cls!r}")
+        if not isinstance(replicas, int) or replicas < 1:
+            problems.append(f"replicas must be an int >= 1, got {replicas!r}")
+        if slots <= 0:
+            problems.append(f"slots must be > 0, got {slots!r}")
+        if not name or not isinstance(name, str):
+            problems.append("name must be a non-empty string")
+        if problems:
+            raise ConfigError(problems, where=f"sess.cluster({name!r}, ...)")
+        pool = pool or getattr(worker_cls, "default_pool", "cpu")
+        self._resources.check_pool_name(pool)
+        if name in self.clusters:
+            log.info("replacing cluster %s", name)
+            self.close_cluster(name)
+        eps = {n: Endpoint(n, u) for n, u in (endpoints or {}).items()}
+        c = LocalCluster(self, name, worker_cls, replicas=replicas, pool=pool, fallback=fallback, slots=slots,
+                         init_kwargs=init_kwargs, endpoints=eps, affinity=affinity, threaded=threaded)
+        self.clusters[name] = c
+        return c
+
+    def close_cluster(self, name: str) -> None:
+        """Drop a cluster's workers and free its slots."""
+        c = self.clusters.pop(name, None)
+        if c is not None:
+            c.close()
+
+    # -- tasks, rewards, pipelines -------------------------------------------------------
+    def tasks(self, envs: dict[str, Any], envs_per_task: int | dict[str, int] = 8,
+              weights: dict[str, float] | None = None) -> TaskSet:
+        """Declare the tasks of a run (see :meth:`rollart_nb.Session.tasks`)."""
+        self._check()
+        per = envs_per_task if isinstance(envs_per_task, dict) else dict.fromkeys(envs, envs_per_task)
+        return TaskSet(dict(envs), dict(per), weights)
+
+    def reward(self, task: str, fn: Any = None, *, serverless: bool = False, url: str | None = None,
+               timeout_s: float = 30.0, retries: int = 1, **_: Any) -> None:
+        """Set ``task``'s reward for later pipelines and swap it into existing ones.
+
+        Local functions only (or ``url=`` for an existing HTTP endpoint): deploying to Ray Serve
+        (``serverless=True``) needs a real session.
+        """
+        self._check()
+        if serverless:
+            raise ConfigError(_NO_SERVE)
+        if (fn is None) == (url is None):
+            raise ConfigError(f"sess.reward({task!r}, ...): give a function or url=..., not both or neither")
+        spec: dict[str, Any] = ({"endpoint": Endpoint(f"{task}-reward", url, timeout_s=timeout_s, retries=0)}
+                                if url is not None else {"fn": fn})
+        spec.update(timeout_s=timeout_s, retries=retries)
+        self._rewards[task] = spec
+        for pipe in self._pipelines.values():
+            if task in pipe.tasks.envs:
+                pipe.rollout.set_reward(task, **spec)
+
+    def _weight_transport(self, weights: Any, name: str) -> Any:
+        """Only ``"direct"`` (None): sim trainers hand over a ``{"version": v}`` stand-in."""
+        if weights in (None, "direct"):
+            return None
+        raise ConfigError(f"weights={weights!r}: a SimSession only supports weights='direct' (sim weights are a "
+                          "version number; use rn.Session.local() to exercise object_store / mooncake transports)")
+
+    def _deploy_reward(self, pipe: Any, task: str, fn: Any, **kwargs: Any) -> int:
+        raise ConfigError(_NO_SERVE)
+
+    def pipeline(self, train: LocalCluster, gen: LocalCluster, tasks: TaskSet, *, algo: Any = None,
+                 batch_size: int = 32, alpha: int = 1, mode: str = "rollart", name: str = "pipeline",
+                 **kwargs: Any) -> Any:
+        """Build the real :class:`~rollart_nb.control.pipeline.Pipeline` on this session.
+
+        Same arguments as :meth:`rollart_nb.Session.pipeline` (``redundancy``, ``rollout``,
+        ``pd``, ``hw_affinity``, ``group_size``, ...).
+        """
+        from rollart_nb.control.pipeline import Pipeline
+
+        self._check()
+        if name in self._pipelines:
+            log.info("replacing pipeline %s", name)
+            self._pipelines[name].close()
+        if algo is not None:
+            kwargs.setdefault("group_size", algo.group_size)
+            train.configure(algo)
+        pipe = Pipeline(self, train, gen, tasks, batch_size=batch_size, alpha=alpha, mode=mode,  # type: ignore[arg-type]
+                        name=name, rewards=self._rewards, **kwargs)
+        self._pipelines[name] = pipe
+        return pipe
+
+    def bindings(self, role: str | None = None) -> list[Binding]:
+        """Current worker bindings (optionally of one role)."""
+        self._check()
+        return self._resources.bindings(role)
+
+    # -- lifecycle -------------------------------------------------------------------
+    def _check(self) -> None:
+        if self.state == "closed":
+            raise StateError("SimSession is closed; create a new one with SimSession(pools=...)")
+
+    def close(self) -> None:
+        """Close pipelines and clusters, cancel what still runs on the loop, stop the loop thread."""
+        if self.state == "closed":
+            return
+        for pipe in list(self._pipelines.values()):
+            try:
+                pipe.close()
+            except Exception as e:  # one broken pipeline must not keep the session open
+                log.warning("closing pipeline %s: %s", pipe.name, e)
+        for name in list(self.clusters):
+            self.close_cluster(name)
+        self.store.clear()
+        try:
+            asyncio.run_coroutine_threadsafe(_cancel_all(), self._loop).result(30)
+        except Exception as e:
+            log.warning("cancelling leftover tasks: %s", e)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=30)
+        if not self._thread.is_alive():
+            self._loop.close()
+        self.state = "closed"
+
+    def __enter__(self) -> SimSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        pools = ", ".join(f"{n}:{p.free:g}/{p.capacity:g}*" for n, p in self.pools.items())
+        return f"SimSession(id={self.id}, {self.state}, pools=[{pools}], clusters={sorted(self.clusters)})"
+
+    def _repr_html_(self) -> str:
+        rows = "".join(
+            f"<tr><td><b>{html.escape(n)}</b></td><td>{p.hardware.name} ({p.hardware.optimized_for})</td>"
+            f"<td>{len(p.nodes)}</td><td>{p.free:g} / {p.capacity:g}</td><td>${p.hardware.price_per_hour:.2f}/h</td></tr>"
+            for n, p in self.pools.items()
+        )
+        clusters = "".join(f"<li>{html.escape(repr(c))}</li>" for c in self.clusters.values())
+        return (f"<div><b>rollart_nb SimSession</b> <code>{self.id}</code> &middot; in-process, simulated "
+                f"&middot; {self.state}<table><tr><th>pool</th><th>hardware</th><th>nodes</th>"
+                f"<th>free / capacity</th><th>price</th></tr>{rows}</table>"
+                f"<ul>{clusters or '<li>no clusters yet</li>'}</ul></div>")
+
+
+_NO_SERVE = ("a SimSession cannot deploy serverless rewards (Ray Serve needs a real session); pass a local "
+             "function, or use rn.Session.local() for serverless=True")
+
+
+def _canon(name: str) -> str:
+    low = name.lower()
+    if low in ("cpu", "serverless"):
+        return low
+    return PROFILES[name.upper()].name
+
+
+def _make_pool(name: str, count: int, gpus_per_node: int) -> Pool:
+    """A simulated pool of ``count`` slots over nodes of ``gpus_per_node`` (one node for cpu/serverless)."""
+    hw = hardware_for_pool(name)
+    if hw.kind == "gpu":
+        nodes = {f"sim-{name}-{k}": float(min(gpus_per_node, count - k * gpus_per_node))
+                 for k in range(-(-count // gpus_per_node))}
+    else:
+        nodes = {f"sim-{name}-0": float(SERVERLESS_SLOTS if name == "serverless" else count)}
+    return Pool(name, hw, nodes, resource="", simulated=True)
+
+
+async def _cancel_all() -> None:
+    tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,0 +1,182 @@
+"""SimSession + LocalCluster: the Session/Cluster API in one process, driving the real Pipeline."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import threading
+
+import pytest
+
+from rollart_nb import Worker, hw_mapping, register
+from rollart_nb.control.env_manager import RolloutConfig
+from rollart_nb.control.pipeline import Pipeline
+from rollart_nb.control.rollout_worker import RolloutWorker
+from rollart_nb.control.scheduler import RolloutScheduler
+from rollart_nb.errors import ConfigError, NoCapacityError, StateError
+from rollart_nb.models.spec import spec
+from rollart_nb.sim import SimEnv, response_tokens_fn, workload
+from rollart_nb.sim.cluster import LocalCluster, LocalRef
+from rollart_nb.sim.session import SimSession
+from rollart_nb.workers.roles import SimGenerator, SimTrainer
+
+
+class Calc(Worker):
+    """A worker with every dispatch kind."""
+
+    default_pool = "cpu"
+
+    def __init__(self, base: int = 0) -> None:
+        self.base = base
+
+    @register()
+    def add(self, x: int) -> int:
+        """Add the base and this worker's rank."""
+        return x + self.base + self.rank
+
+    @register("one")
+    def produce(self, n: int) -> list[int]:
+        return list(range(n))
+
+    @register("one")
+    async def total(self, xs: list[int]) -> int:
+        await asyncio.sleep(0)
+        return sum(xs)
+
+    @register("scatter")
+    def take(self, x: int) -> int:
+        return x * 10
+
+    @hw_mapping({"math": "bandwidth", "game": "compute"})
+    def where(self, tag_name: str | None = None) -> str:
+        return self.hardware
+
+    @register()
+    def thread(self) -> str:
+        return threading.current_thread().name
+
+
+@pytest.fixture()
+def sess():
+    s = SimSession({"H800": 16, "H20": 16, "cpu": 8}, seed=0)
+    yield s
+    s.close()
+
+
+def test_pools_are_simulated_and_sized(sess):
+    assert {n: p.capacity for n, p in sess.pools.items()} == {"H800": 16, "H20": 16, "cpu": 8}
+    assert all(p.simulated for p in sess.pools.values())
+    assert len(sess.pools["H800"].nodes) == 2  # 8 GPUs per node
+
+
+def test_register_dispatch_and_signature(sess):
+    c = sess.cluster("calc", Calc, pool="cpu", replicas=3, base=100)
+    assert isinstance(c, LocalCluster)
+    assert c.add(1) == [101, 102, 103]
+    assert c.produce(3) == [0, 1, 2]
+    assert c.take([1, 2, 3]) == [10, 20, 30]
+    with pytest.raises(ConfigError, match="scatter"):
+        c.take([1, 2])
+    sig = inspect.signature(c.add)
+    assert list(sig.parameters) == ["x", "blocking"] and c.add.__doc__.startswith("Add the base")
+    assert [b.worker for b in sess.bindings("calc")] == ["calc/0", "calc/1", "calc/2"]
+
+
+def test_nonblocking_future_and_refs_pass_between_calls(sess):
+    c = sess.cluster("calc", Calc, pool="cpu", replicas=2)
+    fut = c.produce(5, blocking=False)
+    assert len(fut.refs) == 1 and isinstance(fut.refs[0], LocalRef)
+    assert c.total(fut.refs[0]) == 10  # the ref is resolved to its value inside the callee
+    assert fut.result(timeout=5) == [0, 1, 2, 3, 4]
+    assert asyncio.run(_await(c.add(1, blocking=False))) == [1, 2]
+
+
+async def _await(fut):
+    return await fut
+
+
+def test_hw_mapping_routes_by_tag(sess):
+    gen = sess.cluster("mixed", Calc, pool="H800", replicas=4, fallback=["H20"], slots=8)
+    assert [b.hardware for b in gen.bindings] == ["H800", "H800", "H20", "H20"]
+    assert gen.where(tag_name="math") == "H20"
+    assert gen.where(tag_name="game") == "H800"
+    assert gen.affinity("where", "math") == "bandwidth"
+    with pytest.raises(NoCapacityError):
+        sess.cluster("too_big", Calc, pool="H800", replicas=1, fallback=[], slots=8)
+
+
+def test_sync_methods_on_loop_but_trainers_threaded(sess):
+    c = sess.cluster("calc", Calc, pool="cpu", replicas=1)
+    assert c.thread() == [sess._thread.name]  # bookkeeping calls share the loop thread
+    t = sess.cluster("calc_t", Calc, pool="cpu", replicas=1, threaded=True)
+    assert t.thread()[0] != sess._thread.name
+    train = sess.cluster("actor_train", SimTrainer, pool="H800", model=spec("qwen3-0.6b"), time_scale=0)
+    assert train.threaded and not sess.cluster("g", SimGenerator, pool="H20", model=spec("qwen3-0.6b")).threaded
+
+
+def test_actor_remote_on_loop_returns_task(sess):
+    gen = sess.cluster("g", SimGenerator, pool="H20", replicas=1, model=spec("qwen3-0.6b"), time_scale=0)
+
+    async def call() -> tuple[bool, int]:
+        t = gen.workers[0].actor.version.remote()
+        return isinstance(t, asyncio.Task), await t
+
+    assert sess.run(call(), timeout=10) == (True, 0)
+    ref = gen.workers[0].actor.version.remote()  # off the loop: a LocalRef
+    assert isinstance(ref, LocalRef) and ref.result(5) == 0
+
+
+def test_blocking_call_on_loop_is_refused(sess):
+    c = sess.cluster("calc", Calc, pool="cpu", replicas=1)
+
+    async def bad() -> None:
+        c.add(1)
+
+    with pytest.raises(StateError, match="blocking=False"):
+        sess.run(bad(), timeout=10)
+
+
+def test_serverless_needs_a_real_session(sess):
+    with pytest.raises(ConfigError, match="real session"):
+        sess.reward("math", lambda t: 1.0, serverless=True)
+    with pytest.raises(ConfigError, match="real session"):
+        sess._deploy_reward(None, "math", lambda t: 1.0)
+    assert sess._weight_transport("direct", "p") is None
+    with pytest.raises(ConfigError):
+        sess._weight_transport("mooncake", "p")
+
+
+def test_rebuild_replaces_and_close_frees(sess):
+    sess.cluster("calc", Calc, pool="cpu", replicas=4)
+    sess.cluster("calc", Calc, pool="cpu", replicas=2)
+    assert sess.pools["cpu"].used == 2
+    sess.close()
+    assert sess.state == "closed" and not sess._thread.is_alive()
+    with pytest.raises(StateError, match="closed"):
+        sess.cluster("calc", Calc)
+
+
+@pytest.mark.parametrize("mode", ["sync", "sync+", "one-off", "areal", "rollart"])
+def test_pipeline_steps_on_sim_session(sess, mode):
+    ts = 2e-4
+    m = spec("qwen3-0.6b")
+    wl = {"lake": workload("frozenlake"), "math": workload("gem-math")}
+    gen = sess.cluster("actor_gen", SimGenerator, pool="H800", replicas=4, fallback=["H20"], slots=4, model=m,
+                       time_scale=ts, response_tokens=response_tokens_fn(wl))
+    train = sess.cluster("actor_train", SimTrainer, pool="H800", model=m, time_scale=ts, gpus=8, slots=8)
+    tasks = sess.tasks({k: SimEnv(w, time_scale=ts) for k, w in wl.items()}, envs_per_task=8)
+    pipe = sess.pipeline(train, gen, tasks, batch_size=16, group_size=4, mode=mode,
+                         rollout=RolloutConfig(max_turns=20, max_new_tokens=8192, max_context=32768))
+    assert type(pipe) is Pipeline  # the real pipeline, not a sim copy
+    rw = pipe.rollout.workers[0].instance
+    assert isinstance(rw, RolloutWorker) and type(rw.sched) is RolloutScheduler
+    reps = pipe.run(2, progress=False)
+    assert [r.batch_size for r in reps] == [16, 16]
+    # in-step training bumps the version every step; overlapped modes apply step k's training in step k+1
+    assert [r.version for r in reps] == ([1, 2] if mode in ("sync", "sync+") else [0, 1])
+    assert set(reps[-1].reward) == {"lake", "math"} and reps[-1].tokens > 0
+    stats = pipe.stats()
+    assert stats["proxy"]["requests"] > 0
+    assert sum(gen.stats()[i]["requests"] for i in range(4)) >= stats["proxy"]["requests"]
+    pipe.close()
+    assert "pipeline.rollout" not in sess.clusters
