@@ -3,6 +3,7 @@
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -10,10 +11,15 @@ import textwrap
 import time
 
 import pytest
-from conftest import free_port
 
 import rollart_nb as rn
 from rollart_nb.errors import ConfigError, ConnectError, StateError
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def test_local_twice_replaces_cleanly_and_closed_state_names_fix():
