@@ -1,0 +1,23 @@
+"""Paper experiment `r1_affinity` on a simulated cluster: see :func:`rollart_nb.bench.r1_affinity`.
+
+Usage: ``python benchmarks/paper/r1_affinity.py [--out DIR] [--quick]`` (same as ``rollart-nb bench r1_affinity``).
+Prints our ratios next to the paper's and ends with ``RESULT {json}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from rollart_nb.bench import run_experiments  # noqa: E402
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--out", default="rollart_bench")
+    ap.add_argument("--quick", action="store_true")
+    a = ap.parse_args()
+    print("RESULT " + json.dumps(run_experiments("r1_affinity", out=a.out, quick=a.quick)), flush=True)
