@@ -7,6 +7,7 @@ throttled, so a fast sim run cannot flood the frontend.
 
 from __future__ import annotations
 
+import asyncio
 import html
 import logging
 import threading
@@ -54,6 +55,11 @@ class Dashboard(widgets.VBox):
         self._last_draw = 0.0
         self._timer: threading.Timer | None = None
         self._worker: threading.Thread | None = None
+        self._drawn: dict[str, str] = {}
+        try:  # in a kernel: the main thread's loop; widget messages are sent from there only
+            self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            self._loop = None
         self.figures: dict[str, Any] = {
             name: go.FigureWidget() for name in ("reward", "step_time", "staleness", "utilization", "throughput")
         }
@@ -66,22 +72,24 @@ class Dashboard(widgets.VBox):
         self.pause_button.on_click(lambda _b: self.pause(wait=False))
         self.resume_button.on_click(lambda _b: self.run(self.steps_box.value))
         self.step_button.on_click(lambda _b: self.step(background=True))
-        f = self.figures
+        self._rows = [widgets.HBox(), widgets.HBox(), widgets.VBox()]
         super().__init__(children=[
             widgets.HBox([self.pause_button, self.resume_button, self.step_button, self.steps_box, self.status]),
-            widgets.HBox([f["reward"], f["step_time"]]),
-            widgets.HBox([f["staleness"], f["throughput"]]),
-            f["utilization"],
+            *self._rows,
         ])
+        self._place()
         self.add_class("rollart-dashboard")
         self.update(force=True)
 
     # -- controls ------------------------------------------------------------------------
-    def run(self, steps: int) -> Dashboard:
-        """Start ``pipe.run(steps, background=True)`` redrawing after every step; returns at once."""
+    def run(self, steps: int) -> None:
+        """Start ``pipe.run(steps, background=True)`` redrawing after every step; returns at once.
+
+        Returns None, so a cell ending in ``dash.run(n)`` does not show a second copy of the
+        dashboard.
+        """
         self.pipe.run(steps, background=True, progress=False, on_step=self._on_step)
         self._set_status()
-        return self
 
     def pause(self, wait: bool = True) -> None:
         """Stop the background run after the step in progress.
@@ -160,8 +168,23 @@ class Dashboard(widgets.VBox):
                 self._timer.cancel()
                 self._timer = None
             self._last_draw = time.monotonic()
-        self._redraw()
+        if self._loop is not None and threading.current_thread() is not threading.main_thread():
+            # a background step: hand the drawing to the kernel's thread (zmq sockets are not
+            # thread-safe, and widgets created off-thread can lose their messages)
+            if not self._loop.is_closed():
+                self._loop.call_soon_threadsafe(self._draw)
+            return True
+        self._draw()
         return True
+
+    def _draw(self) -> None:
+        try:
+            self._redraw()
+        except Exception:
+            log.exception("dashboard redraw failed")
+        finally:  # the interval counts from the end of a draw, so slow draws cannot pile up
+            with self._lock:
+                self._last_draw = time.monotonic()
 
     def _trailing(self) -> None:
         with self._lock:
@@ -172,6 +195,8 @@ class Dashboard(widgets.VBox):
             log.exception("dashboard update failed")
 
     def _redraw(self) -> None:
+        import plotly.graph_objects as go
+
         reports = list(self.pipe.reports)
         try:
             trajs = list(self.pipe.trajectories(last=self.trajectories_last))
@@ -189,10 +214,24 @@ class Dashboard(widgets.VBox):
             "utilization": figures.utilization_figure(trajs, reports, window_s=self.window_s),
             "throughput": figures.throughput_figure(reports),
         }
-        for name, fig in new.items():
-            _copy_into(self.figures[name], fig)
+        # A fresh FigureWidget per redraw: its full state reaches the frontend in one message,
+        # which renders reliably where streamed deltas to a live FigureWidget did not.
+        # Only figures whose content changed are replaced (less churn for the frontend).
+        changed = {n: f for n, f in new.items() if f.to_json() != self._drawn.get(n)}
+        old = [self.figures[n] for n in changed]
+        self.figures = {**self.figures, **{n: go.FigureWidget(f) for n, f in changed.items()}}
+        self._drawn.update({n: f.to_json() for n, f in changed.items()})
+        self._place()
+        for w in old:
+            w.close()
         self.redraws += 1
         self._set_status()
+
+    def _place(self) -> None:
+        f = self.figures
+        self._rows[0].children = (f["reward"], f["step_time"])
+        self._rows[1].children = (f["staleness"], f["throughput"])
+        self._rows[2].children = (f["utilization"],)
 
     def _set_status(self, note: str = "") -> None:
         reports = self.pipe.reports
@@ -203,18 +242,3 @@ class Dashboard(widgets.VBox):
         if note:
             parts.append(html.escape(note))
         self.status.value = " &middot; ".join(parts)
-
-
-def _copy_into(widget: Any, fig: Any) -> None:
-    """Make FigureWidget ``widget`` show ``fig``: update traces in place when their shape matches."""
-    same = len(widget.data) == len(fig.data) and all(
-        a.type == b.type for a, b in zip(widget.data, fig.data, strict=True))
-    if not same:
-        widget.data = ()
-        widget.add_traces(list(fig.data))
-        widget.layout = fig.layout
-        return
-    with widget.batch_update():
-        for old, new in zip(widget.data, fig.data, strict=True):
-            old.update(new.to_plotly_json(), overwrite=True)
-        widget.layout.update(fig.layout.to_plotly_json(), overwrite=True)

@@ -55,11 +55,12 @@ def reward_figure(reports: Sequence[StepReport], *, validation: bool = True,
     tasks = sorted({t for r in reports for t in r.reward})
     for task in tasks:
         pts = [(r.step, r.reward[task]) for r in reports if task in r.reward]
-        fig.add_trace(go.Scatter(x=[p[0] for p in pts], y=[p[1] for p in pts], mode="lines", name=f"reward/{task}"))
+        fig.add_trace(go.Scatter(x=[p[0] for p in pts], y=[_finite(p[1]) for p in pts], mode="lines",
+                                 name=f"reward/{task}"))
         if validation:
             vs = [(r.step, r.validation[task]) for r in reports if task in r.validation]
             if vs:
-                fig.add_trace(go.Scatter(x=[p[0] for p in vs], y=[p[1] for p in vs], mode="lines+markers",
+                fig.add_trace(go.Scatter(x=[p[0] for p in vs], y=[_finite(p[1]) for p in vs], mode="lines+markers",
                                          line={"dash": "dash"}, name=f"validation/{task}"))
     for sw in swaps:
         step = swap_step(reports, sw)
@@ -69,6 +70,11 @@ def reward_figure(reports: Sequence[StepReport], *, validation: bool = True,
     fig.update_layout(title="Reward per task", xaxis_title="step", yaxis_title="reward", height=320,
                       margin={"l": 40, "r": 10, "t": 40, "b": 40})
     return fig
+
+
+def _finite(v: float) -> float | None:
+    """NaN/inf -> None (a gap in the line): widget state must be valid JSON."""
+    return v if isinstance(v, int | float) and math.isfinite(v) else None
 
 
 def swap_step(reports: Sequence[StepReport], swap: dict[str, Any]) -> int | None:

@@ -28,13 +28,15 @@ def test_builds_widgets_and_draws_the_reports(pipe):
     assert "rollart-dashboard" in d._dom_classes
 
 
-def test_update_after_new_reports_appends_points_in_place(pipe, synth):
+def test_update_after_new_reports_shows_them(pipe, synth):
     d = Dashboard(pipe, throttle_s=0.0)
-    trace = d.figures["throughput"].data[0]
+    old = d.figures["throughput"]
     pipe.reports.append(synth["report"](2))
     assert d.update(pipe.reports[-1]) is True
-    assert d.figures["throughput"].data[0] is trace  # same widget trace, new data
-    assert list(trace.y) == [400.0, 401.0, 402.0]
+    new = d.figures["throughput"]
+    assert list(new.data[0].y) == [400.0, 401.0, 402.0]
+    assert new in d.children[2].children and old not in d.children[2].children  # the old widget is gone
+    assert old.comm is None  # ... and closed
     pipe.history.append({"task": "math", "version": 1, "created": pipe.reports[1].started_at - 1})
     d.update(force=True)
     assert [s.x0 for s in d.figures["reward"].layout.shapes] == [0.5]
@@ -56,7 +58,7 @@ def test_updates_are_throttled_with_one_trailing_redraw(pipe, synth):
 
 def test_run_starts_a_background_run_with_on_step(pipe):
     d = Dashboard(pipe, throttle_s=0.0)
-    assert d.run(3) is d
+    assert d.run(3) is None
     (call,) = [c for c in pipe.calls if c[0] == "run"]
     assert call == ("run", 3, True, False)
     assert len(d.figures["throughput"].data[0].y) == 5  # on_step redrew after the fake's steps
