@@ -64,17 +64,27 @@ def start_local(
             "Ray is already initialized in this process (not by a rollart_nb Session); "
             "call ray.shutdown() first, or use rn.Session.attach(...) to use that cluster."
         )
-    ctx = ray().init(
-        address="local",
-        num_cpus=num_cpus,
-        resources=resources,
-        namespace=namespace,
-        include_dashboard=False,
-        log_to_driver=log_to_driver,
-        object_store_memory=object_store_memory,
-        configure_logging=False,
-    )
-    return dict(ctx.address_info)
+    for attempt in range(3):
+        try:
+            ctx = ray().init(
+                address="local",
+                num_cpus=num_cpus,
+                resources=resources,
+                namespace=namespace,
+                include_dashboard=False,
+                log_to_driver=log_to_driver,
+                object_store_memory=object_store_memory,
+                configure_logging=False,
+            )
+            return dict(ctx.address_info)
+        except Exception as e:
+            # Ray waits a fixed 30 s for its raylet; on an overloaded machine that can lapse.
+            if "timed out during startup" not in str(e) or attempt == 2:
+                raise ConnectError(f"could not start a local Ray instance: {_short(e)}") from e
+            log.warning("Ray start timed out (machine busy?); retrying (%d/2)", attempt + 1)
+            shutdown()
+            time.sleep(2.0)
+    raise AssertionError("unreachable")
 
 
 def _host_port(address: str) -> tuple[str, int] | None:
