@@ -1,7 +1,9 @@
-"""Live dashboard: plotly FigureWidgets over a Pipeline's step reports, with run controls.
+"""Live dashboard: plotly figures over a Pipeline's step reports, with run controls.
 
-The figures come from the pure functions of :mod:`rollart_nb.nb.figures`; the dashboard only
-copies their data into widgets. Redraws are driven by the pipeline's ``on_step`` callback and
+The figures come from the pure functions of :mod:`rollart_nb.nb.figures`; the dashboard shows
+each in an ``ipywidgets.Output`` as a plotly mime bundle (redrawn only when it changed). Live
+``FigureWidget`` deltas rendered blank at times in JupyterLab 4 (checked in headless Chromium),
+so they are not used. Redraws are driven by the pipeline's ``on_step`` callback and
 throttled, so a fast sim run cannot flood the frontend.
 """
 
@@ -9,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import html
+import json
 import logging
 import threading
 import time
@@ -21,6 +24,8 @@ from rollart_nb.nb import figures
 __all__ = ["Dashboard"]
 
 log = logging.getLogger(__name__)
+
+_FIGURES = ("reward", "step_time", "staleness", "throughput", "utilization")
 
 
 class Dashboard(widgets.VBox):
@@ -46,8 +51,6 @@ class Dashboard(widgets.VBox):
 
     def __init__(self, pipe: Any, throttle_s: float = 0.5, *, trajectories_last: int = 200,
                  window_s: float | None = 60.0, steps: int = 10) -> None:
-        import plotly.graph_objects as go
-
         self.pipe, self.throttle_s = pipe, float(throttle_s)
         self.trajectories_last, self.window_s = trajectories_last, window_s
         self.redraws = 0
@@ -60,9 +63,8 @@ class Dashboard(widgets.VBox):
             self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
             self._loop = None
-        self.figures: dict[str, Any] = {
-            name: go.FigureWidget() for name in ("reward", "step_time", "staleness", "utilization", "throughput")
-        }
+        self.figures: dict[str, Any] = {}  # name -> the plotly Figure shown
+        self.views: dict[str, widgets.Output] = {name: widgets.Output() for name in _FIGURES}
         self.status = widgets.HTML()
         self.pause_button = widgets.Button(description="Pause", icon="pause", tooltip="stop after the step in progress")
         self.resume_button = widgets.Button(description="Resume", icon="play", tooltip="run more steps in the background")
@@ -72,12 +74,13 @@ class Dashboard(widgets.VBox):
         self.pause_button.on_click(lambda _b: self.pause(wait=False))
         self.resume_button.on_click(lambda _b: self.run(self.steps_box.value))
         self.step_button.on_click(lambda _b: self.step(background=True))
-        self._rows = [widgets.HBox(), widgets.HBox(), widgets.VBox()]
+        v = self.views
         super().__init__(children=[
             widgets.HBox([self.pause_button, self.resume_button, self.step_button, self.steps_box, self.status]),
-            *self._rows,
+            widgets.HBox([v["reward"], v["step_time"]]),
+            widgets.HBox([v["staleness"], v["throughput"]]),
+            v["utilization"],
         ])
-        self._place()
         self.add_class("rollart-dashboard")
         self.update(force=True)
 
@@ -195,8 +198,6 @@ class Dashboard(widgets.VBox):
             log.exception("dashboard update failed")
 
     def _redraw(self) -> None:
-        import plotly.graph_objects as go
-
         reports = list(self.pipe.reports)
         try:
             trajs = list(self.pipe.trajectories(last=self.trajectories_last))
@@ -214,24 +215,18 @@ class Dashboard(widgets.VBox):
             "utilization": figures.utilization_figure(trajs, reports, window_s=self.window_s),
             "throughput": figures.throughput_figure(reports),
         }
-        # A fresh FigureWidget per redraw: its full state reaches the frontend in one message,
-        # which renders reliably where streamed deltas to a live FigureWidget did not.
-        # Only figures whose content changed are replaced (less churn for the frontend).
-        changed = {n: f for n, f in new.items() if f.to_json() != self._drawn.get(n)}
-        old = [self.figures[n] for n in changed]
-        self.figures = {**self.figures, **{n: go.FigureWidget(f) for n, f in changed.items()}}
-        self._drawn.update({n: f.to_json() for n, f in changed.items()})
-        self._place()
-        for w in old:
-            w.close()
+        # Each figure goes out as one plotly mime bundle in an Output widget: JupyterLab's plotly
+        # renderer draws it reliably, where streamed FigureWidget updates rendered blank at times.
+        for name, fig in new.items():
+            spec = fig.to_json()
+            if spec == self._drawn.get(name):
+                continue  # unchanged: no message, no flicker
+            self.figures[name], self._drawn[name] = fig, spec
+            self.views[name].outputs = ({"output_type": "display_data", "metadata": {}, "data": {
+                "application/vnd.plotly.v1+json": {**json.loads(spec), "config": {"displaylogo": False}},
+                "text/plain": f"<{name} figure>"}},)
         self.redraws += 1
         self._set_status()
-
-    def _place(self) -> None:
-        f = self.figures
-        self._rows[0].children = (f["reward"], f["step_time"])
-        self._rows[1].children = (f["staleness"], f["throughput"])
-        self._rows[2].children = (f["utilization"],)
 
     def _set_status(self, note: str = "") -> None:
         reports = self.pipe.reports

@@ -18,7 +18,7 @@ def pipe(synth, trajectories):
 
 def test_builds_widgets_and_draws_the_reports(pipe):
     d = Dashboard(pipe, throttle_s=0.0)
-    assert set(d.figures) == {"reward", "step_time", "staleness", "utilization", "throughput"}
+    assert set(d.figures) == set(d.views) == {"reward", "step_time", "staleness", "utilization", "throughput"}
     names = {t.name: t for t in d.figures["reward"].data}
     assert list(names["reward/math"].y) == pytest.approx([0.0, 0.1])
     assert list(d.figures["throughput"].data[0].y) == [400.0, 401.0]
@@ -30,13 +30,22 @@ def test_builds_widgets_and_draws_the_reports(pipe):
 
 def test_update_after_new_reports_shows_them(pipe, synth):
     d = Dashboard(pipe, throttle_s=0.0)
-    old = d.figures["throughput"]
+    step_time_out = d.views["step_time"].outputs
     pipe.reports.append(synth["report"](2))
     assert d.update(pipe.reports[-1]) is True
-    new = d.figures["throughput"]
-    assert list(new.data[0].y) == [400.0, 401.0, 402.0]
-    assert new in d.children[2].children and old not in d.children[2].children  # the old widget is gone
-    assert old.comm is None  # ... and closed
+    assert list(d.figures["throughput"].data[0].y) == [400.0, 401.0, 402.0]
+    (out,) = d.views["throughput"].outputs  # one plotly mime bundle per view, replaced
+    spec = out["data"]["application/vnd.plotly.v1+json"]
+    assert spec["data"][0]["y"] == [400.0, 401.0, 402.0] and spec["layout"]["title"]["text"] == "Throughput"
+    assert d.views["throughput"] in d.children[2].children
+    assert d.views["step_time"].outputs != step_time_out
+
+
+def test_unchanged_figures_are_not_resent(pipe):
+    d = Dashboard(pipe, throttle_s=0.0)
+    before = {n: v.outputs for n, v in d.views.items()}
+    d.update(force=True)
+    assert all(d.views[n].outputs is before[n] for n in before)
     pipe.history.append({"task": "math", "version": 1, "created": pipe.reports[1].started_at - 1})
     d.update(force=True)
     assert [s.x0 for s in d.figures["reward"].layout.shapes] == [0.5]

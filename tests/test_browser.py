@@ -1,0 +1,146 @@
+"""Browser check: JupyterLab runs 01_quickstart in headless Chromium and the widgets render.
+
+JupyterLab is served on 127.0.0.1 (random port, a token, a temp root holding a copy of the
+notebook); Debian's Chromium is driven by Playwright's Python API (no Playwright browser
+download). The test runs all cells through JupyterLab's own command, waits for the dashboard's
+plotly plots and the trajectory viewer, fails on any page error or traceback, and saves a
+screenshot to ``artifacts/browser/quickstart.png``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(600)]
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = os.environ.get("ROLLART_CHROMIUM", "/usr/bin/chromium")
+ARTIFACTS = ROOT / "artifacts" / "browser"
+RUN_TIMEOUT_S = 360
+log = logging.getLogger(__name__)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    if not (os.path.exists(CHROMIUM) or shutil.which("chromium")):
+        pytest.skip("needs Debian chromium (apt-get install chromium)")
+    pytest.importorskip("playwright.sync_api", reason="needs the playwright Python package")
+    pytest.importorskip("jupyterlab", reason="needs jupyterlab")
+    root = tmp_path_factory.mktemp("lab")
+    shutil.copy(ROOT / "notebooks" / "01_quickstart.ipynb", root / "01_quickstart.ipynb")
+    port, token = _free_port(), secrets.token_hex(16)
+    env = dict(os.environ, JUPYTER_CONFIG_DIR=str(root / ".jupyter"), JUPYTER_RUNTIME_DIR=str(root / ".runtime"),
+               JUPYTERLAB_WORKSPACES_DIR=str(root / ".workspaces"))
+    log = open(root / "lab.log", "w")  # closed in teardown
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ServerApp.ip=127.0.0.1",
+         f"--ServerApp.port={port}", "--ServerApp.port_retries=0", "--allow-root", f"--IdentityProvider.token={token}",
+         f"--ServerApp.root_dir={root}", "--LabApp.expose_app_in_browser=True",
+         "--LabApp.news_url=None", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"],
+        cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 90
+    while True:
+        try:
+            urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2)
+            break
+        except OSError:
+            if proc.poll() is not None or time.time() > deadline:
+                log.flush()
+                pytest.fail(f"JupyterLab did not start:\n{(root / 'lab.log').read_text()[-3000:]}")
+            time.sleep(0.5)
+    yield {"base": base, "token": token, "root": root}
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    log.close()
+
+
+_ALL_RUN = """() => {
+  const prompts = [...document.querySelectorAll('.jp-Notebook .jp-CodeCell .jp-InputPrompt')];
+  return prompts.length > 0 && prompts.every(p => /\\[\\d+\\]/.test(p.textContent));
+}"""
+
+
+def test_quickstart_runs_and_renders_widgets(lab, tmp_path):
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+    from playwright.sync_api import sync_playwright
+
+    errors: list[str] = []
+    with sync_playwright() as pw:
+        ctx = pw.chromium.launch_persistent_context(
+            str(tmp_path / "profile"), executable_path=CHROMIUM if os.path.exists(CHROMIUM) else shutil.which("chromium"),
+            headless=True, viewport={"width": 1500, "height": 1000},
+            args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync"])
+        page = ctx.new_page()
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        console: list[str] = []
+        page.on("console", lambda m: console.append(f"{m.type}: {m.text}") if m.type in ("error", "warning") else None)
+        page.goto(f"{lab['base']}/lab/tree/01_quickstart.ipynb?token={lab['token']}")
+        page.wait_for_selector(".jp-Notebook .jp-CodeCell", timeout=120_000)
+        try:  # a fresh JupyterLab may ask which kernel to start: accept its (ipykernel) default
+            page.locator(".jp-Dialog .jp-mod-accept").click(timeout=15_000)
+        except PlaywrightTimeout:
+            log.info("no kernel dialog")
+        page.wait_for_function("() => window.jupyterapp && window.jupyterapp.commands.hasCommand("
+                               "'notebook:run-all-cells')", timeout=60_000)
+        # the kernel must be up before Run All, or the first cells queue behind its start
+        page.wait_for_function("() => { const s = document.querySelector('.jp-Notebook-ExecutionIndicator');"
+                               " return s && s.getAttribute('data-status') === 'idle'; }", timeout=120_000)
+        # not awaited: the command's promise settles only when every cell has run
+        page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); return true; }")
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        try:
+            page.wait_for_function(_ALL_RUN, timeout=RUN_TIMEOUT_S * 1000, polling=1000)
+        except Exception:
+            page.screenshot(path=str(ARTIFACTS / "quickstart_timeout.png"))
+            raise
+        page.wait_for_selector(".rollart-dashboard .js-plotly-plot", timeout=60_000)
+        page.wait_for_selector(".rollart-viewer", timeout=60_000)
+        try:  # plotly draws asynchronously after the last redraw: wait for every plot's title
+            page.wait_for_function("""() => { const t = [...document.querySelectorAll(
+                '.rollart-dashboard .js-plotly-plot')].filter(el => el.data)
+                .map(el => (el.layout.title || {}).text || '').filter(x => x);
+                return new Set(t).size >= 4; }""", timeout=30_000)
+        except PlaywrightTimeout:
+            log.warning("dashboard plots still drawing after 30 s")
+        plots = page.evaluate("""() => [...document.querySelectorAll('.rollart-dashboard .js-plotly-plot')]
+            .filter(el => el.data).map(el => ({title: (el.layout.title || {}).text || '',
+                                                points: el.data.reduce((n, d) => n + (d.x || []).length, 0)}))""")
+        bars = page.locator(".rollart-dashboard .js-plotly-plot .trace.bars").count()
+        lines = page.locator(".rollart-dashboard .js-plotly-plot .scatterlayer .trace").count()
+        tracebacks = page.locator(".jp-OutputArea-output:has-text('Traceback')").count()
+        viewer_text = page.locator(".rollart-viewer").inner_text()
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        dash = page.locator(".rollart-dashboard").first
+        dash.scroll_into_view_if_needed()
+        dash.screenshot(path=str(ARTIFACTS / "quickstart.png"))
+        page.screenshot(path=str(ARTIFACTS / "quickstart_page.png"))
+        ctx.close()
+    assert not errors, f"JavaScript errors: {errors}"
+    assert tracebacks == 0, "a cell raised: see artifacts/browser/quickstart_page.png"
+    # JupyterLab may keep a second rendering of an output in the DOM: count distinct plots
+    assert len({p["title"] for p in plots}) >= 4, f"expected the dashboard's 5 plots, found {plots}; console: {console[-15:]}"
+    assert all(p["points"] > 0 for p in plots), f"a dashboard plot has no data: {plots}"
+    assert bars > 0 and lines > 0, "dashboard plots rendered without data"
+    assert "trajectories" in viewer_text and "turn 0" in viewer_text
