@@ -48,10 +48,9 @@ from typing import TYPE_CHECKING, Any
 from rollart_nb.errors import ClusterError, ConfigError, StateError
 from rollart_nb.resources.manager import Binding
 from rollart_nb.serverless.client import Endpoint, acall, call
-from rollart_nb.workers.cluster import _ordered, _pick
+from rollart_nb.workers.cluster import DispatchMixin, _ordered
 from rollart_nb.workers.decorators import Dispatch, dispatch_of
 from rollart_nb.workers.roles import TrainerWorker
-from rollart_nb.workers.routing import pick_worker
 from rollart_nb.workers.worker import Worker, actor_class_for
 
 if TYPE_CHECKING:
@@ -183,7 +182,7 @@ class LocalFuture:
         return run().__await__()
 
 
-class LocalCluster:
+class LocalCluster(DispatchMixin):
     """A role's Workers as in-process objects on a SimSession's event loop.
 
     Built by :meth:`rollart_nb.sim.session.SimSession.cluster`; same interface as
@@ -284,54 +283,6 @@ class LocalCluster:
             raise StateError(f"{what}: a blocking call from inside the simulation's event loop would deadlock; "
                              "call it with blocking=False and await the result")
         return fut.result()
-
-    def _call_register(self, attr: str, d: Dispatch, args: tuple, kwargs: dict, blocking: bool) -> Any:
-        n = len(self.workers)
-        if d.mode == "one":
-            idx, per = [0], [(args, kwargs)]
-            combine: Callable[[list[Any]], Any] = lambda r: r[0]  # noqa: E731
-        elif d.mode == "scatter":
-            for v in (*args, *kwargs.values()):
-                if isinstance(v, list | tuple) and len(v) != n:
-                    raise ConfigError(f"{self.name}.{attr}: scatter argument has {len(v)} items for {n} workers")
-            idx = list(range(n))
-            per = [(tuple(_pick(a, i) for a in args), {k: _pick(v, i) for k, v in kwargs.items()}) for i in idx]
-            combine = list
-        else:
-            idx, per, combine = list(range(n)), [(args, kwargs)] * n, list
-        return self._finish(idx, self._submit(idx, attr, per), combine, blocking, f"{self.name}.{attr}")
-
-    def affinity(self, attr: str, tag: str | None) -> str | None:
-        """Preferred hardware for ``tag`` when calling ``attr`` (cluster override, then decorator)."""
-        d = dispatch_of(getattr(self.worker_cls, attr))
-        if tag is not None and tag in self._affinity_override:
-            return self._affinity_override[tag]
-        if d is not None and tag is not None and tag in d.affinity:
-            return d.affinity[tag]
-        return d.default if d is not None else None
-
-    def set_affinity(self, tag: str, hardware: str) -> None:
-        """Route calls tagged ``tag`` to ``hardware`` ("H20", "compute", "bandwidth", ...)."""
-        self._affinity_override[tag] = hardware
-
-    def choose_worker(self, attr: str, tag: str | None, max_inflight: int) -> tuple[int, bool]:
-        """Pick a worker index for a tagged call; returns (index, fell_back)."""
-        pref = self.affinity(attr, tag)
-        with self._lock:
-            return pick_worker([(h.binding.hardware, h.binding.pool) for h in self.workers],
-                               [h.inflight for h in self.workers], pref, max_inflight)
-
-    def _call_hw(self, attr: str, d: Dispatch, args: tuple, kwargs: dict, blocking: bool) -> Any:
-        tag = kwargs.get("tag_name")
-        if tag is None:
-            params = [p for p in inspect.signature(getattr(self.worker_cls, attr)).parameters if p != "self"]
-            pos = params.index("tag_name")
-            tag = args[pos] if len(args) > pos else None
-        i, fell_back = self.choose_worker(attr, tag, d.max_inflight)
-        if fell_back:
-            self.fallbacks[attr] = self.fallbacks.get(attr, 0) + 1
-        refs = self._submit([i], attr, [(args, kwargs)])
-        return self._finish([i], refs, lambda r: r[0], blocking, f"{self.name}.{attr}")
 
     def _call_serverless(self, attr: str, d: Dispatch, args: tuple, kwargs: dict, blocking: bool) -> Any:
         name = d.endpoint or ""

@@ -26,7 +26,7 @@ from rollart_nb.workers.worker import Worker, actor_class_for
 if TYPE_CHECKING:
     from rollart_nb.session import Session
 
-__all__ = ["Cluster", "ClusterFuture", "WorkerHandle"]
+__all__ = ["Cluster", "ClusterFuture", "DispatchMixin", "WorkerHandle"]
 
 
 @dataclass
@@ -76,7 +76,70 @@ class ClusterFuture:
         return run().__await__()
 
 
-class Cluster:
+class DispatchMixin:
+    """The ``@register`` and ``@hw_mapping`` dispatch paths, shared by :class:`Cluster` and the
+    in-process ``LocalCluster`` of the simulator (same rules, different transports).
+
+    Needs ``name``, ``worker_cls``, ``workers`` (with ``binding``/``inflight``), ``fallbacks``,
+    ``_affinity_override``, ``_lock``, ``_submit`` and ``_finish`` on the concrete class.
+    """
+
+    def _call_register(self, attr: str, d: Dispatch, args: tuple, kwargs: dict, blocking: bool) -> Any:
+        n = len(self.workers)
+        if d.mode == "one":
+            idx = [0]
+            per = [(args, kwargs)]
+            combine: Callable[[list[Any]], Any] = lambda r: r[0]  # noqa: E731
+        elif d.mode == "scatter":
+            for v in (*args, *kwargs.values()):
+                if isinstance(v, list | tuple) and len(v) != n:
+                    raise ConfigError(f"{self.name}.{attr}: scatter argument has {len(v)} items for {n} workers")
+            idx = list(range(n))
+            per = [(tuple(_pick(a, i) for a in args), {k: _pick(v, i) for k, v in kwargs.items()}) for i in idx]
+            combine = list
+        else:
+            idx = list(range(n))
+            per = [(args, kwargs)] * n
+            combine = list
+        refs = self._submit(idx, attr, per)
+        return self._finish(idx, refs, combine, blocking, f"{self.name}.{attr}")
+
+    def affinity(self, attr: str, tag: str | None) -> str | None:
+        """Preferred hardware for ``tag`` when calling ``attr`` (cluster override, then decorator)."""
+        fn = getattr(self.worker_cls, attr)
+        d = dispatch_of(fn)
+        if tag is not None and tag in self._affinity_override:
+            return self._affinity_override[tag]
+        if d is not None and tag is not None and tag in d.affinity:
+            return d.affinity[tag]
+        return d.default if d is not None else None
+
+    def set_affinity(self, tag: str, hardware: str) -> None:
+        """Route calls tagged ``tag`` to ``hardware`` ("H20", "compute", "bandwidth", ...)."""
+        self._affinity_override[tag] = hardware
+
+    def choose_worker(self, attr: str, tag: str | None, max_inflight: int) -> tuple[int, bool]:
+        """Pick a worker index for a tagged call; returns (index, fell_back)."""
+        pref = self.affinity(attr, tag)
+        with self._lock:
+            return pick_worker([(h.binding.hardware, h.binding.pool) for h in self.workers],
+                               [h.inflight for h in self.workers], pref, max_inflight)
+
+    def _call_hw(self, attr: str, d: Dispatch, args: tuple, kwargs: dict, blocking: bool) -> Any:
+        tag = kwargs.get("tag_name")
+        if tag is None:
+            params = [p for p in inspect.signature(getattr(self.worker_cls, attr)).parameters if p != "self"]
+            pos = params.index("tag_name")
+            tag = args[pos] if len(args) > pos else None
+        i, fell_back = self.choose_worker(attr, tag, d.max_inflight)
+        if fell_back:
+            self.fallbacks[attr] = self.fallbacks.get(attr, 0) + 1
+        refs = self._submit([i], attr, [(args, kwargs)])
+        return self._finish([i], refs, lambda r: r[0], blocking, f"{self.name}.{attr}")
+
+
+
+class Cluster(DispatchMixin):
     """A role-specific group of Workers, driven as one object.
 
     Built by :meth:`rollart_nb.Session.cluster`; not constructed directly.
@@ -190,59 +253,6 @@ class Cluster:
                 what: str) -> Any:
         fut = ClusterFuture(refs, combine, what, lambda: self._release(idx), [self.workers[i].binding for i in idx])
         return fut.result() if blocking else fut
-
-    def _call_register(self, attr: str, d: Dispatch, args: tuple, kwargs: dict, blocking: bool) -> Any:
-        n = len(self.workers)
-        if d.mode == "one":
-            idx = [0]
-            per = [(args, kwargs)]
-            combine: Callable[[list[Any]], Any] = lambda r: r[0]  # noqa: E731
-        elif d.mode == "scatter":
-            for v in (*args, *kwargs.values()):
-                if isinstance(v, list | tuple) and len(v) != n:
-                    raise ConfigError(f"{self.name}.{attr}: scatter argument has {len(v)} items for {n} workers")
-            idx = list(range(n))
-            per = [(tuple(_pick(a, i) for a in args), {k: _pick(v, i) for k, v in kwargs.items()}) for i in idx]
-            combine = list
-        else:
-            idx = list(range(n))
-            per = [(args, kwargs)] * n
-            combine = list
-        refs = self._submit(idx, attr, per)
-        return self._finish(idx, refs, combine, blocking, f"{self.name}.{attr}")
-
-    def affinity(self, attr: str, tag: str | None) -> str | None:
-        """Preferred hardware for ``tag`` when calling ``attr`` (cluster override, then decorator)."""
-        fn = getattr(self.worker_cls, attr)
-        d = dispatch_of(fn)
-        if tag is not None and tag in self._affinity_override:
-            return self._affinity_override[tag]
-        if d is not None and tag is not None and tag in d.affinity:
-            return d.affinity[tag]
-        return d.default if d is not None else None
-
-    def set_affinity(self, tag: str, hardware: str) -> None:
-        """Route calls tagged ``tag`` to ``hardware`` ("H20", "compute", "bandwidth", ...)."""
-        self._affinity_override[tag] = hardware
-
-    def choose_worker(self, attr: str, tag: str | None, max_inflight: int) -> tuple[int, bool]:
-        """Pick a worker index for a tagged call; returns (index, fell_back)."""
-        pref = self.affinity(attr, tag)
-        with self._lock:
-            return pick_worker([(h.binding.hardware, h.binding.pool) for h in self.workers],
-                               [h.inflight for h in self.workers], pref, max_inflight)
-
-    def _call_hw(self, attr: str, d: Dispatch, args: tuple, kwargs: dict, blocking: bool) -> Any:
-        tag = kwargs.get("tag_name")
-        if tag is None:
-            params = [p for p in inspect.signature(getattr(self.worker_cls, attr)).parameters if p != "self"]
-            pos = params.index("tag_name")
-            tag = args[pos] if len(args) > pos else None
-        i, fell_back = self.choose_worker(attr, tag, d.max_inflight)
-        if fell_back:
-            self.fallbacks[attr] = self.fallbacks.get(attr, 0) + 1
-        refs = self._submit([i], attr, [(args, kwargs)])
-        return self._finish([i], refs, lambda r: r[0], blocking, f"{self.name}.{attr}")
 
     def _endpoint(self, d: Dispatch) -> Endpoint:
         name = d.endpoint or ""
