@@ -12,7 +12,6 @@ the buffer holds O(alpha * E) trajectories; :attr:`capacity` enforces that bound
 from __future__ import annotations
 
 import asyncio
-import time
 from collections import OrderedDict
 
 from rollart_nb.errors import ConfigError
@@ -162,11 +161,12 @@ class SampleBuffer:
     async def wait_ready(self, n: int, timeout_s: float | None = None,
                          task_weights: dict[str, float] | None = None) -> None:
         """Block (async) until :meth:`ready` (``n``, ``task_weights``)."""
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        loop = asyncio.get_running_loop()  # loop time: a SimSession's virtual clock, else monotonic
+        deadline = None if timeout_s is None else loop.time() + timeout_s
         while not self.ready(n, task_weights):
             ev = self._event()
             ev.clear()
-            remaining = None if deadline is None else deadline - time.monotonic()
+            remaining = None if deadline is None else deadline - loop.time()
             if remaining is not None and remaining <= 0:
                 raise TimeoutError(f"SampleBuffer: {n} samples not ready within {timeout_s}s")
             try:

@@ -62,6 +62,8 @@ class Pipeline:
                  max_inflight: int = 256, dispatch: str = "direct", rewards: dict[str, dict[str, Any]] | None = None,
                  step_timeout_s: float | None = None, weights: Any = "direct", hw_affinity: bool = True) -> None:
         self.mode = get_mode(mode)
+        # step timing: the session's clock (a SimSession's virtual time), else wall time
+        self._clock = getattr(session, "clock", None) or time.monotonic
         self.session, self.train, self.gen, self.tasks, self.name = session, train, gen, tasks, name
         self.cfg = SchedulerConfig(batch_size=batch_size, group_size=group_size, alpha=alpha, mode=self.mode,
                                    redundancy=redundancy, seed=session.seed if seed is None else seed,
@@ -112,33 +114,33 @@ class Pipeline:
     def _step(self) -> StepReport:
         n, m = self.cfg.batch_size, self.mode
         rep = StepReport(step=len(self.reports), version=self.version, mode=m.name, started_at=time.time())
-        t0 = time.monotonic()
+        t0 = self._clock()
         self.rollout.wait_ready(n, self.step_timeout_s)                            # (1) get_batch
         batch: list[Trajectory] = self.rollout.take_batch(n)
-        t1 = time.monotonic()
+        t1 = self._clock()
         rep.phases["rollout_wait"] = t1 - t0
         metrics: dict[str, float] = {}
         if not m.overlap_train:                                                    # sync, sync+
             metrics = self.train.train_step(batch)
-            rep.phases["train"] = rep.train_s = time.monotonic() - t1
-        t2 = time.monotonic()
+            rep.phases["train"] = rep.train_s = self._clock() - t1
+        t2 = self._clock()
         self.rollout.suspend()                                                     # (2) suspend
-        t3 = time.monotonic()
+        t3 = self._clock()
         rep.phases["suspend"] = t3 - t2
         if m.overlap_train and self._train_fut is not None:                        # previous step's training
             metrics = self._train_fut.result()
-            rep.phases["train"] = time.monotonic() - t3
+            rep.phases["train"] = self._clock() - t3
             rep.train_s = metrics.get("step_s", metrics.get("modelled_s", 0.0))
-        t4 = time.monotonic()
+        t4 = self._clock()
         if metrics:                                                                # (3) update
             rep.weights = self._update_weights(int(metrics["version"]))
             rep.weights.update({k: metrics[k] for k in ("push_s", "push_bytes") if k in metrics})
-        rep.phases["update"] = time.monotonic() - t4
-        t5 = time.monotonic()
+        rep.phases["update"] = self._clock() - t4
+        t5 = self._clock()
         self.rollout.resume()                                                      # (4) resume, (5) recompute
         if not m.continuous:                                                       # in the backends' next turn
             self.rollout.start_iteration()
-        rep.phases["resume"] = time.monotonic() - t5
+        rep.phases["resume"] = self._clock() - t5
         if m.overlap_train:                                                        # (6) train_step, overlapped
             self._train_fut = self.train.train_step(batch, blocking=False)
         return self._finish_report(rep, batch, metrics, t0)
@@ -162,7 +164,7 @@ class Pipeline:
     def _finish_report(self, rep: StepReport, batch: list[Trajectory], metrics: dict[str, float],
                        t0: float) -> StepReport:
         rep.version = self.version
-        rep.step_s = time.monotonic() - t0
+        rep.step_s = self._clock() - t0
         rep.batch_size = len(batch)
         rep.tokens = sum(t.num_tokens for t in batch)
         rep.throughput = rep.tokens / rep.step_s if rep.step_s > 0 else 0.0

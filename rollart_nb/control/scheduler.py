@@ -360,7 +360,8 @@ class RolloutScheduler:
         """Wait until ``n`` samples are ready; raise RolloutStalledError if everything keeps failing."""
         self._check_batch(n)
         self.schedule()
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        loop = asyncio.get_running_loop()  # loop time: a SimSession's virtual clock, else monotonic
+        deadline = None if timeout_s is None else loop.time() + timeout_s
         while True:
             try:
                 await self.buffer.wait_ready(n, 0.5, self.weights)
@@ -375,7 +376,7 @@ class RolloutScheduler:
                     "each batch needs its share of that task. Most common reasons:\n"
                     + "\n".join(f"  {c} x {r}" for r, c in reasons.most_common(3))
                     + "\nFix the env/reward/generator, or give the task weight 0 in sess.tasks(..., weights=...).")
-            if deadline is not None and time.monotonic() > deadline:
+            if deadline is not None and loop.time() > deadline:
                 raise TimeoutError(f"{n} samples not ready within {timeout_s}s ({len(self.buffer)} buffered, "
                                    f"{len(self.running)} running, counts {dict(self.counts)})")
 
