@@ -97,7 +97,7 @@ class Plan:
 def plan(workload_: dict[str, str | Workload] | str | Workload, budget: float, *, model: str = "qwen3-8b",
          train_gpus: int = 4, batch: int = 32, group: int = 8, envs_per_task: int = 24,
          alphas: tuple[int, ...] = (1, 2), redundancies: tuple[int, ...] = (0, 2), try_pd: bool = True,
-         stragglers: Stragglers | None = None, time_scale: float = 0.01, steps: int = 2,
+         stragglers: Stragglers | None = None, steps: int = 2,
          quick: bool = False) -> Plan:
     """Search a few configurations with the simulator and suggest one.
 
@@ -111,7 +111,7 @@ def plan(workload_: dict[str, str | Workload] | str | Workload, budget: float, *
         alphas / redundancies: values tried for the staleness bound and redundant members.
         try_pd: also try PD disaggregation when the chosen mix has both H800 and H20.
         stragglers: long-tail env latency to plan for (None: the workloads' own latency).
-        time_scale / steps: sim speed and measured steps per trial (one warm-up step besides).
+        steps: measured steps per trial (one warm-up step besides), on the virtual clock.
         quick: one mix fewer and no redundancy / PD stage (a smoke run).
 
     Raises:
@@ -124,7 +124,7 @@ def plan(workload_: dict[str, str | Workload] | str | Workload, budget: float, *
         raise ConfigError(f"budget ${budget:.2f}/h does not cover {train_gpus} training H800 (${train_cost:.2f}/h) "
                           "plus one rollout GPU; raise the budget or lower train_gpus", where="plan")
     base = RunSpec(model, {}, train_gpus=train_gpus, tasks=tasks, envs_per_task=envs_per_task, batch=batch,
-                   group=group, stragglers=stragglers, steps=1 if quick else steps, warmup=1, time_scale=time_scale)
+                   group=group, stragglers=stragglers, steps=1 if quick else steps, warmup=1)
     trials: list[Trial] = []
     why: list[str] = []
 

@@ -3,22 +3,22 @@
 A run (:func:`simulate`) builds a :class:`~rollart_nb.sim.session.SimSession`, a SimTrainer
 cluster, a SimGenerator cluster (one worker per TP group; a mix of pools by binding the
 preferred pool first and falling back to the next), the tasks as :class:`~rollart_nb.sim.SimEnv`
-s, and the real Pipeline; it runs warm-up steps, then measured steps, and converts wall time
-back to *modelled* seconds (``wall / time_scale``).
+s, and the real Pipeline; it runs warm-up steps, then measured steps, and reports their
+*modelled* seconds.
 
-Wall time includes the control plane's own CPU time, which the scale does not shrink: while
-the loop thread is busy, sleeps end late and every modelled duration stretches. Each run
-therefore measures the loop's lag with a probe and reports ``lag_frac`` (lag / probe period);
-a large value means the ratios are compressed toward 1 and the run needs a larger time scale.
+By default the session runs on a virtual clock (:mod:`rollart_nb.sim.clock`): simulated time
+jumps from event to event and the control plane's own CPU time costs none of it, so a result
+does not depend on the machine or its load, and a seed gives the same numbers twice.
+``RunSpec(virtual=False)`` runs in scaled real time instead (modelled = wall / ``time_scale``):
+there the control plane's CPU time stretches every sleep, so each such run measures the loop's
+lag with a probe and reports ``lag_frac`` (lag / probe period); a large value means the
+ratios are compressed toward 1.
 """
 
 from __future__ import annotations
 
 import asyncio
-import copy
-import itertools
 import math
-import random
 import statistics
 import time
 from dataclasses import dataclass, field, replace
@@ -53,27 +53,6 @@ class Stragglers:
     scale: float = 20.0
 
 
-class _ReseededLatency(WithLatency):
-    """WithLatency whose deep copies draw different latencies.
-
-    TaskSet.expand deep-copies one env template per EnvManager; a plain WithLatency copy
-    carries its RNG state along, so every copy would straggle at the same calls.
-    """
-
-    _seeds = itertools.count(1)
-
-    def __deepcopy__(self, memo: dict) -> _ReseededLatency:
-        new = copy.copy(self)
-        new.env = copy.deepcopy(self.env, memo)
-        new._rng = random.Random(next(self._seeds))
-        return new
-
-    def validation_seeds(self) -> list[int]:
-        # EnvWrapper.validation_seeds assumes the inner env has one; SimEnv does not
-        fn = getattr(self.env, "validation_seeds", None)
-        return list(fn()) if callable(fn) else list(range(16))
-
-
 @dataclass(frozen=True)
 class RunSpec:
     """One simulated configuration.
@@ -90,7 +69,9 @@ class RunSpec:
         mode / alpha / redundancy / pd / hw_affinity: pipeline settings.
         stragglers: long-tail env latency (None: the workloads' own latency only).
         steps / warmup: measured and discarded steps.
-        time_scale: wall seconds per modelled second.
+        virtual: simulated time (default) or scaled real time (see the module docstring).
+        time_scale: seconds slept per modelled second (None: 1 on the virtual clock; 0.005 in
+            real time).
         seed: session seed.
         train_mfu: achieved MFU of the trainer.
     """
@@ -111,7 +92,8 @@ class RunSpec:
     stragglers: Stragglers | None = None
     steps: int = 3
     warmup: int = 1
-    time_scale: float = 0.005
+    time_scale: float | None = None
+    virtual: bool = True
     seed: int = 0
     train_mfu: float = 0.4
 
@@ -138,7 +120,8 @@ def _make_env(w: Workload, seed: int, ts: float, stragglers: Stragglers | None) 
     env = SimEnv(w, seed=seed, time_scale=ts)
     if stragglers is None:
         return env
-    return _ReseededLatency(env, mean_s=stragglers.mean_s * ts, std_s=stragglers.std_s * ts,
+    # WithLatency's deep copies (one per EnvManager) each draw their own, seeded latencies
+    return WithLatency(env, mean_s=stragglers.mean_s * ts, std_s=stragglers.std_s * ts,
                             long_tail_p=stragglers.p, long_tail_scale=stragglers.scale, seed=seed)
 
 
@@ -160,7 +143,7 @@ def simulate(s: RunSpec) -> dict[str, float]:
         ``redundant_cancelled_per_step``, ``cost_per_hour`` (all GPUs), ``gpus``,
         ``lag_frac`` (loop lag per probe period; see the module docstring), ``wall_s``.
     """
-    ts = s.time_scale
+    ts = s.time_scale if s.time_scale is not None else (1.0 if s.virtual else 0.005)
     wls = s.workloads
     gen_pools = {p.upper(): n for p, n in s.rollout.items() if n > 0}
     pools: dict[str, int] = dict(gen_pools)
@@ -169,7 +152,7 @@ def simulate(s: RunSpec) -> dict[str, float]:
     m = model_spec(s.model)
     t_wall = time.monotonic()
     lags: list[float] = []
-    with SimSession(pools, seed=s.seed, gpus_per_node=GPUS_PER_NODE) as sess:
+    with SimSession(pools, seed=s.seed, gpus_per_node=GPUS_PER_NODE, virtual=s.virtual) as sess:
         train_slots = min(s.train_gpus, GPUS_PER_NODE)
         # rank 0 models the whole data-parallel group; the other ranks hold its GPUs in the pools
         train = sess.cluster("actor_train", SimTrainer, pool="H800", replicas=max(1, s.train_gpus // train_slots),
@@ -188,12 +171,14 @@ def simulate(s: RunSpec) -> dict[str, float]:
         pipe = sess.pipeline(train, gen, tasks, batch_size=s.batch, group_size=s.group, alpha=s.alpha, mode=s.mode,
                              redundancy=s.redundancy, pd=s.pd, hw_affinity=s.hw_affinity, rollout=rc)
         probe_period = 0.01
-        probe = asyncio.run_coroutine_threadsafe(_lag_probe(probe_period, lags), sess._loop)
+        # a virtual clock has no lag to measure (and a probe's timers would only add events)
+        probe = None if s.virtual else asyncio.run_coroutine_threadsafe(_lag_probe(probe_period, lags), sess._loop)
         try:
             pipe.run(s.warmup, progress=False)
             reps = pipe.run(s.steps, progress=False)
         finally:
-            probe.cancel()
+            if probe is not None:
+                probe.cancel()
     wall = time.monotonic() - t_wall
     steps = [r.step_s / ts for r in reps]
     tokens = sum(r.tokens for r in reps)

@@ -18,7 +18,6 @@ import collections
 import logging
 import random
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -118,7 +117,11 @@ class RolloutScheduler:
         self.weights = {t: (config.task_weights or {}).get(t, 0.0) if config.task_weights else 1.0
                         for t in self.tasks}
         self.E = len(self.managers)
+        self._envs_of = collections.Counter(m.task for m in self.managers)
         self.rng = random.Random(config.seed)
+        # trajectory and group ids from their own seeded stream: a run is reproducible (sim
+        # backends hash the id into a response), and ids never shift the group seeds above
+        self._ids = random.Random(f"ids/{config.seed}")
         self._batch_quota = split_quota(config.batch_groups, self.weights)
         # The admission rules below keep each task under (alpha+1) * its share + its envs; the
         # hard cap sits above that sum so it only ever acts as a safety net.
@@ -150,7 +153,7 @@ class RolloutScheduler:
             self.quota[t] += n
         self.schedule()
 
-    def _may_open_group(self, task: str) -> bool:
+    def _may_open_group(self, task: str, ahead: collections.Counter[str]) -> bool:
         if not self.mode.continuous:
             return self.quota.get(task, 0) > 0
         # Per-task limits, so a fast task cannot crowd out a slow one that the batch also needs.
@@ -158,53 +161,64 @@ class RolloutScheduler:
         if self.mode.admit_by_version:  # AReaL: bound staleness at trajectory start only
             # started <= (versions since start + alpha + 1) batches; one version per batch taken
             return self.started_by_task[task] < (self.batches_taken + self.cfg.alpha + 1) * quota
-        envs = sum(1 for m in self.managers if m.task == task)
-        return self._ahead(task) < (self.cfg.alpha + 1) * quota * self.cfg.group_size + envs
+        return ahead[task] < (self.cfg.alpha + 1) * quota * self.cfg.group_size + self._envs_of[task]
 
-    def _ahead(self, task: str) -> int:
-        """Trajectories of ``task`` running, being scored or buffered."""
-        running = sum(1 for t, _, _ in self.running.values() if t.task == task)
-        scoring = sum(1 for t in self.scoring.values() if t == task)
-        buffered = sum(len(g.buffered) for g in self.groups.values() if g.task == task)
-        return running + scoring + buffered
+    def _ahead(self) -> collections.Counter[str]:
+        """Per task: trajectories running, being scored or buffered (one O(E + G) pass)."""
+        ahead: collections.Counter[str] = collections.Counter(t.task for t, _, _ in self.running.values())
+        ahead.update(self.scoring.values())
+        for g in self.groups.values():
+            ahead[g.task] += len(g.buffered)
+        return ahead
 
     def _open_group(self, task: str) -> GroupState:
         if not self.mode.continuous:
             self.quota[task] -= 1
         self.started_groups += 1
         self.started_by_task[task] += 1
-        g = GroupState(uuid.uuid4().hex[:10], task, self.rng.randrange(2**31),
+        g = GroupState(f"{self._ids.getrandbits(40):010x}", task, self.rng.randrange(2**31),
                        self.cfg.group_size + self.cfg.redundancy)
         self.groups[g.id] = g
         return g
 
-    def _next_group(self, task: str) -> GroupState | None:
-        for g in self.groups.values():
-            if g.task == task and not g.closed and g.budget > 0:
-                return g
-        return self._open_group(task) if self._may_open_group(task) else None
-
     def schedule(self) -> None:
-        """Give every idle EnvManager a trajectory to run, if the mode allows one."""
+        """Give every idle EnvManager a trajectory to run, if the mode allows one.
+
+        O(E + G) per call (E envs, G open groups): it runs after every trajectory ends, and a
+        what-if study has thousands of envs. Each idle env joins the oldest open group of its
+        task with budget left, else opens a group if the admission rule allows.
+        """
         if self._closed:
             return
         if self.mode.batch_env and (self.running or self._pending_reward):
             return  # batch-level: the next wave starts when this one (and its scoring) is done
+        idle = [m for m in self.managers if not m.busy]
+        if not idle:
+            return
+        ahead = self._ahead()  # as of this call; the plan's own launches are not counted
+        open_groups: dict[str, collections.deque[GroupState]] = collections.defaultdict(collections.deque)
+        for g in self.groups.values():  # insertion order: oldest group first
+            if not g.closed and g.budget > 0:
+                open_groups[g.task].append(g)
         plan: list[tuple[EnvManager, GroupState]] = []
-        for m in self.managers:
-            if m.busy:
+        for m in idle:
+            q = open_groups[m.task]
+            if not q and self._may_open_group(m.task, ahead):
+                q.append(self._open_group(m.task))
+            if not q:
                 continue
-            g = self._next_group(m.task)
-            if g is None:
-                continue
+            g = q[0]
             g.budget -= 1
+            if g.budget <= 0:
+                q.popleft()
             m.busy = True  # reserved until its task starts
             plan.append((m, g))
         if not plan:
             return
         self._barrier = TurnBarrier(len(plan)) if self.mode.batch_env else None
         for m, g in plan:
-            traj = Trajectory(g.task, seed=g.seed, group_id=g.id, start_version=self.version, created_s=time.time())
+            traj = Trajectory(g.task, seed=g.seed, group_id=g.id, start_version=self.version, created_s=time.time(),
+                              id=f"{self._ids.getrandbits(48):012x}")
             g.running.add(traj.id)
             task = asyncio.get_running_loop().create_task(self._run(m, traj, g, self._barrier))
             self._tasks.add(task)

@@ -116,7 +116,9 @@ class EnvWrapper:
         return getattr(self.env, "shape", "decode")
 
     def validation_seeds(self) -> list[int]:
-        return list(self.env.validation_seeds())
+        """The inner env's validation seeds, or ``range(16)`` when it declares none."""
+        fn = getattr(self.env, "validation_seeds", None)
+        return list(fn()) if callable(fn) else list(range(16))
 
     def reset(self, seed: int | None = None) -> tuple[str, dict[str, Any]]:
         return self.env.reset(seed)

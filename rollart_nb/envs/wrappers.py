@@ -1,6 +1,7 @@
 """Wrappers that inject latency and failures into any env, for experiments and tests.
 
-Both have a sync path (``reset``/``step``, blocking with :func:`time.sleep`) and an async
+Both have a sync path (``reset``/``step``, blocking with :func:`rollart_nb.sim.clock.sleep`:
+``time.sleep``, or simulated time inside a SimSession) and an async
 path (``areset``/``astep``, :func:`asyncio.sleep`), so an asyncio EnvManager can run many
 wrapped envs concurrently on one thread. The async path reaches the inner env through
 :func:`~rollart_nb.envs.base.env_reset`/:func:`~rollart_nb.envs.base.env_step`.
@@ -9,12 +10,14 @@ wrapped envs concurrently on one thread. The async path reaches the inner env th
 from __future__ import annotations
 
 import asyncio
+import copy
+import itertools
 import random
-import time
 from typing import Any
 
 from rollart_nb.envs.base import EnvWrapper, StepResult, env_reset, env_step
 from rollart_nb.errors import ConfigError, EnvError
+from rollart_nb.sim.clock import sleep
 
 __all__ = ["WithFailures", "WithLatency"]
 
@@ -32,7 +35,10 @@ class WithLatency(EnvWrapper):
         std_s: standard deviation in seconds.
         long_tail_p: probability that a call is a straggler.
         long_tail_scale: how much longer a straggler takes.
-        seed: seed of the latency sampler (None: nondeterministic).
+        seed: seed of the latency sampler (None: nondeterministic). Deep copies (one per
+            EnvManager, made by ``TaskSet.expand``) draw their own latencies: copy ``k`` is
+            seeded from ``(seed, k)``, so stragglers differ between env instances yet the run
+            stays reproducible.
 
     Example:
         >>> from rollart_nb.envs import Arithmetic
@@ -64,6 +70,18 @@ class WithLatency(EnvWrapper):
         self.mean_s, self.std_s = mean_s, std_s
         self.long_tail_p, self.long_tail_scale = long_tail_p, long_tail_scale
         self._rng = random.Random(seed)
+        self._seed = seed
+        self._copies = itertools.count(1)
+
+    def __deepcopy__(self, memo: dict) -> WithLatency:
+        new = copy.copy(self)
+        memo[id(self)] = new
+        new.env = copy.deepcopy(self.env, memo)
+        k = next(self._copies)
+        new._seed = None if self._seed is None else f"{self._seed}/{k}"
+        new._rng = random.Random(new._seed)
+        new._copies = itertools.count(1)
+        return new
 
     def sample_latency(self) -> float:
         """Draw one latency in seconds (>= 0)."""
@@ -74,13 +92,13 @@ class WithLatency(EnvWrapper):
 
     def reset(self, seed: int | None = None) -> tuple[str, dict[str, Any]]:
         latency = self.sample_latency()
-        time.sleep(latency)
+        sleep(latency)
         obs, info = self.env.reset(seed)
         return obs, {**info, "latency_s": latency}
 
     def step(self, action: str) -> StepResult:
         latency = self.sample_latency()
-        time.sleep(latency)
+        sleep(latency)
         obs, reward, terminated, truncated, info = self.env.step(action)
         return obs, reward, terminated, truncated, {**info, "latency_s": latency}
 
@@ -167,7 +185,7 @@ class WithFailures(EnvWrapper):
     def _sync_fail(self, call: str) -> None:
         fate = self._fate(call)
         if fate == "hang":
-            time.sleep(self.hang_s)
+            sleep(self.hang_s)
         if fate != "ok":
             raise self._error(call, fate)
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import itertools
-import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,6 +37,7 @@ from rollart_nb.models.spec import ModelSpec
 from rollart_nb.protocols import GenerationRequest, GenerationResult, Tokenizer
 from rollart_nb.resources.profiles import HardwareProfile
 from rollart_nb.sim import roofline
+from rollart_nb.sim.clock import resolve_time_scale
 from rollart_nb.sim.tokenizer import SimTokenizer
 
 __all__ = ["SimBackend"]
@@ -67,8 +67,9 @@ class SimBackend:
     Args:
         spec: the model being served.
         hardware: the device type of this worker.
-        time_scale: wall seconds slept per modelled second (1e-3: a 10 s turn takes 10 ms;
-            0: account time without sleeping).
+        time_scale: seconds slept per modelled second (0: account time without sleeping).
+            Default: 1 on a SimSession's virtual clock (simulated seconds), 1e-3 elsewhere
+            (a 10 s turn sleeps 10 ms of real time).
         tp: tensor-parallel degree (devices per replica).
         seed: mixed into every request's token stream.
         mean_response_tokens: mean of the geometric response length when
@@ -103,7 +104,7 @@ class SimBackend:
         spec: ModelSpec,
         hardware: HardwareProfile,
         *,
-        time_scale: float = 1e-3,
+        time_scale: float | None = None,
         tp: int = 1,
         seed: int = 0,
         mean_response_tokens: int = 64,
@@ -117,6 +118,7 @@ class SimBackend:
         name: str = "sim",
     ) -> None:
         problems = []
+        time_scale = resolve_time_scale(time_scale)
         if time_scale < 0:
             problems.append(f"time_scale must be >= 0, got {time_scale}")
         if tp < 1:
@@ -155,7 +157,7 @@ class SimBackend:
         self._active_ctx = 0
         self._keys = itertools.count()
         self._aborts: dict[str, set[asyncio.Event]] = {}
-        self._prefill_free_at = 0.0  # time.monotonic() when queued prefill compute drains
+        self._prefill_free_at = 0.0  # loop time when queued prefill compute drains
         self._stats = {"prefill_tokens": 0, "decode_tokens": 0, "recomputed_tokens": 0,
                        "busy_s": 0.0, "requests": 0, "aborted": 0, "kv_transfer_s": 0.0}
 
@@ -315,7 +317,7 @@ class SimBackend:
             self.tp * self.hardware.bf16_tflops * 1e12 * self.mfu)
         floor_s = roofline.weights_read_bytes(self.spec, new) / (self.tp * self.hardware.mem_bw_gbps * 1e9)
         # FCFS on the device's FLOPs: wait for queued prefill compute, then take our share.
-        now = time.monotonic()
+        now = asyncio.get_running_loop().time()  # a SimSession's virtual clock, or monotonic
         wait_s = max(self._prefill_free_at - now, 0.0) / self.time_scale if self.time_scale > 0 else 0.0
         self._prefill_free_at = max(now, self._prefill_free_at) + compute_s * self.time_scale
         prefill_s = max(wait_s + compute_s, floor_s)
@@ -338,11 +340,12 @@ class SimBackend:
             decode_s = roofline.decode_time(self.spec, self.hardware, tokens, self._active_ctx / batch,
                                             batch=batch, tp=self.tp, mbu=self.mbu, mfu=self.mfu)
             total_s = extra_s + decode_s
-            t0 = time.monotonic()
+            loop = asyncio.get_running_loop()
+            t0 = loop.time()
             if not await self._sleep(total_s, ev):
                 done = tokens
             else:  # tokens finished before the abort, pro rata over the decode (after any transfer)
-                elapsed = (time.monotonic() - t0) / self.time_scale if self.time_scale > 0 else 0.0
+                elapsed = (loop.time() - t0) / self.time_scale if self.time_scale > 0 else 0.0
                 frac = (elapsed - extra_s) / decode_s if decode_s > 0 else 0.0
                 done = min(max(int(tokens * frac), 0), tokens - 1) if tokens else 0
             self._stats["decode_tokens"] += done

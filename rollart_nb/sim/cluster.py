@@ -54,6 +54,7 @@ from rollart_nb.workers.roles import TrainerWorker
 from rollart_nb.workers.worker import Worker, actor_class_for
 
 if TYPE_CHECKING:
+    from rollart_nb.sim.clock import SimClock
     from rollart_nb.sim.session import SimSession
 
 __all__ = ["LocalActor", "LocalCluster", "LocalFuture", "LocalRef", "LocalWorkerHandle"]
@@ -66,11 +67,12 @@ class LocalRef:
     ``await`` it from any event loop, or block on :meth:`result`.
     """
 
-    def __init__(self, fut: concurrent.futures.Future) -> None:
-        self.future = fut
+    def __init__(self, fut: concurrent.futures.Future, clock: SimClock) -> None:
+        self.future, self._clock = fut, clock
 
     def result(self, timeout: float | None = None) -> Any:
-        return self.future.result(timeout)
+        """Block until done (simulated time passes meanwhile); ``timeout`` in real seconds."""
+        return self._clock.wait(self.future, timeout)
 
     def done(self) -> bool:
         return self.future.done()
@@ -96,12 +98,12 @@ class LocalActor:
 
     Args:
         instance: the Worker object.
-        loop: the session's event loop (where every call runs).
+        clock: the session's :class:`~rollart_nb.sim.clock.SimClock` (its loop runs every call).
         threaded: run sync methods in this actor's own thread instead of on the loop.
     """
 
-    def __init__(self, instance: Worker, loop: asyncio.AbstractEventLoop, threaded: bool) -> None:
-        self.instance, self._loop, self.threaded = instance, loop, threaded
+    def __init__(self, instance: Worker, clock: SimClock, threaded: bool) -> None:
+        self.instance, self._clock, self._loop, self.threaded = instance, clock, clock.loop, threaded
         # one thread per actor: a trainer's calls run in order, like a sync Ray actor's
         self._thread = (concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"sim-{instance.role}")
                         if threaded else None)
@@ -118,7 +120,7 @@ class LocalActor:
         coro = self._invoke(name, args, kwargs)
         if _running_loop() is self._loop:
             return self._loop.create_task(coro)
-        return LocalRef(asyncio.run_coroutine_threadsafe(coro, self._loop))
+        return LocalRef(asyncio.run_coroutine_threadsafe(coro, self._loop), self._clock)
 
     async def _invoke(self, name: str, args: tuple, kwargs: dict) -> Any:
         args = tuple([await _resolve(a) for a in args])
@@ -231,7 +233,7 @@ class LocalCluster(DispatchMixin):
             self._session._resources.release(self.name, index)
             raise ClusterError(f"worker {b.worker} on pool {b.pool} did not start: {type(e).__name__}: {e}. "
                                "Check the Worker's __init__ arguments") from e
-        return LocalWorkerHandle(LocalActor(inst, self._session._loop, self.threaded), b, instance=inst)
+        return LocalWorkerHandle(LocalActor(inst, self._session.clock, self.threaded), b, instance=inst)
 
     def _bind_methods(self) -> None:
         for attr, fn in inspect.getmembers(self.worker_cls, predicate=inspect.isfunction):
@@ -267,7 +269,7 @@ class LocalCluster(DispatchMixin):
                 fut = asyncio.run_coroutine_threadsafe(h.actor._invoke(attr, a, k), self._session._loop)
                 # released on completion (not on .result()): routing sees the true in-flight count
                 fut.add_done_callback(lambda _f, h=h: self._release(h))
-                refs.append(LocalRef(fut))
+                refs.append(LocalRef(fut, self._session.clock))
         return refs
 
     def _release(self, h: LocalWorkerHandle) -> None:

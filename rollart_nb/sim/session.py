@@ -6,16 +6,17 @@ builds :class:`~rollart_nb.sim.cluster.LocalCluster` s whose Workers live in thi
 background asyncio loop thread. Everything else is the real thing: pools, the
 :class:`~rollart_nb.resources.manager.ResourceManager` and its bindings, the
 :class:`~rollart_nb.control.pipeline.Pipeline`, the RolloutWorker with its LLMProxy and
-RolloutScheduler. Time comes only from the sim backends and envs sleeping their modelled time
-times ``time_scale`` on that loop (and the trainer's sleep, on a thread of its own).
+RolloutScheduler. Time comes only from the sim backends, envs and trainer sleeping their
+modelled time on that loop's clock: by default a virtual clock
+(:class:`~rollart_nb.sim.clock.SimClock`) that jumps to the next event, so results do not
+depend on how fast or loaded the machine is; ``virtual=False`` sleeps really (modelled time
+times each backend's ``time_scale``).
 
 Lifecycle: ``attached -> closed`` (it is attached from construction; nothing to connect to).
 """
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import html
 import logging
 import threading
@@ -30,6 +31,7 @@ from rollart_nb.resources.pools import SERVERLESS_SLOTS, Pool, hardware_for_pool
 from rollart_nb.resources.profiles import PROFILES
 from rollart_nb.resources.store import MemoryStore
 from rollart_nb.serverless.client import Endpoint
+from rollart_nb.sim.clock import SimClock
 from rollart_nb.sim.cluster import LocalCluster
 from rollart_nb.workers.worker import Worker
 
@@ -50,6 +52,9 @@ class SimSession:
         seed: base seed (pipelines derive theirs from it).
         gpus_per_node: GPUs per simulated node (bindings name a node; a worker with
             ``slots=k`` must fit on one node, as a TP group must).
+        virtual: simulated time (default). Backends then take ``time_scale=1`` (one modelled
+            second is one simulated second); :class:`~rollart_nb.control.pipeline.Pipeline`
+            step reports are in simulated seconds. ``False``: real time, scaled by ``time_scale``.
 
     Example:
         >>> from rollart_nb.models import spec
@@ -60,7 +65,8 @@ class SimSession:
         [0, 0, 0, 0, 0, 0, 0, 0]
     """
 
-    def __init__(self, pools: dict[str, int] | None = None, seed: int = 0, *, gpus_per_node: int = 8) -> None:
+    def __init__(self, pools: dict[str, int] | None = None, seed: int = 0, *, gpus_per_node: int = 8,
+                 virtual: bool = True) -> None:
         pools = dict(DEFAULT_SIM_POOLS if pools is None else pools)
         problems = []
         for name, n in pools.items():
@@ -81,33 +87,23 @@ class SimSession:
         self.clusters: dict[str, LocalCluster] = {}
         self._pipelines: dict[str, Any] = {}
         self._rewards: dict[str, dict[str, Any]] = {}
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name=f"rollart-sim-{self.id}", daemon=True)
-        self._thread.start()
+        self.virtual = virtual
+        #: The simulation's loop and time: ``sess.clock()`` reads simulated seconds.
+        self.clock = SimClock(virtual, name=f"rollart-sim-{self.id}")
+        self._loop, self._thread = self.clock.loop, self.clock.thread
         self.state = "attached"
 
     # -- the loop --------------------------------------------------------------------
     def _run_sync(self, fn: Callable[[], Any], timeout: float | None = None) -> Any:
         """Run ``fn()`` on the loop thread (where the workers live); returns its result."""
-        if threading.current_thread() is self._thread:
-            return fn()
-        fut: concurrent.futures.Future = concurrent.futures.Future()
-
-        def run() -> None:
-            try:
-                fut.set_result(fn())
-            except BaseException as e:  # handed to the caller, raised there
-                fut.set_exception(e)
-
-        self._loop.call_soon_threadsafe(run)
-        return fut.result(timeout)
+        return self.clock.call(fn, timeout)
 
     def run(self, coro: Any, timeout: float | None = None) -> Any:
         """Run a coroutine on the simulation's loop from the driver and wait for its result."""
         self._check()
         if threading.current_thread() is self._thread:
             raise StateError("SimSession.run() was called on the simulation loop itself; await the coroutine")
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+        return self.clock.run(coro, timeout)
 
     # -- clusters --------------------------------------------------------------------
     def cluster(self, name: str, worker_cls: type[Worker], pool: str | None = None, replicas: int = 1, *,
@@ -240,14 +236,7 @@ class SimSession:
         for name in list(self.clusters):
             self.close_cluster(name)
         self.store.clear()
-        try:
-            asyncio.run_coroutine_threadsafe(_cancel_all(), self._loop).result(30)
-        except Exception as e:
-            log.warning("cancelling leftover tasks: %s", e)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=30)
-        if not self._thread.is_alive():
-            self._loop.close()
+        self.clock.close()
         self.state = "closed"
 
     def __enter__(self) -> SimSession:
@@ -294,9 +283,3 @@ def _make_pool(name: str, count: int, gpus_per_node: int) -> Pool:
         nodes = {f"sim-{name}-0": float(SERVERLESS_SLOTS if name == "serverless" else count)}
     return Pool(name, hw, nodes, resource="", simulated=True)
 
-
-async def _cancel_all() -> None:
-    tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-    for t in tasks:
-        t.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)

@@ -9,13 +9,12 @@ counts, modelled time, the batch's rewards); it reports no loss, since it has no
 from __future__ import annotations
 
 import math
-import time
 from typing import Any
 
 from rollart_nb.errors import ConfigError
 from rollart_nb.models.spec import ModelSpec
 from rollart_nb.resources.profiles import HardwareProfile
-from rollart_nb.sim import roofline
+from rollart_nb.sim import clock, roofline
 from rollart_nb.trajectory import Trajectory
 
 __all__ = ["SimTrainBackend", "trajectory_tokens"]
@@ -42,7 +41,8 @@ class SimTrainBackend:
         spec: the model being trained.
         hardware: device type of the training pool.
         gpus: devices the step is spread over (data/tensor/pipeline parallel alike).
-        time_scale: wall seconds slept per modelled second (0: no sleep).
+        time_scale: seconds slept per modelled second (0: no sleep). Default: 1 on a SimSession's
+            virtual clock, 1e-3 elsewhere (:func:`rollart_nb.sim.clock.resolve_time_scale`).
         mfu: achieved fraction of peak FLOP/s.
 
     Example:
@@ -58,12 +58,13 @@ class SimTrainBackend:
         spec: ModelSpec,
         hardware: HardwareProfile,
         gpus: int = 1,
-        time_scale: float = 1e-3,
+        time_scale: float | None = None,
         mfu: float = 0.4,
     ) -> None:
         problems = []
         if gpus < 1:
             problems.append(f"gpus must be >= 1, got {gpus}")
+        time_scale = clock.resolve_time_scale(time_scale)
         if time_scale < 0:
             problems.append(f"time_scale must be >= 0, got {time_scale}")
         if not 0 < mfu <= 1:
@@ -78,7 +79,8 @@ class SimTrainBackend:
     def train_step(self, batch: list[Trajectory]) -> dict[str, float]:
         """One optimizer step over ``batch``: sleep the modelled time, bump the version.
 
-        Blocks (``time.sleep``): it runs inside a worker actor, off any event loop.
+        Blocks (:func:`rollart_nb.sim.clock.sleep`: simulated time on a SimSession's virtual
+        clock, else ``time.sleep``): it runs inside a worker actor, off any event loop.
 
         Returns:
             ``tokens``, ``trajectories``, ``modelled_s``, ``reward_mean`` (over scored
@@ -87,7 +89,7 @@ class SimTrainBackend:
         tokens = sum(trajectory_tokens(t) for t in batch)
         modelled_s = roofline.train_time(self.spec, self.hardware, tokens, self.gpus, self.mfu)
         if self.time_scale > 0:
-            time.sleep(modelled_s * self.time_scale)
+            clock.sleep(modelled_s * self.time_scale)
         self.modelled_s += modelled_s
         self.version += 1
         rewards = [t.reward for t in batch if not math.isnan(t.reward)]

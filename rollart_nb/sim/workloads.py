@@ -18,7 +18,6 @@ import asyncio
 import functools
 import hashlib
 import itertools
-import time
 import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ import numpy as np
 
 from rollart_nb.errors import ConfigError, EnvError
 from rollart_nb.protocols import GenerationRequest
+from rollart_nb.sim import clock
 
 __all__ = ["PRESETS", "SimEnv", "Workload", "response_tokens_fn", "workload"]
 
@@ -168,13 +168,14 @@ class SimEnv:
       actions, yet members of one GRPO group (same seed, different actions) differ.
     * The final step's reward is uniform in [0, 1] from the same hash; earlier steps give 0.
       It carries no learning signal.
-    * ``step``/``reset`` sleep ``latency * time_scale`` (``time.sleep``); ``astep``/``areset``
+    * ``step``/``reset`` sleep ``latency * time_scale`` (:func:`rollart_nb.sim.clock.sleep`); ``astep``/``areset``
       await :func:`asyncio.sleep` instead, so thousands run on one event loop.
 
     Args:
         workload: a :class:`Workload` or a preset name.
         seed: instance seed, mixed with every reset seed.
-        time_scale: wall seconds per modelled second of env latency (0: no sleep).
+        time_scale: seconds slept per modelled second of env latency (0: no sleep). Default:
+            1 on a SimSession's virtual clock, 1e-3 elsewhere, decided where the env runs.
 
     Example:
         >>> env = SimEnv("frozenlake", time_scale=0)
@@ -183,12 +184,12 @@ class SimEnv:
         (300, 'prefill')
     """
 
-    def __init__(self, workload: Workload | str, seed: int = 0, time_scale: float = 1e-3) -> None:
+    def __init__(self, workload: Workload | str, seed: int = 0, time_scale: float | None = None) -> None:
         if isinstance(workload, str):
             workload = _preset(workload)
-        if time_scale < 0:
+        if time_scale is not None and time_scale < 0:
             raise ConfigError(f"time_scale must be >= 0, got {time_scale}", where="SimEnv")
-        self.workload, self.seed, self.time_scale = workload, seed, time_scale
+        self.workload, self.seed, self._time_scale = workload, seed, time_scale
         self.shape = workload.shape
         self.max_turns = workload.turns[1]
         self.vocab: list[str] = []  # observations are synthetic words; no fixed vocabulary
@@ -220,13 +221,19 @@ class SimEnv:
         await asyncio.sleep(latency * self.time_scale)
         return out
 
+    @property
+    def time_scale(self) -> float:
+        """Seconds slept per modelled second here (see ``time_scale`` above)."""
+        return clock.resolve_time_scale(self._time_scale)
+
     def __repr__(self) -> str:
-        return f"SimEnv({self.workload.name!r}, seed={self.seed}, time_scale={self.time_scale:g})"
+        ts = "auto" if self._time_scale is None else f"{self._time_scale:g}"
+        return f"SimEnv({self.workload.name!r}, seed={self.seed}, time_scale={ts})"
 
     # -- internals -------------------------------------------------------------------------
     def _block(self, latency: float) -> None:
         if self.time_scale > 0 and latency > 0:
-            time.sleep(latency * self.time_scale)
+            clock.sleep(latency * self.time_scale)  # simulated time on a SimSession's virtual clock
 
     def _latency(self, mean_std: tuple[float, float]) -> float:
         # Its own stream: latency never depends on the actions, only on (seed, episode, turn).

@@ -1,0 +1,326 @@
+"""Virtual time for the simulator: an event loop whose clock jumps to the next timer.
+
+A :class:`~rollart_nb.sim.session.SimSession` runs its workers on one event loop. With a real
+clock, every modelled second is slept (scaled by ``time_scale``), and whatever CPU the control
+plane itself burns stretches those sleeps: ratios measured that way drift with machine load.
+:class:`VirtualEventLoop` instead keeps its own ``time()``. When nothing is ready to run, no
+thread is working for the loop, and somebody is waiting for a result, it advances its clock
+straight to the earliest timer (a discrete-event simulation). Python's CPU time costs no
+simulated time, so the same run gives the same numbers on a laptop and on a loaded CI box.
+
+The three rules that make the jump safe:
+
+- **Threads hold time.** Work the loop hands to threads (``run_in_executor``, hence
+  ``asyncio.to_thread`` and the simulated trainer's own thread) counts as *busy* from
+  submission until the loop has seen its result; time stands still meanwhile. A thread that
+  wants to pass modelled time calls :func:`sleep` (virtual, releases its hold).
+- **Time passes only for a waiter.** A driver thread (a notebook cell, ``pipe.run``) waiting on
+  the loop through :meth:`SimClock.wait` lets time pass; between two calls of the driver,
+  time stands still. So the simulated time between ``take_batch`` and ``suspend`` is zero,
+  whatever Python did in between, and a session left alone in a notebook does not run ahead.
+- **All counters change on the loop thread**, so a decision to jump never races a result.
+
+Real I/O (an HTTP reward endpoint) still works but takes no simulated time, and a timer
+(e.g. a reward timeout) can fire before a reply that is still in flight: give a SimSession
+local reward functions.
+
+Example:
+    >>> import asyncio
+    >>> clock = SimClock()
+    >>> async def two_hours():
+    ...     await asyncio.sleep(7200)
+    ...     return clock.now()
+    >>> clock.run(two_hours(), timeout=5)   # returns at once: no real sleeping
+    7200.0
+    >>> clock.close()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import selectors
+import threading
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from rollart_nb.errors import StateError
+
+__all__ = ["REAL_TIME_SCALE", "SimClock", "VirtualEventLoop", "current", "is_virtual", "resolve_time_scale", "sleep"]
+
+REAL_TIME_SCALE = 1e-3
+"""Default ``time_scale`` of sim backends and envs off a virtual clock (a 10 s turn sleeps 10 ms)."""
+
+log = logging.getLogger(__name__)
+
+_tls = threading.local()  # .clock: the SimClock this thread works for; .held: it holds time
+
+
+class _Selector:
+    """Wraps the loop's real selector; ``select`` may advance virtual time instead of blocking."""
+
+    def __init__(self, real: selectors.BaseSelector) -> None:
+        self.real = real
+        self.loop: VirtualEventLoop | None = None
+
+    def select(self, timeout: float | None = None) -> list:
+        if timeout is not None and timeout <= 0:
+            return self.real.select(0)
+        events = self.real.select(0)
+        loop = self.loop
+        if events or loop is None:
+            return events
+        if timeout is not None and loop.may_advance():
+            loop.advance(timeout)
+            return []
+        # Nothing may run in simulated time now: block (really) until another thread wakes the loop.
+        return self.real.select(None)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+
+class VirtualEventLoop(asyncio.SelectorEventLoop):
+    """A selector event loop with a virtual ``time()`` (see the module docstring).
+
+    ``busy`` counts executor jobs not yet seen back on the loop; ``waiters`` counts threads
+    blocked in :meth:`SimClock.wait`. Time advances only when ``busy == 0 < waiters``.
+    """
+
+    def __init__(self, virtual: bool = True) -> None:
+        sel = _Selector(selectors.DefaultSelector())
+        super().__init__(selector=sel)  # type: ignore[arg-type]
+        sel.loop = self if virtual else None  # a real-time loop: select() blocks as usual
+        self.virtual = virtual
+        self._vnow = 0.0
+        self.busy = 0
+        self.waiters = 0
+        self.clock: SimClock | None = None
+        self.set_default_executor(concurrent.futures.ThreadPoolExecutor(thread_name_prefix="rollart-sim"))
+
+    def time(self) -> float:
+        return self._vnow if self.virtual else super().time()
+
+    def may_advance(self) -> bool:
+        return self.busy == 0 and self.waiters > 0
+
+    def advance(self, dt: float) -> None:
+        now = self._vnow + dt
+        if self._scheduled:  # land exactly on the timer (float sums can fall a hair short)
+            now = max(now, self._scheduled[0]._when)
+        self._vnow = now
+
+    def run_in_executor(self, executor: Any, func: Callable[..., Any], *args: Any) -> asyncio.Future:
+        self.busy += 1  # run_in_executor is called on the loop thread
+        clock = self.clock
+
+        def job() -> Any:
+            _tls.clock, _tls.held = clock, True
+            try:
+                return func(*args)
+            finally:
+                _tls.held = False
+
+        try:
+            fut = super().run_in_executor(executor, job)
+        except BaseException:
+            self.busy -= 1
+            raise
+        fut.add_done_callback(self._job_done)  # done callbacks run on the loop thread
+        return fut
+
+    def _job_done(self, _fut: asyncio.Future) -> None:
+        self.busy -= 1
+
+
+class SimClock:
+    """The simulation's event loop on a thread of its own, and the ways threads wait on it.
+
+    ``clock()`` (or :meth:`now`) reads the simulated seconds since the clock started.
+
+    Args:
+        virtual: virtual time (the default; see the module docstring). ``False`` gives a plain
+            real-time loop, where sim backends sleep their modelled time times ``time_scale``.
+        name: the loop thread's name.
+    """
+
+    def __init__(self, virtual: bool = True, name: str = "rollart-sim") -> None:
+        self.virtual = virtual
+        self.loop = VirtualEventLoop(virtual)
+        self.loop.clock = self
+        self._sleepers: set[threading.Event] = set()
+        self._lock = threading.Lock()
+        self.closed = False
+        self.thread = threading.Thread(target=self._main, name=name, daemon=True)
+        self.thread.start()
+
+    def _main(self) -> None:
+        _tls.clock, _tls.held = self, False
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    # -- reading -----------------------------------------------------------------------
+    def now(self) -> float:
+        """Simulated seconds since the clock started."""
+        return self.loop.time()
+
+    __call__ = now
+
+    # -- waiting -----------------------------------------------------------------------
+    def wait(self, fut: concurrent.futures.Future, timeout: float | None = None) -> Any:
+        """Block this (non-loop) thread until ``fut`` is done, letting simulated time pass.
+
+        ``fut`` must be completed on the loop thread (e.g. from ``run_coroutine_threadsafe``).
+        ``timeout`` is in real seconds: a guard against a stuck simulation, not a model time.
+        """
+        if fut.done():
+            return fut.result()
+        if threading.current_thread() is self.thread:
+            raise StateError("a blocking wait on the simulation's own loop thread would deadlock; await it instead")
+        held = bool(getattr(_tls, "held", False)) and getattr(_tls, "clock", None) is self
+
+        def done(_f: concurrent.futures.Future) -> None:  # on the loop thread
+            self.loop.waiters -= 1
+            if held:
+                self.loop.busy += 1
+
+        def arm() -> None:
+            if fut.done():
+                return
+            self.loop.waiters += 1
+            if held:
+                self.loop.busy -= 1
+            fut.add_done_callback(done)
+
+        self._post(arm)
+        return fut.result(timeout)
+
+    def run(self, coro: Coroutine[Any, Any, Any], timeout: float | None = None) -> Any:
+        """Run ``coro`` on the loop and wait for it (simulated time passes meanwhile)."""
+        return self.wait(asyncio.run_coroutine_threadsafe(coro, self.loop), timeout)
+
+    def call(self, fn: Callable[[], Any], timeout: float | None = None) -> Any:
+        """Run ``fn()`` on the loop thread and return its result (no simulated time passes)."""
+        if threading.current_thread() is self.thread:
+            return fn()
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+
+        def run() -> None:
+            try:
+                fut.set_result(fn())
+            except BaseException as e:  # handed to the caller, raised there
+                fut.set_exception(e)
+
+        self._post(run)
+        return self.wait(fut, timeout)
+
+    def sleep(self, seconds: float) -> None:
+        """Pass ``seconds`` of simulated time on this (non-loop) thread, releasing its hold."""
+        if seconds <= 0 or self.closed:
+            return
+        if not self.virtual:
+            time.sleep(seconds)
+            return
+        if threading.current_thread() is self.thread:
+            raise StateError("sleep() on the simulation's loop thread would stop the clock; use asyncio.sleep")
+        held = bool(getattr(_tls, "held", False)) and getattr(_tls, "clock", None) is self
+        ev = threading.Event()
+        with self._lock:
+            self._sleepers.add(ev)
+
+        def wake() -> None:
+            if held:
+                self.loop.busy += 1
+            ev.set()
+
+        def arm() -> None:
+            if held:
+                self.loop.busy -= 1
+            self.loop.call_later(seconds, wake)
+
+        try:
+            self._post(arm)
+            ev.wait()
+        finally:
+            with self._lock:
+                self._sleepers.discard(ev)
+
+    def _post(self, fn: Callable[[], None]) -> None:
+        if self.closed:
+            raise StateError("the simulation clock is closed")
+        self.loop.call_soon_threadsafe(fn)
+
+    # -- lifecycle ---------------------------------------------------------------------
+    def close(self, timeout: float = 30.0) -> None:
+        """Cancel what still runs on the loop, release sleeping threads, stop and close the loop."""
+        if self.closed:
+            return
+        try:
+            self.run(_cancel_all(), timeout)
+        except Exception as e:
+            log.warning("cancelling leftover tasks: %s", e)
+        self.closed = True
+        with self._lock:
+            for ev in self._sleepers:  # a trainer thread asleep in simulated time: let it finish
+                ev.set()
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout)
+        if not self.thread.is_alive():
+            self.loop.close()
+
+    def __repr__(self) -> str:
+        kind = "virtual" if self.virtual else "real-time"
+        return f"SimClock({kind}, t={self.now():.3f}s, busy={self.loop.busy}, waiters={self.loop.waiters})"
+
+
+async def _cancel_all() -> None:
+    tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def current() -> SimClock | None:
+    """The virtual clock this thread works for (its loop thread or one of its executor threads), if any."""
+    clock = getattr(_tls, "clock", None)
+    return clock if clock is not None and not clock.closed else None
+
+
+def sleep(seconds: float) -> None:
+    """Blocking sleep: in simulated time on a virtual clock's executor thread, else ``time.sleep``.
+
+    What sync sim code (the simulated trainer, sync env paths) calls to pass modelled time.
+    """
+    clock = current()
+    if clock is None:
+        if seconds > 0:
+            time.sleep(seconds)
+        return
+    if threading.current_thread() is clock.thread:
+        # A sync call on the loop thread cannot block in simulated time; it passes none.
+        log.debug("sim.clock.sleep(%g) on the loop thread: no simulated time passes", seconds)
+        return
+    clock.sleep(seconds)
+
+
+
+def is_virtual() -> bool:
+    """True on a virtual clock's loop or executor threads (where simulated time is in use)."""
+    clock = current()
+    if clock is not None:
+        return clock.virtual
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return isinstance(loop, VirtualEventLoop) and loop.virtual
+
+
+def resolve_time_scale(time_scale: float | None) -> float:
+    """``time_scale`` as given, or the default where it is used: 1.0 on a virtual clock (a modelled
+    second is a simulated second), :data:`REAL_TIME_SCALE` elsewhere (a real sleep, shrunk)."""
+    if time_scale is not None:
+        return float(time_scale)
+    return 1.0 if is_virtual() else REAL_TIME_SCALE
