@@ -326,7 +326,8 @@ class Session:
         return pipe.rollout.set_reward(task, endpoint=ep, timeout_s=timeout_s, retries=retries)
 
     def pipeline(self, train: Cluster, gen: Cluster, tasks: TaskSet, *, algo: Any = None, batch_size: int = 32,
-                 alpha: int = 1, mode: str = "rollart", name: str = "pipeline", **kwargs: Any) -> Any:
+                 alpha: int = 1, mode: str = "rollart", name: str = "pipeline", resume_from: Any = None,
+                 **kwargs: Any) -> Any:
         """Build the asynchronous RL pipeline (see :class:`~rollart_nb.control.Pipeline`).
 
         Args:
@@ -339,20 +340,43 @@ class Session:
             alpha: per-trajectory staleness bound.
             mode: "sync", "sync+", "one-off", "areal" or "rollart".
             name: re-using a name closes the previous pipeline of that name first.
+            resume_from: a directory written by ``pipe.save(path)`` (in this or an earlier
+                session): the trainer is restored from it (model, optimizer, version, RNG) before
+                ``algo`` is applied, generators serve the saved version from the start, step
+                numbers continue, and the scheduler draws fresh env seeds (unless ``seed`` is
+                given). ``tasks`` must have the saved task names; rewards are not saved (set them
+                with :meth:`reward` first; a changed reward source warns).
             **kwargs: ``redundancy``, ``rollout`` (RolloutConfig), ``validate_every``, ``pd``, ...
+
+        Example:
+            >>> pipe.save("ckpt/run1")                          # doctest: +SKIP
+            >>> # later, in a new session with the same model and tasks:
+            >>> pipe = sess.pipeline(train, gen, tasks, algo=rn.GRPO(group_size=8),
+            ...                      resume_from="ckpt/run1")       # doctest: +SKIP
         """
+        from rollart_nb.control.checkpoint import latest_reward_sources, read_checkpoint
         from rollart_nb.control.pipeline import Pipeline
 
         self._check()
+        resume = None
+        if resume_from is not None:  # check everything before anything changes
+            resume = read_checkpoint(resume_from)
+            resume.check_tasks(tasks)
         if name in self._pipelines:
             log.info("replacing pipeline %s", name)
             self._pipelines[name].close()
+        if resume is not None:
+            train.load_checkpoint(resume.trainer_dir)
+            if kwargs.get("seed") is None:
+                kwargs["seed"] = resume.resume_seed
         if algo is not None:
             kwargs.setdefault("group_size", algo.group_size)
             train.configure(algo)
         pipe = Pipeline(self, train, gen, tasks, batch_size=batch_size, alpha=alpha, mode=mode, name=name,
-                        rewards=self._rewards, **kwargs)
+                        rewards=self._rewards, resume=resume, **kwargs)
         self._pipelines[name] = pipe
+        if resume is not None:
+            resume.warn_reward_changes(latest_reward_sources(pipe.reward_history()))
         return pipe
 
     def bindings(self, role: str | None = None) -> list[Binding]:

@@ -12,7 +12,9 @@ Each :meth:`Pipeline.step`::
     (6) train_step  on the batch from (1), overlapped with the resumed rollout
 
 Modes change a few switches (:mod:`rollart_nb.control.modes`), not the loop. Lifecycle:
-``idle -> running -> paused -> closed``.
+``idle -> running -> paused -> closed``. :meth:`Pipeline.save` checkpoints the trainer and the
+pipeline's counters; ``sess.pipeline(..., resume_from=path)`` continues from them in a new
+session (:mod:`rollart_nb.control.checkpoint`).
 """
 
 from __future__ import annotations
@@ -20,10 +22,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import os
 import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+from rollart_nb.control.checkpoint import PipelineCheckpoint, write_checkpoint
 from rollart_nb.control.env_manager import RolloutConfig
 from rollart_nb.control.modes import Mode
 from rollart_nb.control.modes import mode as get_mode
@@ -53,6 +57,8 @@ class Pipeline:
         >>> pipe = sess.pipeline(train, gen, tasks, batch_size=32, alpha=1, mode="rollart")  # doctest: +SKIP
         >>> report = pipe.step()                                                            # doctest: +SKIP
         >>> pipe.run(20)                                                                     # doctest: +SKIP
+        >>> pipe.save("ckpt/run1")                   # later, in a new session:              # doctest: +SKIP
+        >>> pipe = sess.pipeline(train, gen, tasks, resume_from="ckpt/run1")                # doctest: +SKIP
     """
 
     def __init__(self, session: Session, train: Cluster, gen: Cluster, tasks: TaskSet, *, group_size: int = 8,
@@ -60,7 +66,8 @@ class Pipeline:
                  rollout: RolloutConfig | None = None, seed: int | None = None, name: str = "pipeline",
                  validate_every: int = 0, validation_seeds: dict[str, list[int]] | None = None, pd: bool = False,
                  max_inflight: int = 256, dispatch: str = "direct", rewards: dict[str, dict[str, Any]] | None = None,
-                 step_timeout_s: float | None = None, weights: Any = "direct", hw_affinity: bool = True) -> None:
+                 step_timeout_s: float | None = None, weights: Any = "direct", hw_affinity: bool = True,
+                 resume: PipelineCheckpoint | None = None) -> None:
         self.mode = get_mode(mode)
         # step timing: the session's clock (a SimSession's virtual time), else wall time
         self._clock = getattr(session, "clock", None) or time.monotonic
@@ -88,8 +95,10 @@ class Pipeline:
         if self.transport is not None:  # trainer publishes, generators pull in the background
             train.set_transport(self.transport)
             gen.set_transport(self.transport)
-        if trained:  # a trainer reused from an earlier pipeline: serve its weights from the start
+        if trained or resume is not None:  # a reused or restored trainer: serve its weights from the start
             self._update_weights(trained)
+        self.first_step = resume.steps if resume is not None else 0  # step numbers go on after a resume
+        self.resumed_from = resume
         self.state = "idle"
         self.reports: list[StepReport] = []
         self._train_fut: Any = None
@@ -113,7 +122,8 @@ class Pipeline:
 
     def _step(self) -> StepReport:
         n, m = self.cfg.batch_size, self.mode
-        rep = StepReport(step=len(self.reports), version=self.version, mode=m.name, started_at=time.time())
+        rep = StepReport(step=self.first_step + len(self.reports), version=self.version, mode=m.name,
+                         started_at=time.time())
         t0 = self._clock()
         self.rollout.wait_ready(n, self.step_timeout_s)                            # (1) get_batch
         batch: list[Trajectory] = self.rollout.take_batch(n)
@@ -248,6 +258,31 @@ class Pipeline:
         if self.error is not None:
             err, self.error = self.error, None
             raise err
+
+    # -- checkpoints ---------------------------------------------------------------------
+    def save(self, path: str | os.PathLike[str]) -> str:
+        """Checkpoint the trainer (model, optimizer, version, RNG) and what a resume needs.
+
+        Saves at a step boundary: it waits for a step in progress, and in overlapped modes for
+        the training of the batch already taken, so the checkpoint holds every batch trained
+        on. The pipeline keeps running afterwards. Resume in this or a new session with
+        ``sess.pipeline(train, gen, tasks, ..., resume_from=path)``: the trainer is restored,
+        generators serve the saved version from the start, step numbers continue.
+
+        Args:
+            path: a directory (created; an existing checkpoint there is replaced). It must be on
+                a filesystem the trainer worker shares with this process.
+
+        Returns:
+            The checkpoint directory (absolute).
+        """
+        self._check_open()
+        with self._lock:
+            if self._train_fut is not None:
+                self._train_fut.result()  # the result stays available to the next step
+            ckpt = write_checkpoint(self, path)
+        log.info("saved pipeline %s at step %d, version %d to %s", self.name, ckpt.steps, ckpt.version, ckpt.path)
+        return ckpt.path
 
     # -- rewards, validation, views ------------------------------------------------------
     def swap_reward(self, task: str, fn: Any = None, **kwargs: Any) -> int:

@@ -22,7 +22,7 @@ import asyncio
 import time
 from typing import Any
 
-from rollart_nb.errors import ConfigError
+from rollart_nb.errors import ConfigError, RollartError
 from rollart_nb.protocols import GenerationRequest, GenerationResult
 from rollart_nb.resources.profiles import PROFILES
 from rollart_nb.trajectory import Trajectory
@@ -221,13 +221,72 @@ class TrainerWorker(Worker):
     @register("one")
     def save_checkpoint(self, directory: str) -> str:
         """Save model, optimizer, version and RNG state to ``directory``."""
-        return str(self.backend.save_checkpoint(directory))
+        return str(self._checkpointing().save_checkpoint(directory))
 
     @register("one")
     def load_checkpoint(self, directory: str) -> int:
-        """Restore from :meth:`save_checkpoint`; returns the restored version."""
-        self.backend.load_checkpoint(directory)
+        """Restore from :meth:`save_checkpoint`; returns the restored version.
+
+        Raises:
+            StateError: ``directory`` holds no complete trainer checkpoint.
+            ConfigError: the checkpoint's model differs from this trainer's (nothing is loaded).
+        """
+        backend = self._checkpointing()
+        _check_same_model(directory, getattr(backend, "model", None))
+        try:
+            backend.load_checkpoint(directory)
+        except RollartError:  # already names what is wrong (e.g. an incomplete checkpoint)
+            raise
+        except RuntimeError as e:  # load_state_dict: parameter names or shapes differ
+            raise ConfigError(f"checkpoint {directory!r} does not fit this trainer's model: "
+                              f"{str(e).strip().splitlines()[0]}; resume with the model it was saved from") from e
         return self.backend.version
+
+    @register("one")
+    def optimizer_state(self) -> dict[str, Any]:
+        """The optimizer's ``state_dict()`` with CPU tensors (a probe for checkpoints and tests)."""
+        opt = getattr(self.backend, "optimizer", None)
+        if opt is None:
+            raise ConfigError(f"{type(self.backend).__name__} has no optimizer state")
+        return _to_cpu(opt.state_dict())
+
+    def _checkpointing(self) -> Any:
+        if not hasattr(self.backend, "save_checkpoint"):
+            raise ConfigError(f"{type(self.backend).__name__} does not support checkpoints; "
+                              "use a trainer with a torch or megatron backend")
+        return self.backend
+
+
+# Architecture fields whose difference makes a checkpoint unloadable (or silently wrong: vocab).
+_ARCH_KEYS = ("model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+              "num_attention_heads", "num_key_value_heads", "tie_word_embeddings")
+
+
+def _check_same_model(directory: str, model: Any) -> None:
+    """Raise ConfigError when the checkpoint's ``model/config.json`` differs from ``model.config``."""
+    import json
+    from pathlib import Path
+
+    saved_file = Path(directory) / "model" / "config.json"
+    config = getattr(model, "config", None)
+    if config is None or not saved_file.is_file():
+        return  # nothing to compare; an incomplete checkpoint is reported by the backend
+    saved, have = json.loads(saved_file.read_text()), config.to_dict()
+    diff = [f"{k}: checkpoint {saved[k]!r}, this trainer {have[k]!r}"
+            for k in _ARCH_KEYS if k in saved and k in have and saved[k] != have[k]]
+    if diff:
+        raise ConfigError(diff + ["build the trainer from the model the checkpoint was saved from"],
+                          where=f"checkpoint {directory!r} for this trainer's model")
+
+
+def _to_cpu(obj: Any) -> Any:
+    if hasattr(obj, "detach"):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: _to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return type(obj)(_to_cpu(v) for v in obj)
+    return obj
 
 
 class SimTrainer(TrainerWorker):
