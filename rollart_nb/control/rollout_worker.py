@@ -60,7 +60,7 @@ class RolloutWorker(Worker):
             envs, model, targets, affinity, config, pd, max_inflight, dispatch = self._args
             proxy = LLMProxy([GenTarget(*t) for t in targets], affinity, max_inflight=max_inflight, pd=pd,
                              dispatch=dispatch)
-            self.sched = RolloutScheduler(envs, model.load_tokenizer(), proxy, self.rewards, config)
+            self.sched = RolloutScheduler(envs, model.load_tokenizer(), proxy, self.rewards, config, id_salt=self.role)
         self.sched.schedule()
         return self.sched.E
 

@@ -100,10 +100,11 @@ class RolloutScheduler:
         proxy: the LLMProxy.
         rewards: the RewardDispatcher.
         config: :class:`SchedulerConfig`.
+        id_salt: mixed into the seeded trajectory/group id stream (the pipeline's rollout role).
     """
 
     def __init__(self, envs: dict[str, list[Any]], tokenizer: Any, proxy: Any, rewards: RewardDispatcher,
-                 config: SchedulerConfig) -> None:
+                 config: SchedulerConfig, id_salt: str = "") -> None:
         self.cfg, self.mode = config, config.mode
         self.proxy, self.rewards, self.tok = proxy, rewards, tokenizer
         self.managers: list[EnvManager] = []
@@ -119,9 +120,11 @@ class RolloutScheduler:
         self.E = len(self.managers)
         self._envs_of = collections.Counter(m.task for m in self.managers)
         self.rng = random.Random(config.seed)
-        # trajectory and group ids from their own seeded stream: a run is reproducible (sim
-        # backends hash the id into a response), and ids never shift the group seeds above
-        self._ids = random.Random(f"ids/{config.seed}")
+        # Trajectory and group ids from their own seeded stream: a run is reproducible (sampling
+        # seeds and sim responses hash the id) and ids never shift the group seeds above. The
+        # salt (the rollout worker's role, i.e. the pipeline's name) keeps two pipelines with one
+        # seed from sharing ids on the generators they share.
+        self._ids = random.Random(f"ids/{config.seed}/{id_salt}")
         self._batch_quota = split_quota(config.batch_groups, self.weights)
         # The admission rules below keep each task under (alpha+1) * its share + its envs; the
         # hard cap sits above that sum so it only ever acts as a safety net.

@@ -226,3 +226,21 @@ def test_sync_mode_waits_for_the_slowest_env_each_turn():
         assert all(tr.timings["barrier"] > 0.1 for tr in t.turns)
     plus = asyncio.run(go("sync+"))
     assert all("barrier" not in tr.timings for t in plus for tr in t.turns)
+
+
+def test_trajectory_ids_are_seeded_and_salted():
+    """Same seed and salt: the same ids (sampling seeds and sim responses hash them); another salt
+    (another pipeline sharing the generators): other ids."""
+
+    async def ids(salt):
+        s, _ = make(arith(6))
+        if salt:
+            s = RolloutScheduler(arith(6), SimTokenizer(), s.proxy, RewardDispatcher(), s.cfg, id_salt=salt)
+        s.schedule()
+        out = [t.id for t, _, _ in s.running.values()], sorted({t.group_id for t, _, _ in s.running.values()})
+        await s.close()
+        return out
+
+    a, b, c = run(ids("")), run(ids("")), run(ids("other.rollout"))
+    assert a == b and len(set(a[0])) == 6
+    assert not set(a[0]) & set(c[0]) and not set(a[1]) & set(c[1])
