@@ -24,16 +24,19 @@ __version__ = "0.1.0"
 # Subpackages load on first use (``rn.models.tiny_qwen``, ``rn.envs.FrozenLake``, ...), so
 # ``import rollart_nb`` stays cheap and starts nothing.
 _LAZY = ("algo", "backends", "control", "envs", "models", "nb", "rewards", "serverless", "sim", "weights", "workers")
+_LAZY_NAMES = {"plan": "rollart_nb.planner"}  # rn.plan(workload, budget): the what-if advisor
 
 
 def __getattr__(name: str) -> _Any:
     if name in _LAZY:
         return _importlib.import_module(f"rollart_nb.{name}")
+    if name in _LAZY_NAMES:
+        return getattr(_importlib.import_module(_LAZY_NAMES[name]), name)
     raise AttributeError(f"module 'rollart_nb' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted({n for n in globals() if not n.startswith('_')} | set(_LAZY))
+    return sorted({n for n in globals() if not n.startswith('_')} | set(_LAZY) | set(_LAZY_NAMES))
 
 __all__ = [
     "Binding",
@@ -50,6 +53,7 @@ __all__ = [
     "Worker",
     "errors",
     "hw_mapping",
+    "plan",
     "register",
     "register_serverless",
 ]

@@ -1,7 +1,7 @@
 """Session: the notebook's entry point to a (local or existing) Ray cluster and its pools.
 
 Lifecycle: ``detached -> attached -> closed``. :meth:`Session.local` and :meth:`Session.attach`
-return an attached session; every call on a closed one raises a :class:`StateError` that
+return an attached session (:meth:`Session.sim` returns a simulated one with the same API); every call on a closed one raises a :class:`StateError` that
 names the fix.
 """
 
@@ -12,7 +12,7 @@ import logging
 import tempfile
 import uuid
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rollart_nb import _ray
 from rollart_nb.control.tasks import TaskSet
@@ -24,6 +24,9 @@ from rollart_nb.resources.store import make_store
 from rollart_nb.serverless.client import Endpoint
 from rollart_nb.workers.cluster import Cluster
 from rollart_nb.workers.worker import Worker
+
+if TYPE_CHECKING:
+    from rollart_nb.sim.session import SimSession
 
 __all__ = ["DEFAULT_LOCAL_POOLS", "Session"]
 
@@ -157,6 +160,25 @@ class Session:
             _ray.shutdown()
             raise
         return s
+
+    @staticmethod
+    def sim(pools: dict[str, int] | None = None, seed: int = 0, *, gpus_per_node: int = 8,
+            virtual: bool = True) -> SimSession:
+        """A simulated cluster in this process, for what-if studies: same API, sim workers.
+
+        Returns a :class:`~rollart_nb.sim.session.SimSession` (pools such as
+        ``{"H800": 64, "H20": 24, "cpu": 8}``; workers are in-process objects on one event loop,
+        timed by roofline models on a virtual clock). Build clusters of
+        :class:`~rollart_nb.workers.SimGenerator` / :class:`~rollart_nb.workers.SimTrainer` and
+        pipelines exactly as on a real session.
+
+        Example:
+            >>> with rn.Session.sim({"H800": 8, "H20": 8, "cpu": 4}) as sim:    # doctest: +SKIP
+            ...     gen = sim.cluster("actor_gen", SimGenerator, pool="H20", replicas=8, model=spec("qwen3-8b"))
+        """
+        from rollart_nb.sim.session import SimSession
+
+        return SimSession(pools, seed, gpus_per_node=gpus_per_node, virtual=virtual)
 
     def _finish_attach(self, *, pool_map: dict[str, str] | None, serverless: bool, store: str | None) -> None:
         self.pools = discover_pools(_ray.nodes(), pool_map=pool_map, serverless=serverless,
