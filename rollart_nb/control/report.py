@@ -32,7 +32,8 @@ class StepReport:
         validation: validation score per task, when a validation ran this step.
         staleness: version gap (policy version - trajectory start version) -> count, for the batch.
         counts: trajectories that ended during the step, by status (completed, aborted_stale,
-            failed, cancelled) plus "redundant_cancelled".
+            failed, cancelled) plus "redundant_cancelled". Never negative: a sample that completed
+            in an earlier step and is evicted as stale in this one counts as aborted_stale here.
         failures: a few failure reasons seen during the step (task -> reasons).
         weights: weight-sync metrics (push_s, pull_s, exposed_pull_s, bytes, gbps).
         train: metrics from the train step (loss, grad norm, ...).

@@ -135,7 +135,10 @@ class RolloutScheduler:
         self.groups: dict[str, GroupState] = {}
         self.running: dict[str, tuple[Trajectory, asyncio.Task, EnvManager]] = {}
         self.scoring: dict[str, str] = {}  # trajectory id -> task, while its reward runs
+        # counts: trajectories by their current end status (a buffered sample evicted later moves
+        # from completed to aborted_stale); events: endings as they happen, never decremented
         self.counts: collections.Counter[str] = collections.Counter()
+        self.events: collections.Counter[str] = collections.Counter()
         self.ended: collections.deque[Trajectory] = collections.deque(maxlen=4096)
         self.failure_reasons: collections.deque[tuple[str, str]] = collections.deque(maxlen=64)
         self.started_groups = 0
@@ -286,6 +289,7 @@ class RolloutScheduler:
         if traj not in rejected:
             g.buffered.add(traj.id)
             self.counts["completed"] += 1
+            self.events["completed"] += 1
             self.ended.append(traj)
         self._on_evicted(rejected)
         self.consecutive_failures[traj.task] = 0
@@ -305,6 +309,7 @@ class RolloutScheduler:
     def _end(self, traj: Trajectory, g: GroupState | None) -> None:
         """Account a trajectory that ended without entering the buffer (or left it)."""
         self.counts[traj.status.value] += 1
+        self.events[traj.status.value] += 1
         self.ended.append(traj)
         if traj.status is Status.FAILED:
             self.failure_reasons.append((traj.task, traj.reason))
@@ -329,6 +334,7 @@ class RolloutScheduler:
             if g is not None and t.id in g.buffered:  # it was counted completed: move its count
                 self.counts["completed"] -= 1
                 self.counts[t.status.value] += 1
+                self.events[t.status.value] += 1  # events only grow: a step reports its own endings
                 g.buffered.discard(t.id)
                 if t.status is Status.CANCELLED:  # dropped for capacity: give the group up, never churn
                     self._close_group(g, t.reason)
@@ -343,6 +349,7 @@ class RolloutScheduler:
             traj, task, _ = self.running[tid]
             traj.finish(Status.CANCELLED, "redundant: group complete", now=time.time())
             self.counts["redundant_cancelled"] += 1
+            self.events["redundant_cancelled"] += 1
             task.cancel()
 
     def _close_group(self, g: GroupState, reason: str) -> None:
@@ -441,6 +448,7 @@ class RolloutScheduler:
         return {
             "version": self.version,
             "counts": dict(self.counts),
+            "events": dict(self.events),
             "running": len(self.running),
             "scoring": len(self.scoring),
             "buffered": len(self.buffer),

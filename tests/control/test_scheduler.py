@@ -244,3 +244,23 @@ def test_trajectory_ids_are_seeded_and_salted():
     a, b, c = run(ids("")), run(ids("")), run(ids("other.rollout"))
     assert a == b and len(set(a[0])) == 6
     assert not set(a[0]) & set(c[0]) and not set(a[1]) & set(c[1])
+
+
+def test_evicted_samples_move_counts_but_events_only_grow():
+    """A buffered sample evicted as stale: counts move it from completed to aborted_stale; the
+    event log (what a StepReport diffs per step) never goes down, so no step reports < 0."""
+
+    async def go():
+        s, _ = make(arith(4), batch=4, group=4)
+        await s.wait_ready(4, timeout_s=30)
+        before_counts, before_events = dict(s.counts), dict(s.events)
+        assert before_counts["completed"] >= 4 and before_events == before_counts
+        await s.set_version(1)
+        await s.set_version(2)  # buffered samples began at version 0: outside alpha=1
+        assert s.counts["completed"] < before_counts["completed"]
+        assert s.counts["aborted_stale"] > 0
+        assert all(s.events[k] >= v for k, v in before_events.items())
+        assert s.events["aborted_stale"] >= s.counts["aborted_stale"]
+        await s.close()
+
+    run(go())
