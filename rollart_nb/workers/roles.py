@@ -137,7 +137,8 @@ class SimGenerator(GeneratorWorker):
 
     Args:
         model: a :class:`~rollart_nb.models.ModelSpec` (e.g. ``rn.models.spec("qwen3-8b")``).
-        time_scale: modelled seconds -> wall seconds (1e-3 runs a 10 s turn in 10 ms).
+        time_scale: seconds slept per modelled second (default: 1 on a SimSession's virtual
+            clock, 1e-3 on a real session, where a 10 s turn then sleeps 10 ms).
     """
 
     def make_backend(self, model: Any, **kwargs: Any) -> Any:
