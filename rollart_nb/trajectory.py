@@ -153,6 +153,18 @@ class Trajectory:
             f"turns={len(self.turns)}, reward={r}, versions={self.start_version}..{max(self.versions, default=self.start_version)})"
         )
 
+    def _repr_html_(self) -> str:
+        """In a notebook: status and reason, reward and its version, every turn (the viewer's detail pane)."""
+        from rollart_nb.errors import ConfigError
+        from rollart_nb.views import view
+
+        try:
+            return view("trajectory_html", self)
+        except ConfigError:  # no notebook extra: the plain repr, escaped
+            import html
+
+            return f"<pre>{html.escape(repr(self))}</pre>"
+
 
 class TrajectoryList(list):
     """A list of trajectories that shows itself as the TrajectoryViewer in a notebook.

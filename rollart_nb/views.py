@@ -16,6 +16,7 @@ __all__ = ["VIEWS", "view"]
 VIEWS: dict[str, str] = {
     "dashboard": "rollart_nb.nb.dashboard:Dashboard",
     "trajectories": "rollart_nb.nb.viewer:TrajectoryViewer",
+    "trajectory_html": "rollart_nb.nb.viewer:trajectory_html",
 }
 
 

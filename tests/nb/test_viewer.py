@@ -123,3 +123,10 @@ def test_trajectory_list_displays_the_viewer(monkeypatch, trajectories):
     TrajectoryList(list(trajectories))._ipython_display_()
     assert isinstance(shown[0], TrajectoryViewer) and len(shown[0].items) == 5
     assert Status.FAILED.value in shown[0].status.options
+
+
+def test_a_trajectory_shows_itself_as_html(trajectories):
+    failed = next(t for t in trajectories if t.status is Status.FAILED)
+    out = failed._repr_html_()
+    assert out == trajectory_html(failed)  # the viewer's detail pane, through the views registry
+    assert failed.id in out and "EnvError: injected failure" in out
