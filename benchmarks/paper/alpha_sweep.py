@@ -4,20 +4,12 @@ Usage: ``python benchmarks/paper/alpha_sweep.py [--out DIR] [--quick]`` (same as
 Prints our ratios next to the paper's and ends with ``RESULT {json}``.
 """
 
-from __future__ import annotations
-
-import argparse
-import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from rollart_nb.bench import run_experiments  # noqa: E402
+from rollart_nb.bench import script_main  # noqa: E402
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--out", default="rollart_bench")
-    ap.add_argument("--quick", action="store_true")
-    a = ap.parse_args()
-    print("RESULT " + json.dumps(run_experiments("alpha_sweep", out=a.out, quick=a.quick)), flush=True)
+    script_main("alpha_sweep", __doc__)

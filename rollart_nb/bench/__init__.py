@@ -22,7 +22,7 @@ from rollart_nb.bench.modes import scaling, throughput_ladder
 from rollart_nb.bench.scheduling import alpha_sweep, redundant_rollouts
 from rollart_nb.errors import ConfigError
 
-__all__ = ["EXPERIMENTS", "alpha_sweep", "pd_disaggregation", "r1_affinity", "redundant_rollouts",
+__all__ = ["EXPERIMENTS", "alpha_sweep", "script_main", "pd_disaggregation", "r1_affinity", "redundant_rollouts",
            "run_experiments", "scaling", "throughput_ladder"]
 
 EXPERIMENTS: dict[str, Callable[..., dict[str, Any]]] = {
@@ -58,3 +58,15 @@ def run_experiments(name: str = "all", out: str = "rollart_bench", quick: bool =
     res: dict[str, Any] = {n: EXPERIMENTS[n](out=out, quick=quick, printer=printer) for n in names}
     res["wall_s"] = round(time.monotonic() - t0, 1)
     return res
+
+
+def script_main(name: str, doc: str | None = None) -> None:
+    """Entry point of ``benchmarks/paper/<name>.py``: ``[--out DIR] [--quick]``, then ``RESULT {json}``."""
+    import argparse
+    import json
+
+    ap = argparse.ArgumentParser(description=doc)
+    ap.add_argument("--out", default="rollart_bench")
+    ap.add_argument("--quick", action="store_true")
+    a = ap.parse_args()
+    print("RESULT " + json.dumps(run_experiments(name, out=a.out, quick=a.quick)), flush=True)
