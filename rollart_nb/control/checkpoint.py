@@ -87,8 +87,15 @@ class PipelineCheckpoint:
                               where=f"resume_from={self.path!r}")
 
     def warn_reward_changes(self, rewards: dict[str, str]) -> list[str]:
-        """Warn (and return the tasks) whose reward source differs from the saved one."""
-        changed = sorted(t for t, src in self.rewards.items() if rewards.get(t, "") != src)
+        """Warn (and return the tasks) whose reward source differs from the saved one.
+
+        ``rewards``: task -> source of the rewards set so far; a task without one gets the
+        default reward (the env's return) when it first scores, and is compared as that.
+        """
+        from rollart_nb.control.reward import RewardDispatcher
+
+        default = RewardDispatcher()
+        changed = sorted(t for t, src in self.rewards.items() if rewards.get(t, default.spec(t).source) != src)
         if changed:
             warnings.warn(f"resuming {self.path!r} with different rewards for {changed} than when it was saved; "
                           "set them with sess.reward(...) before sess.pipeline(...) if that is not intended",

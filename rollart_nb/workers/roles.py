@@ -19,10 +19,13 @@ versioned ``load_weights``; a trainer serves ``train_step`` and ``state_dict``.
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import time
+from pathlib import Path
 from typing import Any
 
-from rollart_nb.errors import ConfigError, RollartError
+from rollart_nb.errors import ConfigError, RollartError, StateError
 from rollart_nb.protocols import GenerationRequest, GenerationResult
 from rollart_nb.resources.profiles import PROFILES
 from rollart_nb.trajectory import Trajectory
@@ -258,6 +261,8 @@ class TrainerWorker(Worker):
         return self.backend
 
 
+_SIM_STATE = "sim_trainer.json"
+
 # Architecture fields whose difference makes a checkpoint unloadable (or silently wrong: vocab).
 _ARCH_KEYS = ("model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
               "num_attention_heads", "num_key_value_heads", "tie_word_embeddings")
@@ -265,9 +270,6 @@ _ARCH_KEYS = ("model_type", "vocab_size", "hidden_size", "intermediate_size", "n
 
 def _check_same_model(directory: str, model: Any) -> None:
     """Raise ConfigError when the checkpoint's ``model/config.json`` differs from ``model.config``."""
-    import json
-    from pathlib import Path
-
     saved_file = Path(directory) / "model" / "config.json"
     config = getattr(model, "config", None)
     if config is None or not saved_file.is_file():
@@ -291,12 +293,41 @@ def _to_cpu(obj: Any) -> Any:
 
 
 class SimTrainer(TrainerWorker):
-    """Training priced by a roofline model (6 x params x tokens / TFLOP/s)."""
+    """Training priced by a roofline model (6 x params x tokens / TFLOP/s).
+
+    Its checkpoint is all the state it has: the version, the modelled training seconds and the
+    model spec's name (``sim_trainer.json``), so sim pipelines save and resume like real ones.
+    """
 
     def make_backend(self, model: Any, **kwargs: Any) -> Any:
         from rollart_nb.sim.trainer import SimTrainBackend
 
         return SimTrainBackend(model, PROFILES.get(self.hardware, PROFILES["H800"]), **kwargs)
+
+    @register("one")
+    def save_checkpoint(self, directory: str) -> str:
+        """Save version, modelled seconds and model name to ``directory/sim_trainer.json``."""
+        d = Path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        b = self.backend
+        state = {"version": b.version, "modelled_s": b.modelled_s, "model": b.spec.name}
+        tmp = d / (_SIM_STATE + ".tmp")
+        tmp.write_text(json.dumps(state))
+        os.replace(tmp, d / _SIM_STATE)  # atomically: its presence marks a complete checkpoint
+        return str(d)
+
+    @register("one")
+    def load_checkpoint(self, directory: str) -> int:
+        """Restore from :meth:`save_checkpoint`; returns the restored version."""
+        f = Path(directory) / _SIM_STATE
+        if not f.is_file():
+            raise StateError(f"{directory!r} holds no complete sim trainer checkpoint ({_SIM_STATE} missing)")
+        state = json.loads(f.read_text())
+        if state["model"] != self.backend.spec.name:
+            raise ConfigError(f"checkpoint {directory!r} is of model {state['model']!r}, this trainer models "
+                              f"{self.backend.spec.name!r}; resume with the model it was saved from")
+        self.backend.version, self.backend.modelled_s = int(state["version"]), float(state["modelled_s"])
+        return self.backend.version
 
 
 class TorchTrainer(TrainerWorker):

@@ -1,16 +1,17 @@
 """Checkpoint -> new session -> resume: same version and optimizer state, generators serve it."""
 
 import shutil
+import warnings
 
 import pytest
 import torch
 
 import rollart_nb as rn
 from rollart_nb.algo import GRPO
-from rollart_nb.envs import FrozenLake
+from rollart_nb.envs import Arithmetic, FrozenLake
 from rollart_nb.errors import ConfigError, StateError
 from rollart_nb.models import from_pretrained, tiny_qwen
-from rollart_nb.workers.roles import HFGenerator, TorchTrainer
+from rollart_nb.workers.roles import HFGenerator, SimGenerator, SimTrainer, TorchTrainer
 
 POOLS = {"H800": 2, "H20": 1, "cpu": 2}
 
@@ -97,3 +98,37 @@ def test_checkpoint_new_session_resume(tmp_path):
         versions = {t.version for tr in pipe.trajectories(status="completed", last=None) for t in tr.turns}
         assert 2 in versions and versions <= {2, 3}  # responses carry the resumed version, never 0
         assert pipe.resumed_from is not None and pipe.resumed_from.steps == 2
+
+
+def test_sim_pipeline_saves_and_resumes(tmp_path):
+    spec = rn.models.spec("qwen3-0.6b")
+    with rn.Session.local(POOLS, serverless=False) as sess:
+        gen = sess.cluster("actor_gen", SimGenerator, pool="H20", model=spec, time_scale=1e-4, mean_response_tokens=8)
+        train = sess.cluster("actor_train", SimTrainer, pool="H800", model=spec, time_scale=1e-4)
+        tasks = sess.tasks({"math": Arithmetic()}, envs_per_task=8)
+        pipe = sess.pipeline(train, gen, tasks, batch_size=8, group_size=4, mode="sync", name="a")
+        pipe.run(2, progress=False)
+        path = pipe.save(tmp_path / "sim")
+        assert (tmp_path / "sim" / "trainer" / "sim_trainer.json").is_file()
+        pipe.close()
+        other = sess.cluster("other_train", SimTrainer, pool="H800", model=rn.models.spec("qwen3-8b"), time_scale=1e-4)
+        with pytest.raises(ConfigError, match=r"of model 'qwen3-0.6b', this trainer models 'qwen3-8b'"):
+            sess.pipeline(other, gen, tasks, resume_from=path, name="b")
+        with pytest.raises(ConfigError, match="SimTrainBackend has no optimizer state"):
+            other.optimizer_state()
+        sess.close_cluster("other_train")
+        fresh = sess.cluster("actor_train", SimTrainer, pool="H800", model=spec, time_scale=1e-4)  # version 0
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            pipe = sess.pipeline(fresh, gen, tasks, batch_size=8, group_size=4, mode="sync", name="b",
+                                 resume_from=path)
+        assert not [w for w in caught if "different rewards" in str(w.message)]  # same (default) reward
+        assert pipe.version == fresh.version() == 2 and gen.version() == [2]
+        rep = pipe.step()
+        assert (rep.step, rep.version) == (2, 3)
+        pipe.close()
+        sess.reward("math", lambda t: 1.0)
+        with pytest.warns(UserWarning, match=r"different rewards for \['math'\]"):
+            pipe = sess.pipeline(fresh, gen, tasks, batch_size=8, group_size=4, mode="sync", name="c",
+                                 resume_from=path)
+        assert pipe.version == 2 and pipe.step().reward["math"] == 1.0
