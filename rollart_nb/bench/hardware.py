@@ -42,7 +42,7 @@ def r1_affinity(out: str = "rollart_bench", quick: bool = False,
         "affinity_mix": {"H800": mix_h800, "H20": equal_cost_counts(budget - pool_cost({"H800": mix_h800}), "H20")},
     }
     base = RunSpec("qwen3-8b", {}, train_gpus=round(32 * SCALE), tasks={"swe": "swe", "math": "gem-math"},
-                   envs_per_task=16 if quick else 32, batch=32 if quick else 64, steps=1 if quick else 3,
+                   envs_per_task=16 if quick else 32, batch=32 if quick else 64, steps=1 if quick else 5,
                    warmup=1)
     raw = {k: {**simulate(base.with_(rollout=v)), "rollout_gpus": v} for k, v in configs.items()}
     mix = raw["affinity_mix"]["step_s"]
@@ -87,7 +87,7 @@ def pd_disaggregation(out: str = "rollart_bench", quick: bool = False,
     splits = {"1P3D": 1, "2P2D": 2} if quick else {"1P3D": 1, "2P2D": 2, "3P1D": 3}
     models = {"dense": "qwen3-32b"} if quick else {"dense": "qwen3-32b", "moe": "qwen3-30b-a3b"}
     base = RunSpec("", {}, train_gpus=8, tp=8, tasks={"swe": "swe"}, envs_per_task=16 if quick else 32,
-                   batch=16 if quick else 32, group=8, steps=1 if quick else 2, warmup=1)
+                   batch=16 if quick else 32, group=8, steps=1 if quick else 3, warmup=1)
     raw: dict[str, Any] = {}
     ours: dict[str, float] = {}
     for kind, model in models.items():

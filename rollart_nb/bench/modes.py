@@ -37,7 +37,7 @@ def throughput_ladder(out: str = "rollart_bench", quick: bool = False,
     mix = {"H800": mix_h800, "H20": equal_cost_counts(budget - pool_cost({"H800": mix_h800}), "H20")}
     base = RunSpec("qwen3-8b", {"H800": rollout}, train_gpus=train, tasks=_TASKS, envs_per_task=16 if quick else 32,
                    batch=32 if quick else 64, group=8, stragglers=Stragglers(mean_s=1.0, std_s=0.5, p=0.02),
-                   steps=1 if quick else 2, warmup=1)
+                   steps=1 if quick else 3, warmup=1)
     modes = ["sync", "sync+", "rollart"] if quick else ["sync", "sync+", "one-off", "areal", "rollart"]
     raw = {}
     for m in modes:
@@ -103,7 +103,7 @@ def scaling(out: str = "rollart_bench", quick: bool = False,
         train = g // 4
         s = RunSpec("qwen3-14b", {"H800": g - train}, train_gpus=train, tasks=_TASKS, hw_affinity=False,
                     envs_per_task=(12 if quick else 16) * g // 8, batch=32 if quick else 64, group=8,
-                    steps=1 if quick else 2, warmup=1)
+                    steps=1 if quick else 3, warmup=1)
         for m in modes:
             raw[f"{m}@{n}"] = simulate(s.with_(mode=m))
     ref = raw[f"sync+@{sizes[0]}"]["tokens_per_s"]

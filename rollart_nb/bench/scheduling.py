@@ -35,7 +35,7 @@ def redundant_rollouts(out: str = "rollart_bench", quick: bool = False,
         n_groups = 4
         base = RunSpec("qwen3-8b", {"H800": 4}, train_gpus=4, tasks={"math": "gem-math"}, batch=g * n_groups,
                        group=g, mode="sync+", stragglers=Stragglers(p=0.05, scale=20.0),
-                       steps=1 if quick else 3, warmup=1)
+                       steps=1 if quick else 4, warmup=1)
         for r in extras:
             raw[f"g{g}_r{r}"] = simulate(base.with_(redundancy=r, envs_per_task=n_groups * (g + r)))
         for r in extras[1:]:
@@ -66,7 +66,7 @@ def alpha_sweep(out: str = "rollart_bench", quick: bool = False,
     alphas = [1, 2, 4] if quick else [1, 2, 3, 4, 5, 6]
     base = RunSpec("qwen3-8b", {"H800": 8}, train_gpus=4, tasks={"swe": "swe", "math": "gem-math"},
                    envs_per_task=16 if quick else 32, batch=32, group=8, mode="rollart",
-                   steps=2 if quick else 4, warmup=1)
+                   steps=2 if quick else 6, warmup=1)
     raw = {f"alpha{a}": simulate(base.with_(alpha=a)) for a in alphas}
     one = raw["alpha1"]["step_s"]
     ours = {f"alpha{a}_over_alpha1": one / raw[f"alpha{a}"]["step_s"] for a in alphas[1:]}
