@@ -1,6 +1,7 @@
 """Control plane: LLMProxy, EnvManager, RolloutScheduler, SampleBuffer and the Pipeline."""
 
 from rollart_nb.control.buffer import SampleBuffer
+from rollart_nb.control.checkpoint import PipelineCheckpoint, read_checkpoint
 from rollart_nb.control.env_manager import EnvManager, RolloutConfig, TurnBarrier
 from rollart_nb.control.modes import MODES, Mode
 from rollart_nb.control.pipeline import Pipeline
@@ -18,6 +19,7 @@ __all__ = [
     "LLMProxy",
     "Mode",
     "Pipeline",
+    "PipelineCheckpoint",
     "RewardDispatcher",
     "RewardSpec",
     "RolloutConfig",
@@ -27,4 +29,5 @@ __all__ = [
     "StepReport",
     "TaskSet",
     "TurnBarrier",
+    "read_checkpoint",
 ]
