@@ -12,7 +12,7 @@ import logging
 import tempfile
 import uuid
 import warnings
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 from rollart_nb import _ray
 from rollart_nb.control.tasks import TaskSet
@@ -28,7 +28,7 @@ from rollart_nb.workers.worker import Worker
 if TYPE_CHECKING:
     from rollart_nb.sim.session import SimSession
 
-__all__ = ["DEFAULT_LOCAL_POOLS", "Session"]
+__all__ = ["DEFAULT_LOCAL_POOLS", "Session", "SessionBase"]
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,148 @@ DEFAULT_LOCAL_POOLS: dict[str, int] = {"H800": 2, "H20": 2, "cpu": 4}
 _LOCAL: Session | None = None  # the one local session of this process (re-run cells replace it)
 
 
-class Session:
+class SessionBase:
+    """What every session offers on top of its clusters: tasks, rewards, pipelines, bindings.
+
+    :class:`Session` (Ray) and :class:`~rollart_nb.sim.session.SimSession` (in-process,
+    simulated) share this code; they differ in how workers run (:meth:`cluster`), which weight
+    transports and reward deployments they offer (:meth:`_weight_transport`,
+    :meth:`_deploy_version`) and their lifecycle.
+    """
+
+    state: str
+    _rewards: dict[str, dict[str, Any]]
+    _pipelines: dict[str, Any]
+    _resources: ResourceManager
+
+    def _check(self) -> None:
+        raise NotImplementedError
+
+    def _deploy_version(self, task: str, fn: Any, **serve_options: Any) -> Endpoint:
+        raise NotImplementedError
+
+    def _deploy_reward(self, pipe: Any, task: str, fn: Any, **kwargs: Any) -> int:
+        kwargs.pop("serverless", None)
+        timeout_s, retries = kwargs.pop("timeout_s", 30.0), kwargs.pop("retries", 1)
+        ep = self._deploy_version(task, fn, **kwargs)
+        return pipe.rollout.set_reward(task, endpoint=ep, timeout_s=timeout_s, retries=retries)
+
+    # -- tasks, rewards, pipelines -----------------------------------------------------
+    def tasks(self, envs: dict[str, Any], envs_per_task: int | dict[str, int] = 8,
+              weights: dict[str, float] | None = None) -> TaskSet:
+        """Declare the tasks of a run.
+
+        Args:
+            envs: task name -> env (gymnasium-style text env; copied per env instance).
+            envs_per_task: concurrent env instances per task (an int, or per task).
+            weights: task -> share of each training batch (default uniform).
+        """
+        self._check()
+        per = envs_per_task if isinstance(envs_per_task, dict) else dict.fromkeys(envs, envs_per_task)
+        return TaskSet(dict(envs), dict(per), weights)
+
+    def reward(self, task: str, fn: Any = None, *, serverless: bool = False, url: str | None = None,
+               token_env: str | None = None, timeout_s: float = 30.0, retries: int = 1,
+               **serve_options: Any) -> None:
+        """Set ``task``'s reward for pipelines built after this call (and swap it in existing ones).
+
+        Args:
+            fn: ``fn(trajectory) -> float`` (or per-turn list), sync or async.
+            serverless: deploy ``fn`` as a Ray Serve deployment that scales to zero, on 127.0.0.1
+                (a real session only; a SimSession raises ConfigError).
+            url: use an existing HTTP endpoint instead of ``fn`` (JSON contract in
+                :mod:`rollart_nb.serverless.client`).
+            token_env: environment variable holding the endpoint's bearer token (never logged).
+            timeout_s / retries: per call; a reward still failing after the retries fails the
+                trajectory with the reason.
+            **serve_options: ``min_replicas``, ``max_replicas``, ``downscale_delay_s``, ...
+        """
+        self._check()
+        if (fn is None) == (url is None):
+            raise ConfigError(f"sess.reward({task!r}, ...): give a function or url=..., not both or neither")
+        if url is not None:
+            spec: dict[str, Any] = {"endpoint": Endpoint(f"{task}-reward", url, token_env=token_env,
+                                                         timeout_s=timeout_s, retries=0)}
+        elif serverless:
+            spec = {"endpoint": self._deploy_version(task, fn, **serve_options)}  # a real session only
+        else:
+            spec = {"fn": fn}
+        spec.update(timeout_s=timeout_s, retries=retries)
+        self._rewards[task] = spec
+        for pipe in self._pipelines.values():
+            if task in pipe.tasks.envs:
+                pipe.rollout.set_reward(task, **spec)
+
+    def pipeline(self, train: Any, gen: Any, tasks: TaskSet, *, algo: Any = None, batch_size: int = 32,
+                 alpha: int = 1, mode: str = "rollart", name: str = "pipeline", resume_from: Any = None,
+                 **kwargs: Any) -> Any:
+        """Build the asynchronous RL pipeline (see :class:`~rollart_nb.control.Pipeline`).
+
+        Args:
+            train: the ActorTrain cluster (e.g. TorchTrainer, SimTrainer).
+            gen: the ActorGen cluster (e.g. HFGenerator, SimGenerator).
+            tasks: from :meth:`tasks`.
+            algo: e.g. ``rn.GRPO(group_size=8)``; its ``group_size`` sets the GRPO group size and
+                the trainer is configured with it.
+            batch_size: trajectories per training step (a multiple of the group size).
+            alpha: per-trajectory staleness bound.
+            mode: "sync", "sync+", "one-off", "areal" or "rollart".
+            name: re-using a name closes the previous pipeline of that name first.
+            resume_from: a directory written by ``pipe.save(path)`` (in this or an earlier
+                session): the trainer is restored from it (model, optimizer, version, RNG) before
+                ``algo`` is applied, generators serve the saved version from the start, step
+                numbers continue, and the scheduler draws fresh env seeds (unless ``seed`` is
+                given). ``tasks`` must have the saved task names; rewards are not saved (set them
+                with :meth:`reward` first; a changed reward source warns).
+            **kwargs: ``redundancy``, ``rollout`` (RolloutConfig), ``validate_every``, ``pd``, ...
+
+        Example:
+            >>> pipe.save("ckpt/run1")                          # doctest: +SKIP
+            >>> # later, in a new session with the same model and tasks:
+            >>> pipe = sess.pipeline(train, gen, tasks, algo=rn.GRPO(group_size=8),
+            ...                      resume_from="ckpt/run1")       # doctest: +SKIP
+        """
+        from rollart_nb.control.checkpoint import latest_reward_sources, read_checkpoint
+        from rollart_nb.control.pipeline import Pipeline
+
+        self._check()
+        resume = None
+        if resume_from is not None:  # check everything before anything changes
+            resume = read_checkpoint(resume_from)
+            resume.check_tasks(tasks)
+        if name in self._pipelines:
+            log.info("replacing pipeline %s", name)
+            self._pipelines[name].close()
+        if resume is not None:
+            train.load_checkpoint(resume.trainer_dir)
+            if kwargs.get("seed") is None:
+                kwargs["seed"] = resume.resume_seed
+        if algo is not None:
+            kwargs.setdefault("group_size", algo.group_size)
+            train.configure(algo)
+        pipe = Pipeline(self, train, gen, tasks, batch_size=batch_size, alpha=alpha, mode=mode, name=name,
+                        rewards=self._rewards, resume=resume, **kwargs)
+        self._pipelines[name] = pipe
+        if resume is not None:
+            resume.warn_reward_changes(latest_reward_sources(pipe.reward_history()))
+        return pipe
+
+    def bindings(self, role: str | None = None) -> list[Binding]:
+        """Current worker bindings (optionally of one role)."""
+        self._check()
+        return self._resources.bindings(role)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+class Session(SessionBase):
     """A connection to a Ray cluster whose nodes form hardware pools.
 
     Create one with :meth:`local` (embedded Ray, simulated pools) or :meth:`attach`
@@ -264,50 +405,6 @@ class Session:
         return ep
 
     # -- tasks, rewards, pipelines -------------------------------------------------------
-    def tasks(self, envs: dict[str, Any], envs_per_task: int | dict[str, int] = 8,
-              weights: dict[str, float] | None = None) -> TaskSet:
-        """Declare the tasks of a run.
-
-        Args:
-            envs: task name -> env (gymnasium-style text env; copied per env instance).
-            envs_per_task: concurrent env instances per task (an int, or per task).
-            weights: task -> share of each training batch (default uniform).
-        """
-        self._check()
-        per = envs_per_task if isinstance(envs_per_task, dict) else dict.fromkeys(envs, envs_per_task)
-        return TaskSet(dict(envs), dict(per), weights)
-
-    def reward(self, task: str, fn: Any = None, *, serverless: bool = False, url: str | None = None,
-               token_env: str | None = None, timeout_s: float = 30.0, retries: int = 1,
-               **serve_options: Any) -> None:
-        """Set ``task``'s reward for pipelines built after this call (and swap it in existing ones).
-
-        Args:
-            fn: ``fn(trajectory) -> float`` (or per-turn list), sync or async.
-            serverless: deploy ``fn`` as a Ray Serve deployment that scales to zero, on 127.0.0.1.
-            url: use an existing HTTP endpoint instead of ``fn`` (JSON contract in
-                :mod:`rollart_nb.serverless.client`).
-            token_env: environment variable holding the endpoint's bearer token (never logged).
-            timeout_s / retries: per call; a reward still failing after the retries fails the
-                trajectory with the reason.
-            **serve_options: ``min_replicas``, ``max_replicas``, ``downscale_delay_s``, ...
-        """
-        self._check()
-        if (fn is None) == (url is None):
-            raise ConfigError(f"sess.reward({task!r}, ...): give a function or url=..., not both or neither")
-        if url is not None:
-            spec: dict[str, Any] = {"endpoint": Endpoint(f"{task}-reward", url, token_env=token_env,
-                                                         timeout_s=timeout_s, retries=0)}
-        elif serverless:
-            spec = {"endpoint": self._deploy_version(task, fn, **serve_options)}
-        else:
-            spec = {"fn": fn}
-        spec.update(timeout_s=timeout_s, retries=retries)
-        self._rewards[task] = spec
-        for pipe in self._pipelines.values():
-            if task in pipe.tasks.envs:
-                pipe.rollout.set_reward(task, **spec)
-
     def _serve_manager(self) -> Any:
         if self._serve is None:
             from rollart_nb.serverless.serve import ServeManager
@@ -341,72 +438,6 @@ class Session:
         n = sum(1 for name in mgr.deployments if name.startswith(f"reward-{task}-v"))
         return mgr.deploy(f"reward-{task}-v{n}", fn, **serve_options)
 
-    def _deploy_reward(self, pipe: Any, task: str, fn: Any, **kwargs: Any) -> int:
-        kwargs.pop("serverless", None)
-        timeout_s, retries = kwargs.pop("timeout_s", 30.0), kwargs.pop("retries", 1)
-        ep = self._deploy_version(task, fn, **kwargs)
-        return pipe.rollout.set_reward(task, endpoint=ep, timeout_s=timeout_s, retries=retries)
-
-    def pipeline(self, train: Cluster, gen: Cluster, tasks: TaskSet, *, algo: Any = None, batch_size: int = 32,
-                 alpha: int = 1, mode: str = "rollart", name: str = "pipeline", resume_from: Any = None,
-                 **kwargs: Any) -> Any:
-        """Build the asynchronous RL pipeline (see :class:`~rollart_nb.control.Pipeline`).
-
-        Args:
-            train: the ActorTrain cluster (e.g. TorchTrainer, SimTrainer).
-            gen: the ActorGen cluster (e.g. HFGenerator, SimGenerator).
-            tasks: from :meth:`tasks`.
-            algo: e.g. ``rn.GRPO(group_size=8)``; its ``group_size`` sets the GRPO group size and
-                the trainer is configured with it.
-            batch_size: trajectories per training step (a multiple of the group size).
-            alpha: per-trajectory staleness bound.
-            mode: "sync", "sync+", "one-off", "areal" or "rollart".
-            name: re-using a name closes the previous pipeline of that name first.
-            resume_from: a directory written by ``pipe.save(path)`` (in this or an earlier
-                session): the trainer is restored from it (model, optimizer, version, RNG) before
-                ``algo`` is applied, generators serve the saved version from the start, step
-                numbers continue, and the scheduler draws fresh env seeds (unless ``seed`` is
-                given). ``tasks`` must have the saved task names; rewards are not saved (set them
-                with :meth:`reward` first; a changed reward source warns).
-            **kwargs: ``redundancy``, ``rollout`` (RolloutConfig), ``validate_every``, ``pd``, ...
-
-        Example:
-            >>> pipe.save("ckpt/run1")                          # doctest: +SKIP
-            >>> # later, in a new session with the same model and tasks:
-            >>> pipe = sess.pipeline(train, gen, tasks, algo=rn.GRPO(group_size=8),
-            ...                      resume_from="ckpt/run1")       # doctest: +SKIP
-        """
-        from rollart_nb.control.checkpoint import latest_reward_sources, read_checkpoint
-        from rollart_nb.control.pipeline import Pipeline
-
-        self._check()
-        resume = None
-        if resume_from is not None:  # check everything before anything changes
-            resume = read_checkpoint(resume_from)
-            resume.check_tasks(tasks)
-        if name in self._pipelines:
-            log.info("replacing pipeline %s", name)
-            self._pipelines[name].close()
-        if resume is not None:
-            train.load_checkpoint(resume.trainer_dir)
-            if kwargs.get("seed") is None:
-                kwargs["seed"] = resume.resume_seed
-        if algo is not None:
-            kwargs.setdefault("group_size", algo.group_size)
-            train.configure(algo)
-        pipe = Pipeline(self, train, gen, tasks, batch_size=batch_size, alpha=alpha, mode=mode, name=name,
-                        rewards=self._rewards, resume=resume, **kwargs)
-        self._pipelines[name] = pipe
-        if resume is not None:
-            resume.warn_reward_changes(latest_reward_sources(pipe.reward_history()))
-        return pipe
-
-    def bindings(self, role: str | None = None) -> list[Binding]:
-        """Current worker bindings (optionally of one role)."""
-        self._check()
-        return self._resources.bindings(role)
-
-    # -- lifecycle -------------------------------------------------------------------
     def _check(self) -> None:
         if self.state == "closed":
             raise StateError("Session is closed; create a new one with rn.Session.local() or rn.Session.attach(...)")
@@ -448,12 +479,6 @@ class Session:
         self.state = "closed"
         if _LOCAL is self:
             _LOCAL = None
-
-    def __enter__(self) -> Session:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         pools = ", ".join(f"{n}:{p.free:g}/{p.capacity:g}{'*' if p.simulated else ''}" for n, p in self.pools.items())

@@ -24,13 +24,13 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from rollart_nb.control.tasks import TaskSet
 from rollart_nb.errors import ConfigError, StateError
-from rollart_nb.resources.manager import Binding, ResourceManager
+from rollart_nb.resources.manager import ResourceManager
 from rollart_nb.resources.pools import SERVERLESS_SLOTS, Pool, hardware_for_pool
 from rollart_nb.resources.profiles import PROFILES
 from rollart_nb.resources.store import MemoryStore
 from rollart_nb.serverless.client import Endpoint
+from rollart_nb.session import SessionBase
 from rollart_nb.sim.clock import SimClock
 from rollart_nb.sim.cluster import LocalCluster
 from rollart_nb.workers.worker import Worker
@@ -43,7 +43,7 @@ DEFAULT_SIM_POOLS: dict[str, int] = {"H800": 96, "H20": 32, "cpu": 64}
 """Pools of a :class:`SimSession` when none are given (pool name -> devices / CPU slots)."""
 
 
-class SimSession:
+class SimSession(SessionBase):
     """An in-process simulated cluster with the Session API (clusters, tasks, rewards, pipelines).
 
     Args:
@@ -154,34 +154,7 @@ class SimSession:
         if c is not None:
             c.close()
 
-    # -- tasks, rewards, pipelines -------------------------------------------------------
-    def tasks(self, envs: dict[str, Any], envs_per_task: int | dict[str, int] = 8,
-              weights: dict[str, float] | None = None) -> TaskSet:
-        """Declare the tasks of a run (see :meth:`rollart_nb.Session.tasks`)."""
-        self._check()
-        per = envs_per_task if isinstance(envs_per_task, dict) else dict.fromkeys(envs, envs_per_task)
-        return TaskSet(dict(envs), dict(per), weights)
-
-    def reward(self, task: str, fn: Any = None, *, serverless: bool = False, url: str | None = None,
-               timeout_s: float = 30.0, retries: int = 1, **_: Any) -> None:
-        """Set ``task``'s reward for later pipelines and swap it into existing ones.
-
-        Local functions only (or ``url=`` for an existing HTTP endpoint): deploying to Ray Serve
-        (``serverless=True``) needs a real session.
-        """
-        self._check()
-        if serverless:
-            raise ConfigError(_NO_SERVE)
-        if (fn is None) == (url is None):
-            raise ConfigError(f"sess.reward({task!r}, ...): give a function or url=..., not both or neither")
-        spec: dict[str, Any] = ({"endpoint": Endpoint(f"{task}-reward", url, timeout_s=timeout_s, retries=0)}
-                                if url is not None else {"fn": fn})
-        spec.update(timeout_s=timeout_s, retries=retries)
-        self._rewards[task] = spec
-        for pipe in self._pipelines.values():
-            if task in pipe.tasks.envs:
-                pipe.rollout.set_reward(task, **spec)
-
+    # -- what differs from a real session (tasks, rewards, pipelines: SessionBase) -----------
     def _weight_transport(self, weights: Any, name: str) -> Any:
         """Only ``"direct"`` (None): sim trainers hand over a ``{"version": v}`` stand-in."""
         if weights in (None, "direct"):
@@ -189,35 +162,8 @@ class SimSession:
         raise ConfigError(f"weights={weights!r}: a SimSession only supports weights='direct' (sim weights are a "
                           "version number; use rn.Session.local() to exercise object_store / mooncake transports)")
 
-    def _deploy_reward(self, pipe: Any, task: str, fn: Any, **kwargs: Any) -> int:
+    def _deploy_version(self, task: str, fn: Any, **serve_options: Any) -> Endpoint:
         raise ConfigError(_NO_SERVE)
-
-    def pipeline(self, train: LocalCluster, gen: LocalCluster, tasks: TaskSet, *, algo: Any = None,
-                 batch_size: int = 32, alpha: int = 1, mode: str = "rollart", name: str = "pipeline",
-                 **kwargs: Any) -> Any:
-        """Build the real :class:`~rollart_nb.control.pipeline.Pipeline` on this session.
-
-        Same arguments as :meth:`rollart_nb.Session.pipeline` (``redundancy``, ``rollout``,
-        ``pd``, ``hw_affinity``, ``group_size``, ...).
-        """
-        from rollart_nb.control.pipeline import Pipeline
-
-        self._check()
-        if name in self._pipelines:
-            log.info("replacing pipeline %s", name)
-            self._pipelines[name].close()
-        if algo is not None:
-            kwargs.setdefault("group_size", algo.group_size)
-            train.configure(algo)
-        pipe = Pipeline(self, train, gen, tasks, batch_size=batch_size, alpha=alpha, mode=mode,  # type: ignore[arg-type]
-                        name=name, rewards=self._rewards, **kwargs)
-        self._pipelines[name] = pipe
-        return pipe
-
-    def bindings(self, role: str | None = None) -> list[Binding]:
-        """Current worker bindings (optionally of one role)."""
-        self._check()
-        return self._resources.bindings(role)
 
     # -- lifecycle -------------------------------------------------------------------
     def _check(self) -> None:
@@ -238,12 +184,6 @@ class SimSession:
         self.store.clear()
         self.clock.close()
         self.state = "closed"
-
-    def __enter__(self) -> SimSession:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         pools = ", ".join(f"{n}:{p.free:g}/{p.capacity:g}*" for n, p in self.pools.items())
