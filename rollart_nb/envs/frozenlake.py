@@ -1,9 +1,13 @@
 """FrozenLake as a multi-turn text env (wraps gymnasium's ``FrozenLake-v1``).
 
-The grid is rendered as space-separated one-letter words so a small word-level tokenizer
-covers it: ``P`` is the player, ``F`` frozen (safe), ``H`` a hole, ``G`` the goal. Rows
-are separated by newlines. Every observation repeats the whole grid, so the history grows
-turn by turn: a prefill-heavy task.
+The grid is rendered one row per line: ``P`` is the player, ``F`` frozen (safe), ``H`` a
+hole, ``G`` the goal. Every observation repeats the whole grid, so the history grows turn by
+turn: a prefill-heavy task. By default (``compact=True``) rows are written without spaces
+(``PFFF``; a word-level tokenizer with ``##`` letter continuations makes that one token per
+cell), the instruction is a short line at reset only, and a plain move carries no message
+(the grid shows it): about half the tokens per turn of the spaced rendering, which matters
+because every turn re-reads the whole history. ``compact=False`` gives the spaced, wordier
+rendering (``P F F F``, "moved right .").
 
 Action format: free text; the last of the words ``left``, ``right``, ``up``, ``down``
 (case-insensitive, whole words) is the move, so "i go down then right" moves right. The
@@ -26,6 +30,7 @@ _MOVES = {"left": 0, "down": 1, "right": 2, "up": 3}  # gymnasium's action ids
 _DELTAS = {"left": (0, -1), "down": (1, 0), "right": (0, 1), "up": (-1, 0)}
 _MOVE_RE = re.compile(r"\b(left|right|up|down)\b", re.IGNORECASE)
 _INTRO = "frozen lake . you are P . reach G . avoid H . say left right up or down ."
+_INTRO_COMPACT = "go to G . avoid H ."
 
 
 def parse_move(action: str) -> str | None:
@@ -48,6 +53,7 @@ class FrozenLake:
         max_turns: turns before truncation; default ``2 * (size - 1) + 4``.
         map: rows of ``S F H G`` letters, overrides ``size``.
         random_maps: generate a new map per seed instead of moving the start cell.
+        compact: the short rendering (see the module docstring); False for the spaced one.
 
     Example:
         >>> env = FrozenLake()
@@ -64,6 +70,7 @@ class FrozenLake:
         max_turns: int | None = None,
         map: list[str] | None = None,
         random_maps: bool = False,
+        compact: bool = True,
     ) -> None:
         problems = []
         if map is not None:
@@ -83,6 +90,7 @@ class FrozenLake:
         self.is_slippery = is_slippery
         self.max_turns = max_turns if max_turns is not None else 2 * (size - 1) + 4
         self.random_maps = random_maps
+        self.compact = compact
         self.layout = [r.replace("S", "F") for r in (map or self._default_map(size))]
         self._starts = self._start_cells(self.layout)
         if not random_maps and not self._starts:
@@ -96,7 +104,7 @@ class FrozenLake:
     @property
     def vocab(self) -> list[str]:
         """Words used by observations and actions."""
-        words = set(_INTRO.split()) | {
+        words = set(_INTRO.split()) | set(_INTRO_COMPACT.split()) | {
             "P",
             "F",
             "H",
@@ -144,7 +152,8 @@ class FrozenLake:
         state, _ = self._gym.reset(seed=seed)
         self._turn, self._done = 0, False
         info = {"start": divmod(int(state), self.size), "map": list(desc)}
-        return f"{_INTRO}\n{self._render(int(state))}", info
+        intro = _INTRO_COMPACT if self.compact else _INTRO
+        return f"{intro}\n{self._render(int(state))}", info
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         if self._done:
@@ -155,7 +164,7 @@ class FrozenLake:
         if move is None:
             state = int(self._gym.unwrapped.s)
             self._done = truncated
-            msg = "invalid action . say left right up or down ."
+            msg = "invalid action ." if self.compact else "invalid action . say left right up or down ."
             return f"{msg}\n{self._render(state)}", 0.0, False, truncated, {"move": None}
         state, reward, terminated, _, _ = self._gym.step(_MOVES[move])
         state = int(state)
@@ -164,12 +173,14 @@ class FrozenLake:
             msg = "reached the goal ."
         elif cell == "H":
             msg = "fell in a hole ."
+        elif self.compact:
+            msg = "out of turns ." if truncated else ""
         else:
             msg = f"moved {move} ." + (" out of turns ." if truncated else "")
         self._done = bool(terminated) or truncated
         info = {"move": move, "position": divmod(state, self.size)}
         return (
-            f"{msg}\n{self._render(state)}",
+            f"{msg}\n{self._render(state)}" if msg else self._render(state),
             float(reward),
             bool(terminated),
             truncated and not terminated,
@@ -227,7 +238,7 @@ class FrozenLake:
         rows = []
         for r, row in enumerate(self._gym_desc):
             cells = ["P" if (r, c) == (pr, pc) else ("F" if ch == "S" else ch) for c, ch in enumerate(row)]
-            rows.append(" ".join(cells))
+            rows.append(("" if self.compact else " ").join(cells))
         return "\n".join(rows)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -237,7 +248,8 @@ class FrozenLake:
         return state
 
     def __repr__(self) -> str:
-        return f"FrozenLake(size={self.size}, is_slippery={self.is_slippery}, max_turns={self.max_turns})"
+        return (f"FrozenLake(size={self.size}, is_slippery={self.is_slippery}, max_turns={self.max_turns}, "
+                f"compact={self.compact})")
 
 
 def _shortest_path(desc: list[str], start: tuple[int, int]) -> list[str] | None:

@@ -12,7 +12,7 @@ def test_known_path_reaches_goal_and_pays_one():
     env = FrozenLake()
     obs, info = env.reset(seed=0)
     assert info["start"] == (0, 0)
-    assert obs.splitlines()[1] == "P F F F"
+    assert obs.splitlines()[1] == "PFFF"
     rewards = []
     for move in ["down", "down", "right", "down", "right", "right"]:
         obs, reward, terminated, truncated, _ = env.step(move)
@@ -85,13 +85,21 @@ def test_custom_map_and_validation():
         FrozenLake(map=["FH", "HG"])
 
 
-def test_hints_and_vocab_cover_observations():
-    env = FrozenLake()
+@pytest.mark.parametrize("compact", [True, False])
+def test_hints_and_vocab_cover_observations(compact):
+    from rollart_nb.models.tiny import UNK, build_tokenizer
+
+    env = FrozenLake(compact=compact)
     assert env.shape == "prefill" and env.max_turns == 10
     obs, _ = env.reset(seed=1)
-    words = set(obs.split())
     obs2, *_ = env.step("blah")
-    assert words | set(obs2.split()) <= set(env.vocab)
+    obs3, *_ = env.step("down")
+    tok = build_tokenizer(env.vocab)
+    unk = tok.convert_tokens_to_ids(UNK)
+    for o in (obs, obs2, obs3):
+        assert unk not in tok.encode(o)
+        # every word is known as a whole: the spaced rendering; grid rows are letter runs in the compact one
+        assert {w for w in o.split() if not set(w) <= set("PFHGS")} <= set(env.vocab)
 
 
 def test_picklable_and_copyable_mid_episode():
@@ -101,7 +109,7 @@ def test_picklable_and_copyable_mid_episode():
     clone = pickle.loads(pickle.dumps(env))
     assert clone._gym is None  # rebuilt on reset, not shipped
     obs, _ = clone.reset(seed=0)
-    assert "P F F F" in obs
+    assert "PFFF" in obs
     assert copy.deepcopy(env).reset(seed=0)[0] == obs
 
 
@@ -112,3 +120,21 @@ def test_slippery_is_deterministic_per_seed():
         return [env.step("right")[4]["position"] for _ in range(3)]
 
     assert run(5) == run(5)
+
+
+def test_compact_rendering_is_one_token_per_cell_and_half_the_spaced_length():
+    from rollart_nb.models.tiny import build_tokenizer
+
+    compact, spaced = FrozenLake(), FrozenLake(compact=False)
+    tok = build_tokenizer(sorted(set(compact.vocab)))
+    first_c, _ = compact.reset(seed=0)
+    first_s, _ = spaced.reset(seed=0)
+    assert first_s.splitlines()[1] == "P F F F"
+    step_c = compact.step("right")[0]
+    step_s = spaced.step("right")[0]
+    assert step_c == "FPFF\nFHFH\nFFFH\nHFFG"  # a plain move: the grid alone
+    assert step_s.startswith("moved right .")
+    grid_tokens = tok.encode(step_c)
+    assert len(grid_tokens) == 16 + 3  # one token per cell plus the newlines
+    assert tok.decode(grid_tokens) == step_c  # round-trips exactly
+    assert len(tok.encode(first_c)) + len(grid_tokens) < 0.6 * (len(tok.encode(first_s)) + len(tok.encode(step_s)))
