@@ -9,6 +9,7 @@ random" and RL does all the learning.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import random
@@ -24,13 +25,16 @@ __all__ = ["format_warm_start", "random_format_examples"]
 log = logging.getLogger(__name__)
 
 _DIRECTIONS = ["left", "right", "up", "down"]
+_MAX_WALK = 3
 
 
 def random_format_examples(envs: dict[str, Any], n: int, seed: int = 0) -> list[tuple[str, str]]:
     """(prompt text, random well-formed response) pairs from the envs' own observations.
 
-    FrozenLake-like envs (``shape == "prefill"`` and ``max_turns > 1``) get a random direction;
-    Arithmetic-like envs get a random number written digit by digit. Other envs are skipped.
+    FrozenLake-like envs (``shape == "prefill"``) get a random direction, at a random point of a
+    random walk (the prompt holds the walk so far, as the EnvManager renders it), so later turns
+    are in format too; Arithmetic-like envs get a random number written digit by digit. Other
+    envs are skipped.
     """
     rng = random.Random(seed)
     out: list[tuple[str, str]] = []
@@ -40,12 +44,19 @@ def random_format_examples(envs: dict[str, Any], n: int, seed: int = 0) -> list[
         env = envs[task]
         obs, _ = env.reset(seed=rng.randrange(10_000))
         if getattr(env, "shape", "") == "prefill":
-            resp = rng.choice(_DIRECTIONS)
+            history: list[tuple[str, str | None]] = []
+            # A short walk is enough to put later turns in format; long ones would only cost time.
+            for _ in range(rng.randrange(min(int(getattr(env, "max_turns", 1) or 1), _MAX_WALK + 1))):
+                move = rng.choice(_DIRECTIONS)
+                nxt, _, terminated, truncated, _ = env.step(move)
+                if terminated or truncated:
+                    break
+                history.append((obs, move))
+                obs = nxt
+            out.append((format_history([*history, (obs, None)]), rng.choice(_DIRECTIONS)))
         elif getattr(env, "shape", "") == "decode":
             resp = " ".join(str(rng.randrange(0, 19)))
-        else:
-            continue
-        out.append((format_history([(obs, None)]), resp))
+            out.append((format_history([(obs, None)]), resp))
     return out
 
 
@@ -58,8 +69,9 @@ def format_warm_start(model: ModelRef, envs: dict[str, Any], *, steps: int = 60,
     """
     import torch
 
-    key = json.dumps({"m": model.path, "envs": sorted(envs), "steps": steps, "seed": seed, "lr": lr})
-    import hashlib
+    # The envs' own first observations are part of the key: a changed rendering needs a new warm start.
+    looks = {k: envs[k].reset(seed=0)[0] for k in sorted(envs)}
+    key = json.dumps({"recipe": 2, "m": model.path, "envs": looks, "steps": steps, "batch": batch, "seed": seed, "lr": lr})
 
     out = Path(path or f"{model.path}-warm-{hashlib.sha1(key.encode()).hexdigest()[:10]}")
     if (out / "config.json").exists():
@@ -83,7 +95,7 @@ def format_warm_start(model: ModelRef, envs: dict[str, Any], *, steps: int = 60,
         ids = torch.tensor([s + [0] * (width - len(s)) for s in seqs])
         mask = torch.tensor([m + [0] * (width - len(m)) for m in masks], dtype=torch.float32)
         attn = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in seqs])
-        logits = net(input_ids=ids, attention_mask=attn).logits[:, :-1]
+        logits = net(input_ids=ids, attention_mask=attn, use_cache=False).logits[:, :-1]
         logp = torch.log_softmax(logits.float(), -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
         loss = -(logp * mask[:, 1:]).sum() / mask[:, 1:].sum()
         opt.zero_grad()
