@@ -52,6 +52,11 @@ class GRPO:
     """Divide advantages by the group's reward std (False gives Dr. GRPO's mean-only baseline)."""
     micro_batch_size: int = 8
     """Sequences per forward/backward; gradients accumulate over micro-batches to one step."""
+    skip_zero_advantage: bool = True
+    """Leave trajectories with advantage 0 (their whole group scored the same) out of the loss, so
+    ``loss_agg`` averages over the trajectories that carry signal and their compute is saved; a batch
+    with none makes no optimizer step. Only when ``entropy_coef == kl_coef == 0`` (those terms
+    need every row)."""
 
     def __post_init__(self) -> None:
         problems = []

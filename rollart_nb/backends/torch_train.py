@@ -150,7 +150,36 @@ class TorchTrainBackend:
         rows = [r for i, t in enumerate(batch) for r in build_rows(t, i)]
         if not rows or not any(any(r.mask) for r in rows):
             raise ConfigError("batch has no trainable tokens (no turn has response_ids with loss_mask 1)")
+        num_rows = len(rows)
+        if self.algo.skip_zero_advantage and not (self.algo.entropy_coef or self.algo.kl_coef):
+            # A row whose advantage is 0 adds nothing to the policy gradient; skip its forward/backward.
+            rows = [r for r in rows if float(adv[r.traj]) != 0.0]
+        sums: dict[str, float] = {"loss": 0.0, "pg_loss": 0.0, "clip_frac": 0.0, "ratio_mean": 1.0,
+                                  "approx_kl_old": 0.0}
+        grad_norm = 0.0
+        if rows:
+            sums, grad_norm = self._optimize(rows, adv)
+        # else: no group had a reward spread, so there is no gradient, and no optimizer step either:
+        # AdamW would keep moving the weights along its momentum on a zero gradient.
+        self.version += 1
+        sums.update(
+            grad_norm=grad_norm,
+            reward_mean=float(rewards.mean()),
+            reward_std=float(rewards.std(unbiased=False)),
+            adv_abs_mean=float(adv.abs().mean()),
+            num_trajectories=float(len(batch)),
+            num_rows=float(num_rows),
+            trained_rows=float(len(rows)),
+            num_tokens=float(sum(sum(r.mask) for r in rows)),
+            step_s=time.perf_counter() - t0,
+            version=float(self.version),
+        )
+        return sums
 
+    def _optimize(self, rows: list[Row], adv: torch.Tensor) -> tuple[dict[str, float], float]:
+        """Forward/backward over ``rows`` in micro-batches, then one optimizer step."""
+        # Similar lengths share a micro-batch: less padding when tasks of very different lengths mix.
+        rows = sorted(rows, key=lambda r: len(r.ids))
         width = max(len(r.ids) for r in rows)
         mask = torch.tensor([r.mask + [0.0] * (width - len(r.ids)) for r in rows])[:, 1:]
         weights = loss_weights(mask, self.algo.loss_agg, [r.traj for r in rows])
@@ -192,19 +221,7 @@ class TorchTrainBackend:
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
         self.optimizer.step()
         self.model.eval()
-        self.version += 1
-        sums.update(
-            grad_norm=grad_norm,
-            reward_mean=float(rewards.mean()),
-            reward_std=float(rewards.std(unbiased=False)),
-            adv_abs_mean=float(adv.abs().mean()),
-            num_trajectories=float(len(batch)),
-            num_rows=float(len(rows)),
-            num_tokens=float(mask.sum()),
-            step_s=time.perf_counter() - t0,
-            version=float(self.version),
-        )
-        return sums
+        return sums, grad_norm
 
     def state_dict(self) -> dict[str, Any]:
         """Model weights as detached CPU tensors (safe to publish while training goes on)."""
@@ -281,7 +298,7 @@ class TorchTrainBackend:
     @staticmethod
     def _token_logprobs(model: Any, ids: torch.Tensor, attn: torch.Tensor, with_entropy: bool = False):
         """Logprob of token t given tokens < t, for t = 1..L-1: shape [B, L-1] (and entropy)."""
-        logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
+        logits = model(input_ids=ids, attention_mask=attn, use_cache=False).logits[:, :-1].float()
         logp = torch.log_softmax(logits, -1)
         lp = logp.gather(-1, ids[:, 1:, None])[..., 0]
         entropy = -(logp.exp() * logp).sum(-1) if with_entropy else None

@@ -120,6 +120,27 @@ def test_micro_batching_accumulates_exactly(ref, tok):
     assert metrics[0]["version"] == 1.0 and metrics[0]["grad_norm"] > 0
 
 
+def test_flat_groups_are_left_out_and_an_all_flat_batch_makes_no_step(ref, tok):
+    spread = [two_turn(tok, 1.0, group="a", resp=("left", "up")), two_turn(tok, 0.0, group="a", resp=("down", "up"))]
+    flat = [two_turn(tok, 1.0, group="b", resp=("right", "up")), two_turn(tok, 1.0, group="b", resp=("up", "up"))]
+    mixed = TorchTrainBackend(ref, GRPO(group_size=2), seed=0).train_step(spread + flat)
+    alone = TorchTrainBackend(ref, GRPO(group_size=2), seed=0).train_step(spread)
+    assert mixed["num_rows"] == 4 and mixed["trained_rows"] == 2
+    # the flat group carries no signal: the step is the one on the informative group alone
+    assert mixed["loss"] == pytest.approx(alone["loss"], abs=1e-7)
+    assert mixed["grad_norm"] == pytest.approx(alone["grad_norm"], rel=1e-5)
+    kept = TorchTrainBackend(ref, GRPO(group_size=2, skip_zero_advantage=False), seed=0).train_step(spread + flat)
+    assert kept["trained_rows"] == 4 and kept["num_tokens"] == 2 * mixed["num_tokens"]
+
+    trainer = TorchTrainBackend(ref, GRPO(group_size=2), seed=0)
+    trainer.train_step(spread)  # Adam now has momentum
+    before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    m = trainer.train_step(flat)
+    assert m["trained_rows"] == 0 and m["grad_norm"] == 0.0 and trainer.version == 2
+    after = trainer.model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)  # momentum did not move the weights
+
+
 def test_state_dict_is_a_detached_cpu_copy(ref):
     trainer = TorchTrainBackend(ref, GRPO())
     state = trainer.state_dict()
