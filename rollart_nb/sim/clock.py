@@ -19,6 +19,11 @@ The three rules that make the jump safe:
   time stands still. So the simulated time between ``take_batch`` and ``suspend`` is zero,
   whatever Python did in between, and a session left alone in a notebook does not run ahead.
 - **All counters change on the loop thread**, so a decision to jump never races a result.
+- **Other threads act between instants.** What another thread posts (``call_soon_threadsafe``:
+  a driver's call, a thread's result) waits in an inbox until the loop has nothing left to
+  run at the current simulated instant. So a driver's ``take_batch`` sees every trajectory
+  that finished at that instant, however fast or slow Python ran, and a run with one driver
+  thread and loop-only workers is deterministic.
 
 Real I/O (an HTTP reward endpoint) still works but takes no simulated time, and a timer
 (e.g. a reward timeout) can fire before a reply that is still in flight: give a SimSession
@@ -38,7 +43,9 @@ Example:
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
+import contextvars
 import logging
 import selectors
 import threading
@@ -66,11 +73,13 @@ class _Selector:
         self.loop: VirtualEventLoop | None = None
 
     def select(self, timeout: float | None = None) -> list:
-        if timeout is not None and timeout <= 0:
+        loop = self.loop
+        if loop is None:  # real time
+            return self.real.select(timeout)
+        if timeout is not None and timeout <= 0:  # callbacks or timers due at this instant
             return self.real.select(0)
         events = self.real.select(0)
-        loop = self.loop
-        if events or loop is None:
+        if loop.drain_inbox() or events:  # the instant is quiet: other threads' posts run now
             return events
         if timeout is not None and loop.may_advance():
             loop.advance(timeout)
@@ -95,6 +104,7 @@ class VirtualEventLoop(asyncio.SelectorEventLoop):
         sel.loop = self if virtual else None  # a real-time loop: select() blocks as usual
         self.virtual = virtual
         self._vnow = 0.0
+        self._inbox: collections.deque[asyncio.Handle] = collections.deque()
         self.busy = 0
         self.waiters = 0
         self.clock: SimClock | None = None
@@ -102,6 +112,24 @@ class VirtualEventLoop(asyncio.SelectorEventLoop):
 
     def time(self) -> float:
         return self._vnow if self.virtual else super().time()
+
+    def call_soon_threadsafe(self, callback: Callable[..., Any], *args: Any,
+                             context: contextvars.Context | None = None) -> asyncio.Handle:
+        if not self.virtual:
+            return super().call_soon_threadsafe(callback, *args, context=context)
+        self._check_closed()
+        handle = asyncio.Handle(callback, args, self, context)
+        self._inbox.append(handle)  # deque.append is thread-safe
+        self._write_to_self()
+        return handle
+
+    def drain_inbox(self) -> bool:
+        """Move other threads' posts to the ready queue (only when this instant is quiet)."""
+        moved = False
+        while self._inbox:
+            self._ready.append(self._inbox.popleft())
+            moved = True
+        return moved
 
     def may_advance(self) -> bool:
         return self.busy == 0 and self.waiters > 0

@@ -23,10 +23,13 @@ Where sync methods run (the one deliberate difference from Ray):
   (``take_batch``, ``stats``, ``load_weights``) that touch state the loop owns (the scheduler,
   the sim backend), so running them anywhere else would race with it.
 - Sync methods of :class:`~rollart_nb.workers.roles.TrainerWorker` subclasses run on a thread of
-  their own (one per worker, so calls to one trainer stay ordered as on a Ray actor).
-  ``SimTrainer.train_step`` models GPU time with ``time.sleep``; on the loop it would freeze
-  every rollout for the length of a train step and erase exactly the train/rollout overlap the
-  asynchronous modes are measured on. Pass ``threaded=True/False`` to override per cluster.
+  their own (one per worker, so calls to one trainer stay ordered as on a Ray actor): a real
+  train step blocks, and on the loop it would freeze every rollout for its length and erase
+  exactly the train/rollout overlap the asynchronous modes are measured on. Workers that set
+  ``runs_on_loop = True`` stay on the loop: :class:`~rollart_nb.workers.roles.SimTrainer`'s
+  ``train_step`` is a coroutine (an asyncio sleep of the modelled time), so on a virtual clock no
+  thread hands back a result at a moment the simulation does not control. Pass
+  ``threaded=True/False`` to override per cluster.
 
 Arguments are passed by reference (nothing is pickled), so workers must not mutate what they
 are given; the control plane already copies what it owns (env templates, prompts).
@@ -206,7 +209,9 @@ class LocalCluster(DispatchMixin):
         self._session, self._init_kwargs, self._fallback, self._slots = session, init_kwargs, fallback, slots
         self._endpoints = endpoints
         self._affinity_override = dict(affinity or {})
-        self.threaded = issubclass(worker_cls, TrainerWorker) if threaded is None else bool(threaded)
+        if threaded is None:  # trainers block in their steps, unless they say they run on the loop
+            threaded = issubclass(worker_cls, TrainerWorker) and not getattr(worker_cls, "runs_on_loop", False)
+        self.threaded = bool(threaded)
         # re-entrant: a done-callback runs at once, under the lock, when the call already finished
         self._lock = threading.RLock()
         self._cls = actor_class_for(worker_cls)

@@ -8,6 +8,7 @@ counts, modelled time, the batch's rewards); it reports no loss, since it has no
 
 from __future__ import annotations
 
+import asyncio
 import math
 from typing import Any
 
@@ -80,16 +81,29 @@ class SimTrainBackend:
         """One optimizer step over ``batch``: sleep the modelled time, bump the version.
 
         Blocks (:func:`rollart_nb.sim.clock.sleep`: simulated time on a SimSession's virtual
-        clock, else ``time.sleep``): it runs inside a worker actor, off any event loop.
+        clock, else ``time.sleep``): call it off any event loop (:meth:`atrain_step` on one).
 
         Returns:
             ``tokens``, ``trajectories``, ``modelled_s``, ``reward_mean`` (over scored
             trajectories; NaN if none), ``version`` (after the step).
         """
-        tokens = sum(trajectory_tokens(t) for t in batch)
-        modelled_s = roofline.train_time(self.spec, self.hardware, tokens, self.gpus, self.mfu)
+        tokens, modelled_s = self._price(batch)
         if self.time_scale > 0:
             clock.sleep(modelled_s * self.time_scale)
+        return self._finish(batch, tokens, modelled_s)
+
+    async def atrain_step(self, batch: list[Trajectory]) -> dict[str, float]:
+        """:meth:`train_step` as a coroutine: an ``asyncio.sleep`` of the modelled time."""
+        tokens, modelled_s = self._price(batch)
+        if self.time_scale > 0:
+            await asyncio.sleep(modelled_s * self.time_scale)
+        return self._finish(batch, tokens, modelled_s)
+
+    def _price(self, batch: list[Trajectory]) -> tuple[int, float]:
+        tokens = sum(trajectory_tokens(t) for t in batch)
+        return tokens, roofline.train_time(self.spec, self.hardware, tokens, self.gpus, self.mfu)
+
+    def _finish(self, batch: list[Trajectory], tokens: int, modelled_s: float) -> dict[str, float]:
         self.modelled_s += modelled_s
         self.version += 1
         rewards = [t.reward for t in batch if not math.isnan(t.reward)]

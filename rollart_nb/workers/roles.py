@@ -194,7 +194,11 @@ class TrainerWorker(Worker):
         With a transport set, the new weights are published right away (bucketed, versioned),
         so generation workers can pull them in the background while rollout goes on.
         """
-        metrics = dict(self.backend.train_step(batch))
+        return self._stepped(self.backend.train_step(batch))
+
+    def _stepped(self, metrics: dict[str, float]) -> dict[str, float]:
+        """After a backend step: add the version, publish through the transport if one is set."""
+        metrics = dict(metrics)
         metrics["version"] = self.backend.version
         if self._transport is not None:
             t0 = time.perf_counter()
@@ -299,10 +303,19 @@ class SimTrainer(TrainerWorker):
     model spec's name (``sim_trainer.json``), so sim pipelines save and resume like real ones.
     """
 
+    #: A SimSession runs it on the simulation's loop (its step is an asyncio sleep, not a thread):
+    #: no thread hands results back at a time the simulation does not control.
+    runs_on_loop = True
+
     def make_backend(self, model: Any, **kwargs: Any) -> Any:
         from rollart_nb.sim.trainer import SimTrainBackend
 
         return SimTrainBackend(model, PROFILES.get(self.hardware, PROFILES["H800"]), **kwargs)
+
+    @register("one")
+    async def train_step(self, batch: list[Trajectory]) -> dict[str, float]:
+        """One modelled optimizer step on ``batch`` (an asyncio sleep of the modelled time)."""
+        return self._stepped(await self.backend.atrain_step(batch))
 
     @register("one")
     def save_checkpoint(self, directory: str) -> str:

@@ -141,3 +141,21 @@ def test_default_time_scale_follows_the_clock(clock):
     assert simclock.resolve_time_scale(None) == simclock.REAL_TIME_SCALE  # driver thread, no clock
     assert simclock.resolve_time_scale(0.5) == 0.5
     assert clock.call(lambda: simclock.resolve_time_scale(None)) == 1.0
+
+
+def test_other_threads_posts_wait_for_a_quiet_instant(clock):
+    """A driver's call lands only when nothing is left to run at the current simulated instant."""
+    log = []
+    started = threading.Event()
+
+    def chain(k):  # a long run of zero-delay callbacks at one instant
+        if k == 0:
+            started.set()
+        log.append(k)
+        if k < 200000:
+            clock.loop.call_soon(chain, k + 1)
+
+    clock.call(lambda: clock.loop.call_soon(chain, 0))
+    assert started.wait(5)
+    clock.call(lambda: log.append("driver"))  # posted mid-chain from this thread
+    assert log[-1] == "driver" and log[-2] == 200000

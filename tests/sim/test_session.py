@@ -18,7 +18,7 @@ from rollart_nb.models.spec import spec
 from rollart_nb.sim import SimEnv, response_tokens_fn, workload
 from rollart_nb.sim.cluster import LocalCluster, LocalRef
 from rollart_nb.sim.session import SimSession
-from rollart_nb.workers.roles import SimGenerator, SimTrainer
+from rollart_nb.workers.roles import SimGenerator, SimTrainer, TrainerWorker
 
 
 class Calc(Worker):
@@ -105,13 +105,17 @@ def test_hw_mapping_routes_by_tag(sess):
         sess.cluster("too_big", Calc, pool="H800", replicas=1, fallback=[], slots=8)
 
 
-def test_sync_methods_on_loop_but_trainers_threaded(sess):
+def test_sync_methods_on_loop_but_blocking_trainers_threaded(sess):
     c = sess.cluster("calc", Calc, pool="cpu", replicas=1)
     assert c.thread() == [sess._thread.name]  # bookkeeping calls share the loop thread
     t = sess.cluster("calc_t", Calc, pool="cpu", replicas=1, threaded=True)
     assert t.thread()[0] != sess._thread.name
+    torch_like = type("Blocking", (TrainerWorker,), {"make_backend": lambda self, model, **kw: None})
+    assert sess.cluster("real_train", torch_like, pool="H800", model=None).threaded
+    # the sim trainer's step is a coroutine on the loop (no thread to race the virtual clock)
     train = sess.cluster("actor_train", SimTrainer, pool="H800", model=spec("qwen3-0.6b"), time_scale=0)
-    assert train.threaded and not sess.cluster("g", SimGenerator, pool="H20", model=spec("qwen3-0.6b")).threaded
+    assert not train.threaded and not sess.cluster("g", SimGenerator, pool="H20", model=spec("qwen3-0.6b")).threaded
+    assert train.train_step([])["version"] == 1
 
 
 def test_actor_remote_on_loop_returns_task(sess):
