@@ -51,8 +51,10 @@ def test_each_mode_steps_and_reports(parts, mode):
 
 def test_reward_swap_versions_trajectories(parts):
     sess, gen, train, tasks = parts
+    # set before the pipeline exists: rollout starts in its constructor, so a swap right after
+    # construction would race the first trajectories (scored with the env's own reward)
+    sess.reward("math", lambda t: 0.25)
     pipe = sess.pipeline(train, gen, tasks, batch_size=8, group_size=4, name="swap")
-    pipe.swap_reward("math", lambda t: 0.25)
     r1 = pipe.step()
     assert r1.reward["math"] == 0.25
     v = pipe.swap_reward("math", lambda t: 0.75)
@@ -68,6 +70,7 @@ def test_reward_swap_versions_trajectories(parts):
     with pytest.raises(ConfigError, match="unknown task 'nope'"):
         pipe.swap_reward("nope", lambda t: 0.0)
     pipe.close()
+    sess._rewards.pop("math")  # later tests in this module build pipelines with the env's reward
 
 
 def test_background_run_pause_and_astep(parts):
