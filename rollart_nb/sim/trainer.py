@@ -9,16 +9,22 @@ counts, modelled time, the batch's rewards); it reports no loss, since it has no
 from __future__ import annotations
 
 import asyncio
+import json
 import math
+import os
+from pathlib import Path
 from typing import Any
 
-from rollart_nb.errors import ConfigError
+from rollart_nb.errors import ConfigError, StateError
 from rollart_nb.models.spec import ModelSpec
 from rollart_nb.resources.profiles import HardwareProfile
 from rollart_nb.sim import clock, roofline
 from rollart_nb.trajectory import Trajectory
 
-__all__ = ["SimTrainBackend", "trajectory_tokens"]
+__all__ = ["SIM_STATE", "SimTrainBackend", "trajectory_tokens"]
+
+SIM_STATE = "sim_trainer.json"
+"""File name of a sim trainer checkpoint."""
 
 
 def trajectory_tokens(traj: Trajectory) -> int:
@@ -114,6 +120,27 @@ class SimTrainBackend:
             "reward_mean": sum(rewards) / len(rewards) if rewards else math.nan,
             "version": float(self.version),
         }
+
+    # -- checkpoints: all the state it has (version, modelled seconds, model name) ------------
+    def save_checkpoint(self, directory: str | os.PathLike[str]) -> Path:
+        """Write ``directory/sim_trainer.json`` (atomically: its presence marks a complete checkpoint)."""
+        d = Path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        tmp = d / (SIM_STATE + ".tmp")
+        tmp.write_text(json.dumps({"version": self.version, "modelled_s": self.modelled_s, "model": self.spec.name}))
+        os.replace(tmp, d / SIM_STATE)
+        return d
+
+    def load_checkpoint(self, directory: str | os.PathLike[str]) -> None:
+        """Restore what :meth:`save_checkpoint` wrote (same model spec required)."""
+        f = Path(directory) / SIM_STATE
+        if not f.is_file():
+            raise StateError(f"{str(directory)!r} holds no complete sim trainer checkpoint ({SIM_STATE} missing)")
+        state = json.loads(f.read_text())
+        if state["model"] != self.spec.name:
+            raise ConfigError(f"checkpoint {str(directory)!r} is of model {state['model']!r}, this trainer models "
+                              f"{self.spec.name!r}; resume with the model it was saved from")
+        self.version, self.modelled_s = int(state["version"]), float(state["modelled_s"])
 
     def state_dict(self) -> dict[str, Any]:
         """A tiny stand-in for the weights: ``{"version": v}`` (what SimBackend.load_weights needs)."""

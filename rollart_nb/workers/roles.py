@@ -20,12 +20,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any
 
-from rollart_nb.errors import ConfigError, RollartError, StateError
+from rollart_nb.errors import ConfigError, RollartError
 from rollart_nb.protocols import GenerationRequest, GenerationResult
 from rollart_nb.resources.profiles import PROFILES
 from rollart_nb.trajectory import Trajectory
@@ -265,8 +264,6 @@ class TrainerWorker(Worker):
         return self.backend
 
 
-_SIM_STATE = "sim_trainer.json"
-
 # Architecture fields whose difference makes a checkpoint unloadable (or silently wrong: vocab).
 _ARCH_KEYS = ("model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
               "num_attention_heads", "num_key_value_heads", "tie_word_embeddings")
@@ -299,8 +296,8 @@ def _to_cpu(obj: Any) -> Any:
 class SimTrainer(TrainerWorker):
     """Training priced by a roofline model (6 x params x tokens / TFLOP/s).
 
-    Its checkpoint is all the state it has: the version, the modelled training seconds and the
-    model spec's name (``sim_trainer.json``), so sim pipelines save and resume like real ones.
+    Its checkpoint (:meth:`~rollart_nb.sim.trainer.SimTrainBackend.save_checkpoint`) is all the
+    state it has, so sim pipelines save and resume like real ones.
     """
 
     #: A SimSession runs it on the simulation's loop (its step is an asyncio sleep, not a thread):
@@ -316,31 +313,6 @@ class SimTrainer(TrainerWorker):
     async def train_step(self, batch: list[Trajectory]) -> dict[str, float]:
         """One modelled optimizer step on ``batch`` (an asyncio sleep of the modelled time)."""
         return self._stepped(await self.backend.atrain_step(batch))
-
-    @register("one")
-    def save_checkpoint(self, directory: str) -> str:
-        """Save version, modelled seconds and model name to ``directory/sim_trainer.json``."""
-        d = Path(directory)
-        d.mkdir(parents=True, exist_ok=True)
-        b = self.backend
-        state = {"version": b.version, "modelled_s": b.modelled_s, "model": b.spec.name}
-        tmp = d / (_SIM_STATE + ".tmp")
-        tmp.write_text(json.dumps(state))
-        os.replace(tmp, d / _SIM_STATE)  # atomically: its presence marks a complete checkpoint
-        return str(d)
-
-    @register("one")
-    def load_checkpoint(self, directory: str) -> int:
-        """Restore from :meth:`save_checkpoint`; returns the restored version."""
-        f = Path(directory) / _SIM_STATE
-        if not f.is_file():
-            raise StateError(f"{directory!r} holds no complete sim trainer checkpoint ({_SIM_STATE} missing)")
-        state = json.loads(f.read_text())
-        if state["model"] != self.backend.spec.name:
-            raise ConfigError(f"checkpoint {directory!r} is of model {state['model']!r}, this trainer models "
-                              f"{self.backend.spec.name!r}; resume with the model it was saved from")
-        self.backend.version, self.backend.modelled_s = int(state["version"]), float(state["modelled_s"])
-        return self.backend.version
 
 
 class TorchTrainer(TrainerWorker):
