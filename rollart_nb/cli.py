@@ -14,13 +14,16 @@ __all__ = ["main"]
 def _demo(args: argparse.Namespace) -> int:
     from rollart_nb.demo import DemoConfig, run_demo
 
-    cfg = DemoConfig(steps=args.steps, minutes=args.minutes, mode=args.mode, alpha=args.alpha,
-                     generator=args.generator, batch_size=args.batch_size, group_size=args.group_size,
-                     envs_per_task=args.envs_per_task, seed=args.seed, out=args.out, lr=args.lr,
-                     entropy_coef=args.entropy)
-    result = run_demo(cfg, quiet=args.quiet)
+    # Flags left out keep DemoConfig's defaults (one place defines them).
+    given = {f: getattr(args, f) for f in _DEMO_FLAGS if getattr(args, f) is not None}
+    given["entropy_coef"] = given.pop("entropy", DemoConfig.entropy_coef)
+    result = run_demo(DemoConfig(**given), quiet=args.quiet)
     print("RESULT " + json.dumps(result), flush=True)
     return 0
+
+
+_DEMO_FLAGS = ("steps", "minutes", "mode", "alpha", "generator", "batch_size", "group_size", "envs_per_task",
+               "lr", "entropy", "seed", "out")
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -36,18 +39,18 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="rollart-nb", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
     d = sub.add_parser("demo", help="train a tiny model on FrozenLake + Arithmetic on Session.local()")
-    d.add_argument("--steps", type=int, default=40)
-    d.add_argument("--minutes", type=float, default=5.0, help="stop training after this many minutes")
-    d.add_argument("--mode", default="rollart", choices=["sync", "sync+", "one-off", "areal", "rollart"])
-    d.add_argument("--alpha", type=int, default=1)
-    d.add_argument("--generator", default="hf", choices=["hf", "vllm"])
-    d.add_argument("--batch-size", type=int, default=64)
-    d.add_argument("--group-size", type=int, default=8)
-    d.add_argument("--envs-per-task", type=int, default=16)
-    d.add_argument("--lr", type=float, default=2e-3)
-    d.add_argument("--entropy", type=float, default=0.0)
-    d.add_argument("--seed", type=int, default=0)
-    d.add_argument("--out", default="rollart_demo", help="directory for report.html and steps.jsonl")
+    d.add_argument("--steps", type=int, help="training steps (default: DemoConfig.steps)")
+    d.add_argument("--minutes", type=float, help="stop training after this many minutes")
+    d.add_argument("--mode", choices=["sync", "sync+", "one-off", "areal", "rollart"])
+    d.add_argument("--alpha", type=int, help="staleness bound")
+    d.add_argument("--generator", choices=["hf", "vllm"])
+    d.add_argument("--batch-size", type=int)
+    d.add_argument("--group-size", type=int)
+    d.add_argument("--envs-per-task", type=int)
+    d.add_argument("--lr", type=float)
+    d.add_argument("--entropy", type=float, help="entropy bonus coefficient")
+    d.add_argument("--seed", type=int)
+    d.add_argument("--out", help="directory for report.html and steps.jsonl (default rollart_demo)")
     d.add_argument("--quiet", action="store_true")
     d.set_defaults(fn=_demo)
     b = sub.add_parser("bench", help="what-if experiments on a simulated cluster (sim backend)")
