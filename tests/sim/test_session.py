@@ -184,3 +184,33 @@ def test_pipeline_steps_on_sim_session(sess, mode):
     assert sum(gen.stats()[i]["requests"] for i in range(4)) >= stats["proxy"]["requests"]
     pipe.close()
     assert "pipeline.rollout" not in sess.clusters
+
+
+def test_session_sim_alias_saves_and_resumes_in_simulated_time(tmp_path):
+    """rn.Session.sim is a SimSession with the shared session API, resume_from included; its step
+    reports are in simulated seconds (far longer than the wall time they took)."""
+    import time
+
+    import rollart_nb as rn
+
+    m = spec("qwen3-8b")
+
+    def build(s):
+        gen = s.cluster("actor_gen", SimGenerator, pool="H20", replicas=2, model=m)
+        train = s.cluster("actor_train", SimTrainer, pool="H800", model=m)
+        return gen, train, s.tasks({"math": SimEnv("gem-math")}, envs_per_task=8)
+
+    with rn.Session.sim({"H800": 2, "H20": 2, "cpu": 2}, seed=1) as s:
+        assert isinstance(s, SimSession) and s.virtual
+        gen, train, tasks = build(s)
+        pipe = s.pipeline(train, gen, tasks, batch_size=8, group_size=4, mode="sync")
+        t0 = time.monotonic()
+        reps = pipe.run(2, progress=False)
+        wall = time.monotonic() - t0
+        assert sum(r.step_s for r in reps) > 10 * wall  # Qwen3-8B decoding thousands of tokens: simulated minutes
+        pipe.save(str(tmp_path / "ckpt"))
+    with rn.Session.sim({"H800": 2, "H20": 2, "cpu": 2}, seed=1) as s:
+        gen, train, tasks = build(s)
+        pipe = s.pipeline(train, gen, tasks, batch_size=8, group_size=4, mode="sync", resume_from=str(tmp_path / "ckpt"))
+        assert pipe.version == 2 and gen.version() == [2, 2]
+        assert pipe.step().version == 3
