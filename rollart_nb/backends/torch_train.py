@@ -270,11 +270,32 @@ class TorchTrainBackend:
         saved = AutoModelForCausalLM.from_pretrained(d / "model", dtype=torch.float32)
         self.model.load_state_dict(saved.state_dict())
         self.optimizer.load_state_dict(state["optimizer"])
-        if self.reference is not None and state.get("reference") is not None:
+        if state.get("algo"):  # the settings it trained with (a later configure() may change them)
+            self.algo = GRPO(**state["algo"])
+        if state.get("reference") is not None:
+            if self.reference is None:  # this trainer was built without KL: make room for the saved one
+                self.reference = copy.deepcopy(self.model).requires_grad_(False)
             self.reference.load_state_dict(state["reference"])
         self.version = int(state["version"])
         torch.set_rng_state(state["torch_rng"])
         random.setstate(state["python_rng"])
+
+    @property
+    def algo(self) -> GRPO:
+        """The GRPO settings of the next step."""
+        return self._algo
+
+    @algo.setter
+    def algo(self, algo: GRPO) -> None:
+        """Train with ``algo`` from the next step: its learning rate and weight decay go to the
+        optimizer, and turning KL on keeps the current policy as the reference."""
+        self._algo = algo
+        opt = getattr(self, "optimizer", None)
+        if opt is not None:
+            for g in opt.param_groups:
+                g["lr"], g["weight_decay"] = algo.lr, algo.weight_decay
+        if algo.kl_coef > 0 and getattr(self, "reference", None) is None and hasattr(self, "model"):
+            self.reference = copy.deepcopy(self.model).requires_grad_(False)
 
     # -- internals ----------------------------------------------------------------------
     def _padded(self, seqs: list[list[float]], width: int, fill: float) -> torch.Tensor:

@@ -217,3 +217,24 @@ def test_grpo_learns_to_say_3(ref):
     first, last = sum(curve[:8]) / 8, sum(curve[-8:]) / 8
     assert first < 0.05 and last > first + 0.15, curve
     assert max(abs(r - 1.0) for r in ratios) < 1e-3  # on-policy: generator and trainer agree
+
+
+def test_algo_changes_reach_the_optimizer_and_a_checkpoint_restores_them(ref, tok, tmp_path):
+    """configure()/algo= sets lr and weight decay on the optimizer and keeps a KL reference when KL
+    is turned on; a checkpoint brings back the algo and the reference it trained with, even into a
+    trainer built with other settings and no KL."""
+    batch = [two_turn(tok, 1.0), two_turn(tok, 0.0, resp=("down", "right"))]
+    a = TorchTrainBackend(ref, GRPO(group_size=2, lr=1e-3), seed=0)
+    assert a.reference is None
+    a.algo = GRPO(group_size=2, lr=5e-4, weight_decay=0.01, kl_coef=0.1)
+    assert [(g["lr"], g["weight_decay"]) for g in a.optimizer.param_groups] == [(5e-4, 0.01)]
+    assert a.reference is not None
+    a.train_step(batch)
+    assert a.train_step(batch)["kl_ref"] > 0  # the policy moved away from the reference
+    a.save_checkpoint(tmp_path / "ckpt")
+    b = TorchTrainBackend(ref, GRPO(group_size=2, lr=1e-2), seed=1)
+    b.load_checkpoint(tmp_path / "ckpt")
+    assert b.algo == a.algo and b.optimizer.param_groups[0]["lr"] == 5e-4
+    ra, rb = a.reference.state_dict(), b.reference.state_dict()
+    assert all(torch.equal(ra[k], rb[k]) for k in ra)
+    assert b.train_step(batch)["loss"] == a.train_step(batch)["loss"]
