@@ -40,7 +40,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
-import html
 import inspect
 import os
 import threading
@@ -48,11 +47,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from rollart_nb.errors import ClusterError, ConfigError, StateError
+from rollart_nb.errors import ClusterError, StateError
 from rollart_nb.resources.manager import Binding
-from rollart_nb.serverless.client import Endpoint, acall, call
-from rollart_nb.workers.cluster import DispatchMixin, _ordered
-from rollart_nb.workers.decorators import Dispatch, dispatch_of
+from rollart_nb.serverless.client import Endpoint
+from rollart_nb.workers.cluster import ClusterBase
 from rollart_nb.workers.roles import TrainerWorker
 from rollart_nb.workers.worker import Worker, actor_class_for
 
@@ -187,7 +185,7 @@ class LocalFuture:
         return run().__await__()
 
 
-class LocalCluster(DispatchMixin):
+class LocalCluster(ClusterBase):
     """A role's Workers as in-process objects on a SimSession's event loop.
 
     Built by :meth:`rollart_nb.sim.session.SimSession.cluster`; same interface as
@@ -200,6 +198,8 @@ class LocalCluster(DispatchMixin):
         >>> gen.version()                                                           # doctest: +SKIP
         [0, 0, 0, 0, 0, 0, 0, 0]
     """
+
+    _html_note = " &middot; in-process (simulated)"
 
     def __init__(self, session: SimSession, name: str, worker_cls: type[Worker], *, replicas: int, pool: str,
                  fallback: list[str] | None, slots: float, init_kwargs: dict[str, Any],
@@ -240,29 +240,6 @@ class LocalCluster(DispatchMixin):
                                "Check the Worker's __init__ arguments") from e
         return LocalWorkerHandle(LocalActor(inst, self._session.clock, self.threaded), b, instance=inst)
 
-    def _bind_methods(self) -> None:
-        for attr, fn in inspect.getmembers(self.worker_cls, predicate=inspect.isfunction):
-            d = dispatch_of(fn)
-            if d is None:
-                continue
-            if hasattr(LocalCluster, attr):
-                raise ConfigError(f"{self.worker_cls.__name__}.{attr} clashes with a Cluster attribute; rename it")
-            setattr(self, attr, self._make_proxy(attr, fn, d))
-
-    def _make_proxy(self, attr: str, fn: Callable[..., Any], d: Dispatch) -> Callable[..., Any]:
-        impl = {"register": self._call_register, "hw_mapping": self._call_hw}.get(d.kind, self._call_serverless)
-
-        @functools.wraps(fn)
-        def proxy(*args: Any, blocking: bool = True, **kwargs: Any) -> Any:
-            self._check_open()
-            return impl(attr, d, args, kwargs, blocking)
-
-        sig = inspect.signature(fn)
-        params = [p for n, p in sig.parameters.items() if n != "self"]
-        params.append(inspect.Parameter("blocking", inspect.Parameter.KEYWORD_ONLY, default=True))
-        proxy.__signature__ = sig.replace(parameters=_ordered(params))  # type: ignore[attr-defined]
-        return proxy
-
     # -- dispatch paths --------------------------------------------------------------
     def _submit(self, idx: list[int], attr: str, per_worker_args: list[tuple[tuple, dict]]) -> list[LocalRef]:
         refs = []
@@ -291,20 +268,7 @@ class LocalCluster(DispatchMixin):
                              "call it with blocking=False and await the result")
         return fut.result()
 
-    def _call_serverless(self, attr: str, d: Dispatch, args: tuple, kwargs: dict, blocking: bool) -> Any:
-        name = d.endpoint or ""
-        ep = self._endpoints.get(name) or self._session.endpoints.get(name)
-        if ep is None:
-            raise ConfigError(f"{self.name}: no serverless endpoint {name!r} is registered; pass "
-                              f"endpoints={{{name!r}: url}} to sess.cluster")
-        ep = Endpoint(ep.name, ep.url, ep.token_env, timeout_s=d.timeout_s, retries=d.retries, backoff_s=ep.backoff_s)
-        return call(ep, list(args), kwargs) if blocking else acall(ep, list(args), kwargs)
-
     # -- lifecycle -------------------------------------------------------------------
-    def _check_open(self) -> None:
-        if self.closed:
-            raise StateError(f"Cluster {self.name!r} is closed; build it again with sess.cluster({self.name!r}, ...)")
-
     def restart_worker(self, index: int) -> Binding:
         """Failover: drop worker ``index``, rebind its slot (another node if possible), build it again."""
         self._check_open()
@@ -318,15 +282,6 @@ class LocalCluster(DispatchMixin):
         return [{"node_id": h.binding.node, "pid": os.getpid(), "hardware": h.binding.hardware,
                  "pool": h.binding.pool, "rank": h.binding.index} for h in self.workers]
 
-    @property
-    def model(self) -> Any:
-        """The ``model`` the workers were built with (None if not given)."""
-        return self._init_kwargs.get("model")
-
-    @property
-    def bindings(self) -> list[Binding]:
-        return [h.binding for h in self.workers]
-
     def close(self) -> None:
         """Drop the workers and release their pool slots (idempotent)."""
         if self.closed:
@@ -336,28 +291,6 @@ class LocalCluster(DispatchMixin):
             h.actor.close()
         self._session._resources.release(self.name)
 
-    def __len__(self) -> int:
-        return len(self.workers)
-
-    def __repr__(self) -> str:
-        state = "closed" if self.closed else f"{len(self.workers)} worker(s)"
-        pools = ",".join(sorted({h.binding.pool for h in self.workers}))
-        return f"LocalCluster({self.name!r}, {self.worker_cls.__name__}, {state}, pools={pools or '-'})"
-
-    def _repr_html_(self) -> str:
-        rows = "".join(
-            f"<tr><td>{h.binding.index}</td><td>{html.escape(h.binding.pool)}</td><td>{h.binding.hardware}</td>"
-            f"<td><code>{html.escape(h.binding.node)}</code></td>"
-            f"<td>{'yes: ' + html.escape(h.binding.reason) if h.binding.fell_back else 'no'}</td>"
-            f"<td>{h.inflight}</td><td>{h.calls}</td></tr>"
-            for h in self.workers
-        )
-        return (
-            f"<div><b>Cluster</b> <code>{html.escape(self.name)}</code> &middot; {self.worker_cls.__name__} &middot; "
-            f"{'closed' if self.closed else 'open'} &middot; in-process (simulated)<table><tr><th>rank</th>"
-            f"<th>pool</th><th>hardware</th><th>node</th><th>fell back</th><th>in flight</th><th>calls</th></tr>"
-            f"{rows}</table></div>"
-        )
 
 
 async def _resolve(v: Any) -> Any:

@@ -26,7 +26,7 @@ from rollart_nb.workers.worker import Worker, actor_class_for
 if TYPE_CHECKING:
     from rollart_nb.session import Session
 
-__all__ = ["Cluster", "ClusterFuture", "DispatchMixin", "WorkerHandle"]
+__all__ = ["Cluster", "ClusterFuture", "ClusterBase", "WorkerHandle"]
 
 
 @dataclass
@@ -76,11 +76,13 @@ class ClusterFuture:
         return run().__await__()
 
 
-class DispatchMixin:
-    """The ``@register`` and ``@hw_mapping`` dispatch paths, shared by :class:`Cluster` and the
-    in-process ``LocalCluster`` of the simulator (same rules, different transports).
+class ClusterBase:
+    """What :class:`Cluster` and the simulator's in-process ``LocalCluster`` share (same rules,
+    different transports): the ``@register`` / ``@hw_mapping`` / ``@register_serverless``
+    dispatch, the methods bound from the Worker class, and the views.
 
-    Needs ``name``, ``worker_cls``, ``workers`` (with ``binding``/``inflight``), ``fallbacks``,
+    Needs ``name``, ``worker_cls``, ``workers`` (with ``binding``/``inflight``/``calls``),
+    ``fallbacks``, ``closed``, ``_session``, ``_endpoints``, ``_init_kwargs``,
     ``_affinity_override``, ``_lock``, ``_submit`` and ``_finish`` on the concrete class.
     """
 
@@ -137,9 +139,94 @@ class DispatchMixin:
         refs = self._submit([i], attr, [(args, kwargs)])
         return self._finish([i], refs, lambda r: r[0], blocking, f"{self.name}.{attr}")
 
+    # -- what both transports share: bound methods, serverless calls, views ------------------
+    _node_chars: int | None = None
+    """Characters of a node id shown in the HTML view (None: all)."""
+    _html_note = ""
+    """Extra text in the HTML view's header."""
+
+    def _bind_methods(self) -> None:
+        for attr, fn in inspect.getmembers(self.worker_cls, predicate=inspect.isfunction):
+            d = dispatch_of(fn)
+            if d is None:
+                continue
+            if hasattr(type(self), attr):
+                raise ConfigError(f"{self.worker_cls.__name__}.{attr} clashes with a Cluster attribute; rename it")
+            setattr(self, attr, self._make_proxy(attr, fn, d))
+
+    def _make_proxy(self, attr: str, fn: Callable[..., Any], d: Dispatch) -> Callable[..., Any]:
+        if d.kind == "register":
+            impl = functools.partial(self._call_register, attr, d)
+        elif d.kind == "hw_mapping":
+            impl = functools.partial(self._call_hw, attr, d)
+        else:
+            impl = functools.partial(self._call_serverless, attr, d)
+
+        @functools.wraps(fn)
+        def proxy(*args: Any, blocking: bool = True, **kwargs: Any) -> Any:
+            self._check_open()
+            return impl(args, kwargs, blocking)
+
+        sig = inspect.signature(fn)
+        # Ray's tracing hook adds `_ray_trace_ctx` to actor methods: not part of the user's API.
+        params = [p for n, p in sig.parameters.items() if n not in ("self", "_ray_trace_ctx")]
+        params.append(inspect.Parameter("blocking", inspect.Parameter.KEYWORD_ONLY, default=True))
+        proxy.__signature__ = sig.replace(parameters=_ordered(params))  # type: ignore[attr-defined]
+        return proxy
+
+    def _endpoint(self, d: Dispatch) -> Endpoint:
+        name = d.endpoint or ""
+        ep = self._endpoints.get(name) or self._session.endpoints.get(name)
+        if ep is None:
+            how = f"call sess.register_endpoint({name!r}, url) or " if hasattr(self._session, "register_endpoint") else ""
+            raise ConfigError(f"{self.name}: no serverless endpoint {name!r} is registered; "
+                              f"{how}pass endpoints={{{name!r}: url}} to sess.cluster")
+        return Endpoint(ep.name, ep.url, ep.token_env, timeout_s=d.timeout_s, retries=d.retries,
+                        backoff_s=ep.backoff_s)
+
+    def _call_serverless(self, attr: str, d: Dispatch, args: tuple, kwargs: dict, blocking: bool) -> Any:
+        ep = self._endpoint(d)
+        if blocking:
+            return call(ep, list(args), kwargs)
+        return acall(ep, list(args), kwargs)  # a coroutine: await it
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise StateError(f"Cluster {self.name!r} is closed; build it again with sess.cluster({self.name!r}, ...)")
+
+    @property
+    def model(self) -> Any:
+        """The ``model`` the workers were built with (None if not given)."""
+        return self._init_kwargs.get("model")
+
+    @property
+    def bindings(self) -> list[Binding]:
+        return [h.binding for h in self.workers]
+
+    def __len__(self) -> int:
+        return len(self.workers)
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"{len(self.workers)} worker(s)"
+        pools = ",".join(sorted({h.binding.pool for h in self.workers}))
+        return f"{type(self).__name__}({self.name!r}, {self.worker_cls.__name__}, {state}, pools={pools or '-'})"
+
+    def _repr_html_(self) -> str:
+        rows = "".join(
+            f"<tr><td>{h.binding.index}</td><td>{html.escape(h.binding.pool)}</td><td>{h.binding.hardware}</td>"
+            f"<td><code>{html.escape(h.binding.node[:self._node_chars])}</code></td>"
+            f"<td>{'yes: ' + html.escape(h.binding.reason) if h.binding.fell_back else 'no'}</td>"
+            f"<td>{h.inflight}</td><td>{h.calls}</td></tr>"
+            for h in self.workers
+        )
+        return (
+            f"<div><b>Cluster</b> <code>{html.escape(self.name)}</code> &middot; {self.worker_cls.__name__} &middot; "
+            f"{'closed' if self.closed else 'open'}{self._html_note}<table><tr><th>rank</th><th>pool</th><th>hardware</th><th>node</th>"
+            f"<th>fell back</th><th>in flight</th><th>calls</th></tr>{rows}</table></div>"
+        )
 
 
-class Cluster(DispatchMixin):
+class Cluster(ClusterBase):
     """A role-specific group of Workers, driven as one object.
 
     Built by :meth:`rollart_nb.Session.cluster`; not constructed directly.
@@ -148,6 +235,8 @@ class Cluster(DispatchMixin):
         >>> gen = sess.cluster("actor_gen", MyGen, pool="H20", replicas=2)   # doctest: +SKIP
         >>> gen.generate("2 + 2 =", tag_name="math")                         # doctest: +SKIP
     """
+
+    _node_chars = 8  # Ray node ids are 56 hex characters
 
     def __init__(self, session: Session, name: str, worker_cls: type[Worker], *, replicas: int, pool: str,
                  fallback: list[str] | None, slots: float, init_kwargs: dict[str, Any],
@@ -204,35 +293,6 @@ class Cluster(DispatchMixin):
             if info["node_id"] != h.binding.node:  # the scheduler must honour the binding
                 raise ClusterError(f"worker {h.binding.worker} landed on node {info['node_id']}, not its binding")
 
-    def _bind_methods(self) -> None:
-        for attr, fn in inspect.getmembers(self.worker_cls, predicate=inspect.isfunction):
-            d = dispatch_of(fn)
-            if d is None:
-                continue
-            if hasattr(Cluster, attr):
-                raise ConfigError(f"{self.worker_cls.__name__}.{attr} clashes with a Cluster attribute; rename it")
-            setattr(self, attr, self._make_proxy(attr, fn, d))
-
-    def _make_proxy(self, attr: str, fn: Callable[..., Any], d: Dispatch) -> Callable[..., Any]:
-        if d.kind == "register":
-            impl = functools.partial(self._call_register, attr, d)
-        elif d.kind == "hw_mapping":
-            impl = functools.partial(self._call_hw, attr, d)
-        else:
-            impl = functools.partial(self._call_serverless, attr, d)
-
-        @functools.wraps(fn)
-        def proxy(*args: Any, blocking: bool = True, **kwargs: Any) -> Any:
-            self._check_open()
-            return impl(args, kwargs, blocking)
-
-        sig = inspect.signature(fn)
-        # Ray's tracing hook adds `_ray_trace_ctx` to actor methods: not part of the user's API.
-        params = [p for n, p in sig.parameters.items() if n not in ("self", "_ray_trace_ctx")]
-        params.append(inspect.Parameter("blocking", inspect.Parameter.KEYWORD_ONLY, default=True))
-        proxy.__signature__ = sig.replace(parameters=_ordered(params))  # type: ignore[attr-defined]
-        return proxy
-
     # -- dispatch paths --------------------------------------------------------------
     def _submit(self, idx: list[int], attr: str, per_worker_args: list[tuple[tuple, dict]]) -> list[Any]:
         refs = []
@@ -254,28 +314,7 @@ class Cluster(DispatchMixin):
         fut = ClusterFuture(refs, combine, what, lambda: self._release(idx), [self.workers[i].binding for i in idx])
         return fut.result() if blocking else fut
 
-    def _endpoint(self, d: Dispatch) -> Endpoint:
-        name = d.endpoint or ""
-        ep = self._endpoints.get(name) or self._session.endpoints.get(name)
-        if ep is None:
-            raise ConfigError(
-                f"{self.name}: no serverless endpoint {name!r} is registered; call "
-                f"sess.register_endpoint({name!r}, url) or pass endpoints={{{name!r}: url}} to sess.cluster"
-            )
-        return Endpoint(ep.name, ep.url, ep.token_env, timeout_s=d.timeout_s, retries=d.retries,
-                        backoff_s=ep.backoff_s)
-
-    def _call_serverless(self, attr: str, d: Dispatch, args: tuple, kwargs: dict, blocking: bool) -> Any:
-        ep = self._endpoint(d)
-        if blocking:
-            return call(ep, list(args), kwargs)
-        return acall(ep, list(args), kwargs)  # a coroutine: await it
-
     # -- lifecycle -------------------------------------------------------------------
-    def _check_open(self) -> None:
-        if self.closed:
-            raise StateError(f"Cluster {self.name!r} is closed; build it again with sess.cluster({self.name!r}, ...)")
-
     def restart_worker(self, index: int) -> Binding:
         """Failover: kill worker ``index``, rebind its slot (another node if possible), respawn it."""
         self._check_open()
@@ -291,15 +330,6 @@ class Cluster(DispatchMixin):
         return [_ray.get(h.actor._rn_info.remote(), timeout_s=30, what="info", worker=h.binding.worker,
                          pool=h.binding.pool) for h in self.workers]
 
-    @property
-    def model(self) -> Any:
-        """The ``model`` the workers were built with (None if not given)."""
-        return self._init_kwargs.get("model")
-
-    @property
-    def bindings(self) -> list[Binding]:
-        return [h.binding for h in self.workers]
-
     def close(self) -> None:
         """Kill the workers and release their pool slots (idempotent)."""
         if self.closed:
@@ -309,26 +339,6 @@ class Cluster(DispatchMixin):
             _ray.kill(h.actor)
         self._session._resources.release(self.name)
 
-    def __len__(self) -> int:
-        return len(self.workers)
-
-    def __repr__(self) -> str:
-        state = "closed" if self.closed else f"{len(self.workers)} worker(s)"
-        pools = ",".join(sorted({h.binding.pool for h in self.workers}))
-        return f"Cluster({self.name!r}, {self.worker_cls.__name__}, {state}, pools={pools or '-'})"
-
-    def _repr_html_(self) -> str:
-        rows = "".join(
-            f"<tr><td>{h.binding.index}</td><td>{html.escape(h.binding.pool)}</td><td>{h.binding.hardware}</td>"
-            f"<td><code>{h.binding.node[:8]}</code></td><td>{'yes: ' + html.escape(h.binding.reason) if h.binding.fell_back else 'no'}</td>"
-            f"<td>{h.inflight}</td><td>{h.calls}</td></tr>"
-            for h in self.workers
-        )
-        return (
-            f"<div><b>Cluster</b> <code>{html.escape(self.name)}</code> &middot; {self.worker_cls.__name__} &middot; "
-            f"{'closed' if self.closed else 'open'}<table><tr><th>rank</th><th>pool</th><th>hardware</th><th>node</th>"
-            f"<th>fell back</th><th>in flight</th><th>calls</th></tr>{rows}</table></div>"
-        )
 
 
 def _pick(v: Any, i: int) -> Any:
