@@ -48,6 +48,7 @@ class SessionBase:
     """
 
     state: str
+    clusters: dict[str, Any]
     _rewards: dict[str, dict[str, Any]]
     _pipelines: dict[str, Any]
     _resources: ResourceManager
@@ -63,6 +64,36 @@ class SessionBase:
         timeout_s, retries = kwargs.pop("timeout_s", 30.0), kwargs.pop("retries", 1)
         ep = self._deploy_version(task, fn, **kwargs)
         return pipe.rollout.set_reward(task, endpoint=ep, timeout_s=timeout_s, retries=retries)
+
+    # -- clusters ----------------------------------------------------------------------
+    def _before_cluster(self, name: str, worker_cls: Any, pool: str | None, replicas: Any, slots: float,
+                        endpoints: dict[str, str] | None) -> tuple[str, dict[str, Endpoint]]:
+        """Check :meth:`cluster`'s arguments, close a cluster of the same name; returns the pool
+        (default ``worker_cls.default_pool``) and the serverless endpoints."""
+        self._check()
+        problems = []
+        if not (isinstance(worker_cls, type) and issubclass(worker_cls, Worker)):
+            problems.append(f"worker_cls must be a rollart_nb.Worker subclass, got {worker_cls!r}")
+        if not isinstance(replicas, int) or replicas < 1:
+            problems.append(f"replicas must be an int >= 1, got {replicas!r}")
+        if slots <= 0:
+            problems.append(f"slots must be > 0, got {slots!r}")
+        if not name or not isinstance(name, str):
+            problems.append("name must be a non-empty string")
+        if problems:
+            raise ConfigError(problems, where=f"sess.cluster({name!r}, ...)")
+        pool = pool or getattr(worker_cls, "default_pool", "cpu")
+        self._resources.check_pool_name(pool)
+        if name in self.clusters:
+            log.info("replacing cluster %s", name)
+            self.close_cluster(name)
+        return pool, {n: Endpoint(n, u) for n, u in (endpoints or {}).items()}
+
+    def close_cluster(self, name: str) -> None:
+        """Drop a cluster's workers and free its slots."""
+        c = self.clusters.pop(name, None)
+        if c is not None:
+            c.close()
 
     # -- tasks, rewards, pipelines -----------------------------------------------------
     def tasks(self, envs: dict[str, Any], envs_per_task: int | dict[str, int] = 8,
@@ -361,35 +392,12 @@ class Session(SessionBase):
             max_concurrency: concurrent calls one worker actor accepts.
             **init_kwargs: passed to ``worker_cls.__init__``.
         """
-        self._check()
-        problems = []
-        if not (isinstance(worker_cls, type) and issubclass(worker_cls, Worker)):
-            problems.append(f"worker_cls must be a rollart_nb.Worker subclass, got {worker_cls!r}")
-        if not isinstance(replicas, int) or replicas < 1:
-            problems.append(f"replicas must be an int >= 1, got {replicas!r}")
-        if slots <= 0:
-            problems.append(f"slots must be > 0, got {slots!r}")
-        if not name or not isinstance(name, str):
-            problems.append("name must be a non-empty string")
-        if problems:
-            raise ConfigError(problems, where=f"sess.cluster({name!r}, ...)")
-        pool = pool or getattr(worker_cls, "default_pool", "cpu")
-        self._resources.check_pool_name(pool)
-        if name in self.clusters:
-            log.info("replacing cluster %s", name)
-            self.close_cluster(name)
-        eps = {n: Endpoint(n, u) for n, u in (endpoints or {}).items()}
+        pool, eps = self._before_cluster(name, worker_cls, pool, replicas, slots, endpoints)
         c = Cluster(self, name, worker_cls, replicas=replicas, pool=pool, fallback=fallback, slots=slots,
                     init_kwargs=init_kwargs, endpoints=eps, affinity=affinity, max_concurrency=max_concurrency,
                     start_timeout_s=start_timeout_s)
         self.clusters[name] = c
         return c
-
-    def close_cluster(self, name: str) -> None:
-        """Kill a cluster's workers and free its slots."""
-        c = self.clusters.pop(name, None)
-        if c is not None:
-            c.close()
 
     def register_endpoint(self, name: str, url: str, *, token_env: str | None = None, timeout_s: float = 30.0,
                           retries: int = 2) -> Endpoint:

@@ -125,34 +125,11 @@ class SimSession(SessionBase):
                 trainers, whose sim step blocks; see :mod:`rollart_nb.sim.cluster`).
             **init_kwargs: passed to ``worker_cls.__init__`` (by reference: nothing is pickled).
         """
-        self._check()
-        problems = []
-        if not (isinstance(worker_cls, type) and issubclass(worker_cls, Worker)):
-            problems.append(f"worker_cls must be a rollart_nb.Worker subclass, got {worker_cls!r}")
-        if not isinstance(replicas, int) or replicas < 1:
-            problems.append(f"replicas must be an int >= 1, got {replicas!r}")
-        if slots <= 0:
-            problems.append(f"slots must be > 0, got {slots!r}")
-        if not name or not isinstance(name, str):
-            problems.append("name must be a non-empty string")
-        if problems:
-            raise ConfigError(problems, where=f"sess.cluster({name!r}, ...)")
-        pool = pool or getattr(worker_cls, "default_pool", "cpu")
-        self._resources.check_pool_name(pool)
-        if name in self.clusters:
-            log.info("replacing cluster %s", name)
-            self.close_cluster(name)
-        eps = {n: Endpoint(n, u) for n, u in (endpoints or {}).items()}
+        pool, eps = self._before_cluster(name, worker_cls, pool, replicas, slots, endpoints)
         c = LocalCluster(self, name, worker_cls, replicas=replicas, pool=pool, fallback=fallback, slots=slots,
                          init_kwargs=init_kwargs, endpoints=eps, affinity=affinity, threaded=threaded)
         self.clusters[name] = c
         return c
-
-    def close_cluster(self, name: str) -> None:
-        """Drop a cluster's workers and free its slots."""
-        c = self.clusters.pop(name, None)
-        if c is not None:
-            c.close()
 
     # -- what differs from a real session (tasks, rewards, pipelines: SessionBase) -----------
     def _weight_transport(self, weights: Any, name: str) -> Any:
