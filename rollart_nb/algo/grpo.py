@@ -13,7 +13,7 @@ from typing import Any
 
 from rollart_nb.errors import ConfigError
 
-__all__ = ["GRPO", "group_advantages", "grpo_loss", "loss_weights"]
+__all__ = ["GRPO", "group_advantages", "grpo_loss", "loss_weights", "step_metrics"]
 
 LOSS_AGGS = ("token-mean", "seq-mean")
 
@@ -83,6 +83,25 @@ class GRPO:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def step_metrics(sums: dict[str, float], *, grad_norm: float, rewards: Any, adv: Any, num_trajectories: int,
+                 num_rows: int, num_tokens: float, step_s: float, version: int) -> dict[str, float]:
+    """A train step's metrics, as every GRPO backend reports them: ``sums`` (loss terms summed
+    over micro-batches) plus the gradient norm, the batch's reward and advantage statistics,
+    its size and the step's time and new version."""
+    sums.update(
+        grad_norm=grad_norm,
+        reward_mean=float(rewards.mean()),
+        reward_std=float(rewards.std(unbiased=False)),
+        adv_abs_mean=float(adv.abs().mean()),
+        num_trajectories=float(num_trajectories),
+        num_rows=float(num_rows),
+        num_tokens=float(num_tokens),
+        step_s=step_s,
+        version=float(version),
+    )
+    return sums
 
 
 def group_advantages(

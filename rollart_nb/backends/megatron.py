@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rollart_nb.algo.grpo import GRPO, group_advantages, grpo_loss, loss_weights
+from rollart_nb.algo.grpo import GRPO, group_advantages, grpo_loss, loss_weights, step_metrics
 from rollart_nb.backends.torch_train import build_rows
 from rollart_nb.errors import ConfigError, StateError
 from rollart_nb.models.tiny import ModelRef, from_pretrained
@@ -266,18 +266,9 @@ class MegatronTrainBackend:
         self.optimizer.step()
         self.model.eval()
         self.version += 1
-        sums.update(
-            grad_norm=grad_norm,
-            reward_mean=float(rewards.mean()),
-            reward_std=float(rewards.std(unbiased=False)),
-            adv_abs_mean=float(adv.abs().mean()),
-            num_trajectories=float(len(batch)),
-            num_rows=float(len(rows)),
-            num_tokens=float(mask.sum()),
-            step_s=time.perf_counter() - t0,
-            version=float(self.version),
-        )
-        return sums
+        return step_metrics(sums, grad_norm=grad_norm, rewards=rewards, adv=adv, num_trajectories=len(batch),
+                            num_rows=len(rows), num_tokens=float(mask.sum()), step_s=time.perf_counter() - t0,
+                            version=self.version)
 
     def state_dict(self) -> dict[str, Any]:
         """Whole-model weights in HF naming, as CPU tensors (gathered over TP; every rank gets them)."""

@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from rollart_nb.algo.grpo import GRPO, group_advantages, grpo_loss, loss_weights
+from rollart_nb.algo.grpo import GRPO, group_advantages, grpo_loss, loss_weights, step_metrics
 from rollart_nb.errors import ConfigError, StateError
 from rollart_nb.models.tiny import ModelRef, from_pretrained
 from rollart_nb.trajectory import Trajectory
@@ -162,19 +162,10 @@ class TorchTrainBackend:
         # else: no group had a reward spread, so there is no gradient, and no optimizer step either:
         # AdamW would keep moving the weights along its momentum on a zero gradient.
         self.version += 1
-        sums.update(
-            grad_norm=grad_norm,
-            reward_mean=float(rewards.mean()),
-            reward_std=float(rewards.std(unbiased=False)),
-            adv_abs_mean=float(adv.abs().mean()),
-            num_trajectories=float(len(batch)),
-            num_rows=float(num_rows),
-            trained_rows=float(len(rows)),
-            num_tokens=float(sum(sum(r.mask) for r in rows)),
-            step_s=time.perf_counter() - t0,
-            version=float(self.version),
-        )
-        return sums
+        sums["trained_rows"] = float(len(rows))
+        return step_metrics(sums, grad_norm=grad_norm, rewards=rewards, adv=adv, num_trajectories=len(batch),
+                            num_rows=num_rows, num_tokens=sum(sum(r.mask) for r in rows),
+                            step_s=time.perf_counter() - t0, version=self.version)
 
     def _optimize(self, rows: list[Row], adv: torch.Tensor) -> tuple[dict[str, float], float]:
         """Forward/backward over ``rows`` in micro-batches, then one optimizer step."""
