@@ -205,26 +205,15 @@ class LocalCluster(ClusterBase):
                  fallback: list[str] | None, slots: float, init_kwargs: dict[str, Any],
                  endpoints: dict[str, Endpoint], affinity: dict[str, str] | None,
                  threaded: bool | None = None) -> None:
-        self.name, self.worker_cls, self.pool = name, worker_cls, pool
-        self._session, self._init_kwargs, self._fallback, self._slots = session, init_kwargs, fallback, slots
-        self._endpoints = endpoints
-        self._affinity_override = dict(affinity or {})
         if threaded is None:  # trainers block in their steps, unless they say they run on the loop
             threaded = issubclass(worker_cls, TrainerWorker) and not getattr(worker_cls, "runs_on_loop", False)
         self.threaded = bool(threaded)
         # re-entrant: a done-callback runs at once, under the lock, when the call already finished
         self._lock = threading.RLock()
         self._cls = actor_class_for(worker_cls)
-        self.fallbacks: dict[str, int] = {}
-        self.closed = False
-        self.workers: list[LocalWorkerHandle] = []
-        self._bind_methods()  # validates the Worker class before any worker is built
-        try:
-            for i in range(replicas):
-                self.workers.append(self._spawn(i, replicas))
-        except BaseException:
-            self.close()
-            raise
+        self.workers: list[LocalWorkerHandle]
+        super().__init__(session, name, worker_cls, replicas=replicas, pool=pool, fallback=fallback, slots=slots,
+                         init_kwargs=init_kwargs, endpoints=endpoints, affinity=affinity)
 
     # -- construction ----------------------------------------------------------------
     def _spawn(self, index: int, world: int, binding: Binding | None = None) -> LocalWorkerHandle:

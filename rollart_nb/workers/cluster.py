@@ -142,6 +142,36 @@ class ClusterBase:
     # -- what both transports share: bound methods, serverless calls, views ------------------
     _node_chars: int | None = None
     """Characters of a node id shown in the HTML view (None: all)."""
+
+    def __init__(self, session: Any, name: str, worker_cls: type[Worker], *, replicas: int, pool: str,
+                 fallback: list[str] | None, slots: float, init_kwargs: dict[str, Any],
+                 endpoints: dict[str, Endpoint], affinity: dict[str, str] | None) -> None:
+        """Bind the Worker's decorated methods, then start ``replicas`` workers (closing them all
+        if one fails). Subclasses set what their ``_spawn`` needs before calling this."""
+        self.name, self.worker_cls, self.pool = name, worker_cls, pool
+        self._session, self._init_kwargs, self._fallback, self._slots = session, init_kwargs, fallback, slots
+        self._endpoints = endpoints
+        self._affinity_override = dict(affinity or {})
+        self.fallbacks: dict[str, int] = {}
+        self.closed = False
+        self.workers: list[Any] = []
+        self._bind_methods()  # validates the Worker class before any worker starts
+        try:
+            for i in range(replicas):
+                self.workers.append(self._spawn(i, replicas))
+            self._wait_ready(range(replicas))
+        except BaseException:
+            self.close()
+            raise
+
+    def _spawn(self, index: int, world: int, binding: Binding | None = None) -> Any:
+        raise NotImplementedError
+
+    def _wait_ready(self, indices: range | list[int]) -> None:
+        """Block until the workers at ``indices`` are up (nothing to wait for by default)."""
+
+    def close(self) -> None:
+        raise NotImplementedError
     _html_note = ""
     """Extra text in the HTML view's header."""
 
@@ -242,23 +272,11 @@ class Cluster(ClusterBase):
                  fallback: list[str] | None, slots: float, init_kwargs: dict[str, Any],
                  endpoints: dict[str, Endpoint], affinity: dict[str, str] | None, max_concurrency: int,
                  start_timeout_s: float) -> None:
-        self.name, self.worker_cls, self.pool = name, worker_cls, pool
-        self._session, self._init_kwargs, self._fallback, self._slots = session, init_kwargs, fallback, slots
-        self._endpoints = endpoints
-        self._affinity_override = dict(affinity or {})
         self._max_concurrency, self._start_timeout_s = max_concurrency, start_timeout_s
         self._lock = threading.Lock()
-        self.fallbacks: dict[str, int] = {}
-        self.closed = False
-        self.workers: list[WorkerHandle] = []
-        self._bind_methods()  # validates the Worker class before any actor starts
-        try:
-            for i in range(replicas):
-                self.workers.append(self._spawn(i, replicas))
-            self._wait_ready(range(replicas))
-        except BaseException:
-            self.close()
-            raise
+        self.workers: list[WorkerHandle]
+        super().__init__(session, name, worker_cls, replicas=replicas, pool=pool, fallback=fallback, slots=slots,
+                         init_kwargs=init_kwargs, endpoints=endpoints, affinity=affinity)
 
     # -- construction ----------------------------------------------------------------
     def _spawn(self, index: int, world: int, binding: Binding | None = None) -> WorkerHandle:
