@@ -187,7 +187,7 @@ class Pipeline:
         rep.train = {k: float(v) for k, v in metrics.items() if isinstance(v, int | float)}
         stats = self.rollout.stats()
         # endings during this step (events only grow; "counts" moves evicted samples between statuses)
-        now = collections.Counter(stats.get("events", stats.get("counts", {})))
+        now = collections.Counter(stats["events"])
         rep.counts = {k: now[k] - self._counts.get(k, 0) for k in now if now[k] - self._counts.get(k, 0)}
         self._counts = now
         for task, reason in stats.get("failures", []):
