@@ -200,7 +200,7 @@ def test_grpo_learns_to_say_3(ref):
         return await asyncio.gather(*[gen.generate(r) for r in reqs])
 
     curve, ratios = [], []
-    for step in range(36):
+    for step in range(20):
         batch = []
         for i, r in enumerate(asyncio.run(rollouts(step))):
             assert r.version == trainer.version
@@ -214,8 +214,9 @@ def test_grpo_learns_to_say_3(ref):
         gen.load_weights(trainer.state_dict(), trainer.version)
         curve.append(m["reward_mean"])
         ratios.append(m["ratio_mean"])
-    first, last = sum(curve[:8]) / 8, sum(curve[-8:]) / 8
-    assert first < 0.05 and last > first + 0.15, curve
+    # "3" is one token of ~240: almost never sampled at first, most of the time by the end.
+    first, last = sum(curve[:4]) / 4, sum(curve[-8:]) / 8
+    assert first < 0.05 and last > first + 0.3, curve
     assert max(abs(r - 1.0) for r in ratios) < 1e-3  # on-policy: generator and trainer agree
 
 
