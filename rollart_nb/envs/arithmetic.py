@@ -62,8 +62,11 @@ def format_number(n: int, spaced: bool = True) -> str:
 class Arithmetic:
     """Answer ``a op b`` for operands in ``[0, max_operand]``.
 
-    ``seed`` picks one of the ``(max_operand + 1)**2 * len(ops)`` problems (fixed shuffle,
-    ``seed % n``), so ``validation_seeds()`` — ``range(n)`` — is every problem once.
+    There are ``n = (max_operand + 1)**2 * len(ops)`` problems in a fixed shuffle. A seed below
+    ``n`` picks problem ``seed``, so ``validation_seeds()`` (``range(n)``) is every problem once.
+    Larger seeds (the scheduler draws training seeds from ``[0, 2**31)``) pick the *answer*
+    uniformly first and then a problem with that answer, when ``balance_answers`` is on; else
+    problem ``seed % n``.
     ``info["answer"]`` carries the result as a plain string ("12", "-3") for rewards.
     A correct answer gives reward 1.0 and ends the episode; a wrong one gives 0.0 and, if
     turns remain, the observation "wrong . try again ." followed by the question.
@@ -73,6 +76,10 @@ class Arithmetic:
         ops: operators among ``"+"``, ``"-"``, ``"*"``.
         max_turns: attempts before truncation (1: single-turn).
         spaced_digits: write numbers digit by digit (word-level tokenizers).
+        balance_answers: training seeds give every answer the same frequency. Without it
+            single-digit sums are 9 ten times as often as 0 or 18, and a small policy that cannot
+            read the operands yet maximises its reward by always answering 9: RL collapses onto
+            that answer before it learns the sums (README: "What we tried for learning").
 
     Example:
         >>> env = Arithmetic()
@@ -90,6 +97,7 @@ class Arithmetic:
         ops: tuple[str, ...] = ("+",),
         max_turns: int = 1,
         spaced_digits: bool = True,
+        balance_answers: bool = True,
     ) -> None:
         problems = []
         if max_operand < 1:
@@ -107,6 +115,11 @@ class Arithmetic:
         values = range(max_operand + 1)
         self._problems = [(a, op, b) for op, a, b in product(self.ops, values, values)]
         random.Random(_SHUFFLE_SEED).shuffle(self._problems)
+        self.balance_answers = balance_answers
+        self._by_answer: dict[int, list[tuple[int, str, int]]] = {}
+        for a, op, b in self._problems:
+            self._by_answer.setdefault(_OPS[op](a, b), []).append((a, op, b))
+        self._answers = sorted(self._by_answer)
         self._answer: int | None = None
         self._question = ""
         self._turn = 0
@@ -121,8 +134,18 @@ class Arithmetic:
         """One seed per distinct problem."""
         return list(range(len(self._problems)))
 
+    def problem(self, seed: int | None) -> tuple[int, str, int]:
+        """The ``(a, op, b)`` that ``reset(seed)`` asks (see the class docstring)."""
+        s = 0 if seed is None else int(seed)
+        n = len(self._problems)
+        if 0 <= s < n or not self.balance_answers:
+            return self._problems[s % n]
+        k = len(self._answers)
+        same = self._by_answer[self._answers[s % k]]
+        return same[(s // k) % len(same)]
+
     def reset(self, seed: int | None = None) -> tuple[str, dict[str, Any]]:
-        a, op, b = self._problems[(0 if seed is None else int(seed)) % len(self._problems)]
+        a, op, b = self.problem(seed)
         self._answer = _OPS[op](a, b)
         fmt = self.spaced_digits
         self._question = f"{format_number(a, fmt)} {op} {format_number(b, fmt)} ="
@@ -143,4 +166,5 @@ class Arithmetic:
         return f"wrong . try again .\n{self._question}", 0.0, False, False, info
 
     def __repr__(self) -> str:
-        return f"Arithmetic(max_operand={self.max_operand}, ops={self.ops}, max_turns={self.max_turns})"
+        return (f"Arithmetic(max_operand={self.max_operand}, ops={self.ops}, max_turns={self.max_turns}, "
+                f"balance_answers={self.balance_answers})")

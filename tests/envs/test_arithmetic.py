@@ -68,6 +68,26 @@ def test_validation_seeds_enumerate_every_problem_once():
     assert [env.reset(seed=s)[1]["question"] for s in range(3)] != ["0 + 0", "0 + 1", "0 + 2"]
 
 
+def test_training_seeds_balance_answers_and_validation_seeds_still_cover_every_problem():
+    import random
+    from collections import Counter
+
+    env = Arithmetic()  # single-digit sums: 9 is the answer to 10 problems, 0 and 18 to one each
+    rng = random.Random(0)
+    seeds = [rng.randrange(100, 2**31) for _ in range(19_000)]
+    answers = Counter(int(env.reset(seed=s)[1]["answer"]) for s in seeds)
+    assert sorted(answers) == list(range(19))
+    assert max(answers.values()) < 1.2 * min(answers.values()), answers
+    # Every problem still comes up, and the same seed always asks the same problem.
+    assert len({env.reset(seed=s)[1]["question"] for s in seeds}) == 100
+    assert env.reset(seed=seeds[7]) == env.reset(seed=seeds[7])
+    plain = Arithmetic(balance_answers=False)
+    skewed = Counter(int(plain.reset(seed=s)[1]["answer"]) for s in seeds)
+    assert skewed[9] > 5 * skewed[0], skewed
+    assert {env.reset(seed=s)[1]["question"] for s in env.validation_seeds()} == \
+        {plain.reset(seed=s)[1]["question"] for s in plain.validation_seeds()}
+
+
 def test_multi_digit_numbers_are_spaced_and_vocab_covers_them():
     env = Arithmetic(max_operand=20, ops=("-", "*"))
     vocab = set(env.vocab)
