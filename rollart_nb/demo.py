@@ -37,6 +37,7 @@ class DemoConfig:
         entropy_coef: entropy bonus (0: over the whole vocabulary it pushed mass onto
             unparseable tokens).
         loss_agg: "token-mean" or "seq-mean" (tried; no better here).
+        scale_by_std: divide group advantages by the group's reward std (GRPO) or not (Dr. GRPO).
         kl_coef: k3 KL to the warm-start policy: without it the FrozenLake policy drifted onto
             digits (the other task's answer tokens) within a few steps in some runs.
         task_weights: share of each task's groups in a batch.
@@ -59,6 +60,7 @@ class DemoConfig:
     lr: float = 1e-3
     entropy_coef: float = 0.0
     loss_agg: str = "token-mean"
+    scale_by_std: bool = True
     kl_coef: float = 0.1
     task_weights: dict[str, float] | None = None
     max_new_tokens: int = 4
@@ -99,7 +101,7 @@ def run_demo(cfg: DemoConfig, *, quiet: bool = False) -> dict[str, Any]:
     base = tiny_qwen(task_vocab=vocab, size=cfg.size, seed=cfg.seed)
     model = format_warm_start(base, envs, steps=cfg.warm_steps, seed=cfg.seed)
     algo = GRPO(group_size=cfg.group_size, lr=cfg.lr, entropy_coef=cfg.entropy_coef, loss_agg=cfg.loss_agg,
-                kl_coef=cfg.kl_coef, micro_batch_size=32)
+                scale_by_std=cfg.scale_by_std, kl_coef=cfg.kl_coef, micro_batch_size=32)
     sess = rn.Session.local(seed=cfg.seed)
     try:
         say(repr(sess))

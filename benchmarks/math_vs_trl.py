@@ -1,0 +1,317 @@
+"""Time to accuracy on single-digit sums: our GRPO (in-process) vs TRL's ``GRPOTrainer``.
+
+Both sides start from the same tiny model: ``tiny_qwen`` (word-level tokenizer, ~1M parameters)
+warm-started on the answer format with :func:`format_warm_start` (random content, so it knows how
+to answer but not the sums). Both train on the same prompts in the same order (``Arithmetic()``,
+balanced answers: 8 training seeds per step drawn from ``random.Random(seed)``), with the same
+reward (1.0 when :func:`parse_int` of the completion equals the sum), the same GRPO settings and
+the same wall budget, one after the other on the CPU (never concurrently):
+
+- ours: :class:`HFBackend` samples, :class:`TorchTrainBackend` trains
+  (``GRPO(group_size=8, lr=1e-3, kl_coef=0.1, scale_by_std=False, micro_batch_size=64)``),
+  weights published to the sampler after every step; no Ray, no scheduler.
+- TRL: ``GRPOTrainer`` in a subprocess run by ``--trl-python`` (TRL lives in its own venv), with
+  the options that mirror ours: ``num_generations=8``, 64 completions per optimizer step (one
+  forward/backward, no accumulation), ``learning_rate=1e-3`` (constant), ``beta=0.1`` (k3 KL to
+  the initial policy, as ours), ``scale_rewards="none"`` (mean-only baseline, as
+  ``scale_by_std=False``), ``loss_type="dapo"`` (token-level: every completion token of the batch
+  weighs the same, as our ``loss_agg="token-mean"``), temperature 1.0, 4 new tokens, float32,
+  no gradient checkpointing (TRL's default is on), ``use_cpu=True``.
+
+Measured: greedy accuracy over all 100 problems (``env.validation_seeds()``), decoded by the same
+code on both sides (an :class:`HFBackend` fed the current weights, ``temperature=0``, 4 new
+tokens), every ``--eval-every`` seconds of training. The clock is training time: it starts when
+the first step starts (TRL: ``on_train_begin``) and stops while evaluating, so evaluation costs
+neither side. Reported per side: the accuracy curve, ``t_to_0.3`` (training seconds to the first
+evaluation at >= 0.3 accuracy, or null), ``best``, ``last`` and ``steps``; and the ratio
+``trl t_to_0.3 / ours t_to_0.3`` when both got there.
+
+Run (TRL in its own venv, so that it cannot change this environment's torch/transformers)::
+
+    python -m venv --system-site-packages /tmp/trlvenv
+    /tmp/trlvenv/bin/pip install 'trl==1.16.*'
+    python benchmarks/math_vs_trl.py --trl-python /tmp/trlvenv/bin/python --seconds 300
+
+Without ``--trl-python`` the TRL side runs with this interpreter, and is reported as skipped (with
+the reason) in the RESULT line when ``import trl`` fails there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from rollart_nb.algo.grpo import GRPO  # noqa: E402
+from rollart_nb.backends.hf import HFBackend  # noqa: E402
+from rollart_nb.envs import Arithmetic  # noqa: E402
+from rollart_nb.envs.arithmetic import parse_int  # noqa: E402
+from rollart_nb.models.tiny import format_history  # noqa: E402
+from rollart_nb.protocols import GenerationRequest  # noqa: E402
+
+GROUP = 8  # completions per prompt
+PROMPTS = 8  # prompts per optimizer step (64 completions)
+MAX_NEW = 4
+LR, KL, TEMPERATURE = 1e-3, 0.1, 1.0
+
+
+# -- shared by both sides --------------------------------------------------------------------
+def reward(text: str, answer: int) -> float:
+    return 1.0 if parse_int(text) == answer else 0.0
+
+
+def problem(env: Arithmetic, seed: int) -> tuple[str, int]:
+    """The prompt text (as the model sees it) and the answer of ``env.reset(seed)``."""
+    obs, info = env.reset(seed=seed)
+    return format_history([(obs, None)]), int(info["answer"])
+
+
+def train_seeds(seed: int, n: int) -> list[int]:
+    """Training seeds in order; ``>= 100`` so the env draws balanced answers."""
+    rng = random.Random(seed)
+    return [rng.randrange(100, 2**31) for _ in range(n)]
+
+
+class GreedyEval:
+    """Greedy accuracy over every problem, with an HFBackend fed the weights under test."""
+
+    def __init__(self, model_path: str, env: Arithmetic) -> None:
+        self.gen = HFBackend(model_path, device="cpu", batch_wait_s=0.001, max_batch_size=128)
+        probs = [problem(env, s) for s in env.validation_seeds()]
+        self.prompts = [self.gen.tokenizer.encode(p) for p, _ in probs]
+        self.answers = [a for _, a in probs]
+
+    def __call__(self, state: dict | None = None, version: int = 0) -> float:
+        if state is not None:
+            self.gen.load_weights(state, version)
+
+        async def run():
+            reqs = [GenerationRequest(f"val-{i}", "math", p, max_new_tokens=MAX_NEW, temperature=0.0)
+                    for i, p in enumerate(self.prompts)]
+            return await asyncio.gather(*[self.gen.generate(r) for r in reqs])
+
+        res = asyncio.run(run())
+        return sum(reward(r.text, a) for r, a in zip(res, self.answers, strict=True)) / len(res)
+
+
+class Clock:
+    """Training seconds: wall time since start, less the time spent evaluating."""
+
+    def __init__(self, seconds: float, eval_every: float, evaluate: GreedyEval) -> None:
+        self.seconds, self.eval_every, self.evaluate = seconds, eval_every, evaluate
+        self.t0 = time.monotonic()
+        self.paused = 0.0
+        self.next_eval = 0.0
+        self.curve: list[tuple[float, int, float]] = []
+
+    def now(self) -> float:
+        return time.monotonic() - self.t0 - self.paused
+
+    def tick(self, step: int, state_fn, *, force: bool = False) -> bool:
+        """Evaluate when due (or forced); True when the budget is spent."""
+        t = self.now()
+        if force or t >= self.next_eval:
+            e0 = time.monotonic()
+            acc = self.evaluate(state_fn(), step)
+            self.paused += time.monotonic() - e0
+            self.curve.append((round(t, 2), step, acc))
+            self.next_eval = t + self.eval_every
+        return t >= self.seconds
+
+
+def summary(curve: list[tuple[float, int, float]], steps: int, target: float) -> dict:
+    hit = next((t for t, _, a in curve if a >= target), None)
+    return {f"t_to_{target:g}": hit, "best": max(a for _, _, a in curve), "last": curve[-1][2], "steps": steps,
+            "curve": curve}
+
+
+# -- ours ------------------------------------------------------------------------------------
+def run_ours(model_path: str, *, seconds: float, seed: int, eval_every: float, target: float) -> dict:
+    from rollart_nb.backends.torch_train import TorchTrainBackend
+    from rollart_nb.trajectory import Trajectory, Turn
+
+    env = Arithmetic()
+    algo = GRPO(group_size=GROUP, lr=LR, kl_coef=KL, scale_by_std=False, micro_batch_size=GROUP * PROMPTS)
+    trainer = TorchTrainBackend(model_path, algo, seed=seed, device="cpu")
+    gen = HFBackend(model_path, device="cpu", batch_wait_s=0.001, max_batch_size=GROUP * PROMPTS, seed=seed)
+    evaluate = GreedyEval(model_path, env)
+    seeds = iter(train_seeds(seed, 10**7))
+
+    async def sample(step: int, prompts: list[list[int]]):
+        reqs = [GenerationRequest(f"{step}-{i}", "math", prompts[i // GROUP], max_new_tokens=MAX_NEW,
+                                  temperature=TEMPERATURE, seed=(seed * 10**6 + step) * 64 + i)
+                for i in range(GROUP * len(prompts))]
+        return await asyncio.gather(*[gen.generate(r) for r in reqs])
+
+    clock = Clock(seconds, eval_every, evaluate)
+    step = 0
+    while not clock.tick(step, trainer.state_dict):
+        probs = [(s, *problem(env, s)) for s in (next(seeds) for _ in range(PROMPTS))]
+        prompts = [gen.tokenizer.encode(p) for _, p, _ in probs]
+        batch = []
+        for i, r in enumerate(asyncio.run(sample(step, prompts))):
+            s, text, answer = probs[i // GROUP]
+            t = Trajectory(task="math", seed=s, group_id=f"{step}-{i // GROUP}", info={"answer": str(answer)})
+            t.turns.append(Turn(text, r.text, prompts[i // GROUP], r.token_ids, r.logprobs,
+                                [1] * len(r.token_ids), r.version))
+            t.reward = reward(r.text, answer)
+            batch.append(t)
+        trainer.train_step(batch)
+        gen.load_weights(trainer.state_dict(), trainer.version)
+        step += 1
+    if clock.curve[-1][1] != step:
+        clock.tick(step, trainer.state_dict, force=True)
+    return summary(clock.curve, step, target)
+
+
+# -- TRL (runs in the --trl-python interpreter) ------------------------------------------------
+def run_trl(model_path: str, *, seconds: float, seed: int, eval_every: float, target: float) -> dict:
+    import trl
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    env = Arithmetic()
+    evaluate = GreedyEval(model_path, env)
+    # One epoch is more prompts than any budget gets through; the callback stops on time.
+    n_steps = max(1000, int(seconds * 20))
+    rows = [problem(env, s) for s in train_seeds(seed, n_steps * PROMPTS)]
+    data = Dataset.from_dict({"prompt": [p for p, _ in rows], "answer": [a for _, a in rows]})
+
+    def math_reward(prompts, completions, answer, **_):
+        return [reward(c, a) for c, a in zip(completions, answer, strict=True)]
+
+    out = tempfile.mkdtemp(prefix="math_vs_trl-")
+    cfg = GRPOConfig(
+        output_dir=out, seed=seed, data_seed=seed, use_cpu=True, bf16=False, fp16=False,
+        gradient_checkpointing=False, report_to="none", save_strategy="no", logging_steps=10**9,
+        disable_tqdm=True, dataloader_num_workers=0,
+        learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0,
+        per_device_train_batch_size=GROUP * PROMPTS, gradient_accumulation_steps=1, steps_per_generation=1,
+        num_generations=GROUP, num_iterations=1, max_steps=n_steps, shuffle_dataset=False,
+        max_completion_length=MAX_NEW, temperature=TEMPERATURE, top_p=1.0, top_k=0,
+        beta=KL, epsilon=0.2, scale_rewards="none", loss_type="dapo",
+    )
+    tok = PreTrainedTokenizerFast.from_pretrained(model_path)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype="float32")
+
+    def weights_of(model):
+        return lambda: {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+
+    class Timer(TrainerCallback):
+        """Starts the clock once TRL's setup is done, evaluates the start weights, then every
+        ``eval_every`` training seconds; stops training when the budget is spent."""
+
+        clock: Clock
+
+        def on_train_begin(self, args, state, control, model=None, **kw):
+            self.clock = Clock(seconds, eval_every, evaluate)
+            self.clock.tick(0, weights_of(model))
+
+        def on_step_end(self, args, state, control, model=None, **kw):
+            if self.clock.tick(state.global_step, weights_of(model)):
+                control.should_training_stop = True
+
+    timer = Timer()
+    trainer = GRPOTrainer(model=model, reward_funcs=math_reward, args=cfg, train_dataset=data,
+                          processing_class=tok, callbacks=[timer])
+    trainer.train()
+    clock = timer.clock
+    steps = trainer.state.global_step
+    if clock.curve[-1][1] != steps:
+        clock.tick(steps, weights_of(trainer.model), force=True)
+    return {**summary(clock.curve, steps, target), "trl": trl.__version__}
+
+
+def trl_side(python: str, model_path: str, a: argparse.Namespace) -> dict:
+    probe = subprocess.run([python, "-c", "import trl, sys; print(trl.__version__)"], capture_output=True,
+                           text=True)
+    if probe.returncode != 0:
+        reason = (probe.stderr.strip().splitlines() or ["import trl failed"])[-1]
+        return {"skipped": f"{python}: {reason}"}
+    cmd = [python, str(Path(__file__).resolve()), "--child", "trl", "--model-path", model_path,
+           "--seconds", str(a.seconds), "--seed", str(a.seed), "--eval-every", str(a.eval_every),
+           "--target", str(a.target), "--threads", str(a.threads)]
+    env = {**os.environ, "OMP_NUM_THREADS": str(a.threads), "TOKENIZERS_PARALLELISM": "false"}
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=a.seconds * 3 + 600)
+    except subprocess.TimeoutExpired:
+        return {"error": f"the TRL side ran past {a.seconds * 3 + 600:g} s and was stopped"}
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("CHILD ")]
+    if p.returncode != 0 or not lines:
+        tail = "\n".join((p.stderr or p.stdout).strip().splitlines()[-20:])
+        print(f"TRL side failed (rc {p.returncode}):\n{tail}", file=sys.stderr)
+        return {"error": f"rc {p.returncode}: {tail.splitlines()[-1] if tail else ''}"}
+    return json.loads(lines[-1][len("CHILD "):])
+
+
+def print_curve(name: str, res: dict) -> None:
+    if "curve" not in res:
+        print(f"{name}: {res}")
+        return
+    print(f"{name}: {res['steps']} steps")
+    print(f"{'t s':>8} {'step':>6} {'acc':>6}")
+    for t, step, acc in res["curve"]:
+        print(f"{t:>8.1f} {step:>6} {acc:>6.2f}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seconds", type=float, default=300, help="training seconds per side")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--eval-every", type=float, default=10, help="training seconds between evaluations")
+    ap.add_argument("--target", type=float, default=0.3, help="accuracy for the time-to-accuracy figure")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (each side)")
+    ap.add_argument("--trl-python", default=sys.executable, help="interpreter that has trl installed")
+    ap.add_argument("--sides", default="ours,trl")
+    ap.add_argument("--child", choices=["trl"], help=argparse.SUPPRESS)
+    ap.add_argument("--model-path", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+
+    import torch
+
+    torch.set_num_threads(a.threads)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    kw = dict(seconds=a.seconds, seed=a.seed, eval_every=a.eval_every, target=a.target)
+    if a.child == "trl":
+        print("CHILD " + json.dumps(run_trl(a.model_path, **kw)), flush=True)
+        return
+
+    from rollart_nb.models import tiny_qwen
+    from rollart_nb.models.warmstart import format_warm_start
+
+    env = Arithmetic()
+    base = tiny_qwen(task_vocab=env.vocab, seed=a.seed)
+    model = format_warm_start(base, {"math": env}, steps=60, seed=a.seed)
+    sides = a.sides.split(",")
+    print(f"model {model.path} ({model.params} params); {a.seconds:g} s per side, seed {a.seed}, "
+          f"{PROMPTS}x{GROUP} completions per step, greedy eval on {len(env.validation_seeds())} problems "
+          f"every {a.eval_every:g} s", flush=True)
+    res: dict = {"seconds": a.seconds, "seed": a.seed, "target": a.target}
+    if "ours" in sides:
+        res["ours"] = run_ours(model.path, **kw)
+        print_curve("ours", res["ours"])
+    if "trl" in sides:
+        res["trl"] = trl_side(a.trl_python, model.path, a)
+        print_curve("trl", res["trl"])
+    key = f"t_to_{a.target:g}"
+    ours_t, trl_t = (res.get(s, {}).get(key) for s in ("ours", "trl"))
+    res["trl_over_ours"] = round(trl_t / ours_t, 3) if ours_t and trl_t is not None else None
+    for s in ("ours", "trl"):
+        res.get(s, {}).pop("curve", None)
+    print("RESULT " + json.dumps(res))
+
+
+if __name__ == "__main__":
+    main()
