@@ -17,13 +17,19 @@ def _demo(args: argparse.Namespace) -> int:
     # Flags left out keep DemoConfig's defaults (one place defines them).
     given = {f: getattr(args, f) for f in _DEMO_FLAGS if getattr(args, f) is not None}
     given["entropy_coef"] = given.pop("entropy", DemoConfig.entropy_coef)
+    if "kl" in given:
+        given["kl_coef"] = given.pop("kl")
+    if "tasks" in given:
+        given["tasks"] = tuple(t.strip() for t in given["tasks"].split(",") if t.strip())
+    if args.no_std:
+        given["scale_by_std"] = False
     result = run_demo(DemoConfig(**given), quiet=args.quiet)
     print("RESULT " + json.dumps(result), flush=True)
     return 0
 
 
 _DEMO_FLAGS = ("steps", "minutes", "mode", "alpha", "generator", "batch_size", "group_size", "envs_per_task",
-               "lr", "entropy", "seed", "out")
+               "lr", "entropy", "kl", "tasks", "seed", "out")
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -49,6 +55,10 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--envs-per-task", type=int)
     d.add_argument("--lr", type=float)
     d.add_argument("--entropy", type=float, help="entropy bonus coefficient")
+    d.add_argument("--kl", type=float, help="k3 KL coefficient to the warm start")
+    d.add_argument("--no-std", action="store_true",
+                   help="mean-only group baseline (Dr. GRPO): do not divide advantages by the group's std")
+    d.add_argument("--tasks", help="comma-separated subset of frozenlake,math (default: both)")
     d.add_argument("--seed", type=int)
     d.add_argument("--out", help="directory for report.html and steps.jsonl (default rollart_demo)")
     d.add_argument("--quiet", action="store_true")

@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DemoConfig", "run_demo"]
+__all__ = ["TASKS", "DemoConfig", "run_demo"]
+
+TASKS = ("frozenlake", "math")
 
 
 @dataclass
@@ -47,6 +49,8 @@ class DemoConfig:
         out: directory for the HTML report and the JSON of every step.
         size: tiny model size ("s" or "m").
         warm_steps: steps of the format-only warm start.
+        tasks: which of the demo's tasks to train, among ``TASKS`` (``("math",)``: Arithmetic
+            alone gets every group of a step).
     """
 
     steps: int = 200
@@ -69,6 +73,7 @@ class DemoConfig:
     out: str = "rollart_demo"
     size: str = "s"
     warm_steps: int = 60
+    tasks: tuple[str, ...] = ("frozenlake", "math")
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -95,7 +100,12 @@ def run_demo(cfg: DemoConfig, *, quiet: bool = False) -> dict[str, Any]:
 
     t_start = time.monotonic()
     say = (lambda *a: None) if quiet else print
-    envs = {"frozenlake": FrozenLake(), "math": Arithmetic()}
+    unknown = [t for t in cfg.tasks if t not in TASKS]
+    if unknown or not cfg.tasks:
+        from rollart_nb.errors import ConfigError
+
+        raise ConfigError(f"demo tasks must be a non-empty subset of {TASKS}, got {tuple(cfg.tasks)!r}")
+    envs = {k: v for k, v in {"frozenlake": FrozenLake(), "math": Arithmetic()}.items() if k in cfg.tasks}
     vocab = sorted({w for e in envs.values() for w in e.vocab})
     say(f"building tiny-qwen-{cfg.size} and a format-only warm start ...")
     base = tiny_qwen(task_vocab=vocab, size=cfg.size, seed=cfg.seed)
@@ -111,7 +121,8 @@ def run_demo(cfg: DemoConfig, *, quiet: bool = False) -> dict[str, Any]:
         for b in sess.bindings():
             say(f"  {b.worker:<22} -> {b.pool:<6} ({b.hardware}{', fell back: ' + b.reason if b.fell_back else ''})")
         tasks = sess.tasks(envs, envs_per_task=cfg.envs_per_task, weights=cfg.task_weights)
-        sess.reward("math", exact_answer)
+        if "math" in envs:
+            sess.reward("math", exact_answer)
         pipe = sess.pipeline(train, gen, tasks, algo=algo, batch_size=cfg.batch_size, alpha=cfg.alpha,
                              mode=cfg.mode, rollout=RolloutConfig(max_new_tokens=cfg.max_new_tokens, temperature=1.0),
                              validate_every=cfg.validate_every)

@@ -1,0 +1,37 @@
+"""``rollart-nb demo``, the README's first command, end to end (short: a few steps, one task).
+
+Run in a subprocess, as a user runs it: it starts and stops its own ``Session.local()``.
+"""
+
+import json
+import subprocess
+import sys
+
+CLI = "from rollart_nb.cli import main; raise SystemExit(main())"
+
+
+def demo(*args, timeout=600):
+    return subprocess.run([sys.executable, "-c", CLI, "demo", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_demo_runs_steps_writes_its_report_and_ends_with_result(tmp_path):
+    p = demo("--steps", "3", "--tasks", "math", "--no-std", "--kl", "0.1", "--out", str(tmp_path))
+    assert p.returncode == 0, p.stderr[-3000:]
+    lines = p.stdout.strip().splitlines()
+    assert lines[-1].startswith("RESULT ")
+    result = json.loads(lines[-1][len("RESULT "):])
+    assert set(result) == {"first", "last", "wall_s"} and result["wall_s"] > 0
+    assert set(result["first"]) == set(result["last"]) == {"math"}
+    assert 0.0 <= result["first"]["math"] <= 1.0
+    steps = [json.loads(ln) for ln in (tmp_path / "steps.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in steps] == [0, 1, 2]
+    assert (tmp_path / "report.html").read_text().count("plotly") > 0
+    # The per-step table: a header and one row per step.
+    assert sum(1 for ln in lines if ln.split()[:1] in (["0"], ["1"], ["2"])) >= 3, p.stdout
+
+
+def test_demo_rejects_an_unknown_task_with_the_choices():
+    p = demo("--steps", "1", "--tasks", "frozenlake,chess", timeout=300)
+    assert p.returncode != 0
+    assert "chess" in p.stderr and "frozenlake" in p.stderr and "math" in p.stderr
