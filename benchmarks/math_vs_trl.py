@@ -47,6 +47,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from itertools import islice
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -75,10 +77,11 @@ def problem(env: Arithmetic, seed: int) -> tuple[str, int]:
     return format_history([(obs, None)]), int(info["answer"])
 
 
-def train_seeds(seed: int, n: int) -> list[int]:
-    """Training seeds in order; ``>= 100`` so the env draws balanced answers."""
+def train_seeds(seed: int) -> Iterator[int]:
+    """Training seeds in order, without end; ``>= 100`` so the env draws balanced answers."""
     rng = random.Random(seed)
-    return [rng.randrange(100, 2**31) for _ in range(n)]
+    while True:
+        yield rng.randrange(100, 2**31)
 
 
 class GreedyEval:
@@ -144,7 +147,7 @@ def run_ours(model_path: str, *, seconds: float, seed: int, eval_every: float, t
     trainer = TorchTrainBackend(model_path, algo, seed=seed, device="cpu")
     gen = HFBackend(model_path, device="cpu", batch_wait_s=0.001, max_batch_size=GROUP * PROMPTS, seed=seed)
     evaluate = GreedyEval(model_path, env)
-    seeds = iter(train_seeds(seed, 10**7))
+    seeds = train_seeds(seed)
 
     async def sample(step: int, prompts: list[list[int]]):
         reqs = [GenerationRequest(f"{step}-{i}", "math", prompts[i // GROUP], max_new_tokens=MAX_NEW,
@@ -184,7 +187,7 @@ def run_trl(model_path: str, *, seconds: float, seed: int, eval_every: float, ta
     evaluate = GreedyEval(model_path, env)
     # One epoch is more prompts than any budget gets through; the callback stops on time.
     n_steps = max(1000, int(seconds * 20))
-    rows = [problem(env, s) for s in train_seeds(seed, n_steps * PROMPTS)]
+    rows = [problem(env, s) for s in islice(train_seeds(seed), n_steps * PROMPTS)]
     data = Dataset.from_dict({"prompt": [p for p, _ in rows], "answer": [a for _, a in rows]})
 
     def math_reward(prompts, completions, answer, **_):

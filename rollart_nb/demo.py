@@ -73,8 +73,15 @@ class DemoConfig:
     out: str = "rollart_demo"
     size: str = "s"
     warm_steps: int = 60
-    tasks: tuple[str, ...] = ("frozenlake", "math")
+    tasks: tuple[str, ...] = TASKS
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.tasks = tuple(self.tasks)
+        if not self.tasks or set(self.tasks) - set(TASKS):
+            from rollart_nb.errors import ConfigError
+
+            raise ConfigError(f"demo tasks must be a non-empty subset of {TASKS}, got {self.tasks!r}")
 
 
 def _print_row(rep: Any, t0: float) -> None:
@@ -100,12 +107,8 @@ def run_demo(cfg: DemoConfig, *, quiet: bool = False) -> dict[str, Any]:
 
     t_start = time.monotonic()
     say = (lambda *a: None) if quiet else print
-    unknown = [t for t in cfg.tasks if t not in TASKS]
-    if unknown or not cfg.tasks:
-        from rollart_nb.errors import ConfigError
-
-        raise ConfigError(f"demo tasks must be a non-empty subset of {TASKS}, got {tuple(cfg.tasks)!r}")
-    envs = {k: v for k, v in {"frozenlake": FrozenLake(), "math": Arithmetic()}.items() if k in cfg.tasks}
+    make = {"frozenlake": FrozenLake, "math": Arithmetic}  # one per name in TASKS
+    envs = {t: make[t]() for t in TASKS if t in cfg.tasks}
     vocab = sorted({w for e in envs.values() for w in e.vocab})
     say(f"building tiny-qwen-{cfg.size} and a format-only warm start ...")
     base = tiny_qwen(task_vocab=vocab, size=cfg.size, seed=cfg.seed)
