@@ -21,6 +21,8 @@ def _demo(args: argparse.Namespace) -> int:
         given["kl_coef"] = given.pop("kl")
     if "tasks" in given:
         given["tasks"] = tuple(t.strip() for t in given["tasks"].split(",") if t.strip())
+    if "weights" in given:
+        given["task_weights"] = _parse_weights(given.pop("weights"))
     if args.no_std:
         given["scale_by_std"] = False
     result = run_demo(DemoConfig(**given), quiet=args.quiet)
@@ -29,7 +31,23 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 _DEMO_FLAGS = ("steps", "minutes", "mode", "alpha", "generator", "batch_size", "group_size", "envs_per_task",
-               "lr", "entropy", "kl", "tasks", "seed", "out")
+               "lr", "entropy", "kl", "tasks", "weights", "validate_every", "seed", "out")
+
+
+def _parse_weights(text: str) -> dict[str, float]:
+    """``"frozenlake=1,math=3"`` -> ``{"frozenlake": 1.0, "math": 3.0}``."""
+    from rollart_nb.errors import ConfigError
+
+    out = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, eq, value = part.partition("=")
+        try:
+            out[name.strip()] = float(value) if eq else float("nan")
+        except ValueError:
+            out[name.strip()] = float("nan")
+        if out[name.strip()] != out[name.strip()]:
+            raise ConfigError(f"--weights: {part!r} is not task=number (e.g. frozenlake=1,math=3)")
+    return out
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -57,8 +75,10 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--entropy", type=float, help="entropy bonus coefficient")
     d.add_argument("--kl", type=float, help="k3 KL coefficient to the warm start")
     d.add_argument("--no-std", action="store_true",
-                   help="mean-only group baseline (Dr. GRPO): do not divide advantages by the group's std")
+                   help="mean-only group baseline (Dr. GRPO) for every task (default: math only)")
     d.add_argument("--tasks", help="comma-separated subset of frozenlake,math (default: both)")
+    d.add_argument("--weights", help="share of each batch per task, e.g. frozenlake=1,math=3")
+    d.add_argument("--validate-every", type=int, help="steps between validations")
     d.add_argument("--seed", type=int)
     d.add_argument("--out", help="directory for report.html and steps.jsonl (default rollart_demo)")
     d.add_argument("--quiet", action="store_true")

@@ -39,7 +39,9 @@ class DemoConfig:
         entropy_coef: entropy bonus (0: over the whole vocabulary it pushed mass onto
             unparseable tokens).
         loss_agg: "token-mean" or "seq-mean" (tried; no better here).
-        scale_by_std: divide group advantages by the group's reward std (GRPO) or not (Dr. GRPO).
+        scale_by_std: divide group advantages by the group's reward std (GRPO) or not (Dr. GRPO);
+            per task by default: FrozenLake scales, math does not (with it, math collapsed onto
+            one answer; without it, FrozenLake learned more slowly).
         kl_coef: k3 KL to the warm-start policy: without it the FrozenLake policy drifted onto
             digits (the other task's answer tokens) within a few steps in some runs.
         task_weights: share of each task's groups in a batch.
@@ -64,7 +66,7 @@ class DemoConfig:
     lr: float = 1e-3
     entropy_coef: float = 0.0
     loss_agg: str = "token-mean"
-    scale_by_std: bool = True
+    scale_by_std: bool | dict[str, bool] = field(default_factory=lambda: {"math": False})
     kl_coef: float = 0.1
     task_weights: dict[str, float] | None = None
     max_new_tokens: int = 4

@@ -7,7 +7,7 @@ that trainers (torch, sim, megatron) share one definition.
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -48,8 +48,9 @@ class GRPO:
     "seq-mean": every trajectory weighs the same (mean over its tokens, then over trajectories)."""
     adv_eps: float = 1e-6
     """Added to the group reward std before dividing."""
-    scale_by_std: bool = True
-    """Divide advantages by the group's reward std (False gives Dr. GRPO's mean-only baseline)."""
+    scale_by_std: bool | Mapping[str, bool] = True
+    """Divide advantages by the group's reward std (False gives Dr. GRPO's mean-only baseline).
+    A mapping sets it per task, e.g. ``{"math": False}``; tasks it leaves out scale."""
     micro_batch_size: int = 8
     """Sequences per forward/backward; gradients accumulate over micro-batches to one step."""
     skip_zero_advantage: bool = True
@@ -76,13 +77,26 @@ class GRPO:
             problems.append(f"loss_agg must be one of {LOSS_AGGS}, got {self.loss_agg!r}")
         if not self.adv_eps > 0:
             problems.append(f"adv_eps must be > 0, got {self.adv_eps!r}")
+        if not isinstance(self.scale_by_std, bool) and not (
+            isinstance(self.scale_by_std, Mapping) and all(isinstance(v, bool) for v in self.scale_by_std.values())
+        ):
+            problems.append(f"scale_by_std must be a bool or a task -> bool mapping, got {self.scale_by_std!r}")
         if not (isinstance(self.micro_batch_size, int) and self.micro_batch_size >= 1):
             problems.append(f"micro_batch_size must be an int >= 1, got {self.micro_batch_size!r}")
         if problems:
             raise ConfigError(problems, where="GRPO config")
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        if isinstance(self.scale_by_std, Mapping):
+            d["scale_by_std"] = dict(self.scale_by_std)
+        return d
+
+    def std_scaling(self, tasks: Sequence[str]) -> list[bool]:
+        """Per trajectory (given its task): whether its group's advantages divide by the std."""
+        if isinstance(self.scale_by_std, bool):
+            return [self.scale_by_std] * len(tasks)
+        return [self.scale_by_std.get(t, True) for t in tasks]
 
 
 def step_metrics(sums: dict[str, float], *, grad_norm: float, rewards: Any, adv: Any, num_trajectories: int,
@@ -109,7 +123,7 @@ def group_advantages(
     group_ids: Sequence[Hashable],
     *,
     eps: float = 1e-6,
-    scale_by_std: bool = True,
+    scale_by_std: bool | Sequence[bool] = True,
 ) -> Any:
     """Per-trajectory advantage ``(r - mean_g) / (std_g + eps)`` within each group.
 
@@ -119,6 +133,8 @@ def group_advantages(
     Args:
         rewards: shape [N].
         group_ids: length N; equal ids form a group.
+        scale_by_std: divide by ``std_g`` (False: ``r - mean_g`` only); a sequence of N flags
+            sets it per trajectory, and a group follows its first member's flag.
 
     Returns:
         float32 tensor, shape [N]; zero-mean within every group.
@@ -132,6 +148,12 @@ def group_advantages(
         raise ConfigError("rewards must be finite; score every trajectory before computing advantages")
     index: dict[Hashable, int] = {}
     gid = torch.tensor([index.setdefault(g, len(index)) for g in group_ids], dtype=torch.long)
+    scales = [scale_by_std] * r.numel() if isinstance(scale_by_std, bool) else list(scale_by_std)
+    if len(scales) != r.numel():
+        raise ConfigError(f"{r.numel()} rewards but {len(scales)} scale_by_std flags")
+    first = {}
+    for i, g in enumerate(gid.tolist()):
+        first.setdefault(g, bool(scales[i]))
     adv = torch.zeros_like(r)
     for g in range(len(index)):
         members = gid == g
@@ -139,7 +161,7 @@ def group_advantages(
             continue
         rg = r[members]
         centred = rg - rg.mean()
-        adv[members] = centred / (rg.std(unbiased=False) + eps) if scale_by_std else centred
+        adv[members] = centred / (rg.std(unbiased=False) + eps) if first[g] else centred
     return adv
 
 

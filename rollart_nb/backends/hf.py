@@ -10,10 +10,18 @@ recomputes (:meth:`TorchTrainBackend.logprobs`), so GRPO's importance ratio comp
 with like; when sampling at ``T != 1`` the behaviour policy is the tempered one, which the
 ratio then ignores (the usual practice in RL stacks that report untempered logprobs).
 
-KV cache: each request prefills its whole prompt; nothing is kept across requests. So after
-:meth:`load_weights`, every later request of an in-flight trajectory is computed entirely
-under the new weights ("recompute" is complete by construction) and
-:attr:`GenerationResult.recomputed_tokens` reports the prompt tokens re-prefilled for a
+KV reuse across turns: a multi-turn trajectory's next prompt extends its last one (the last
+prompt + response + new observation), so after each request the backend keeps the
+trajectory's keys and values (``kv_reuse=True``, bounded by ``kv_cache_tokens``, least
+recently used out first) and the next request prefills only the new tokens. A batch mixes
+rows with and without cached history: each row is laid out as ``[pad, cached KV, pad, new
+tokens]`` with an attention mask and explicit positions, so every row computes exactly what a
+fresh prefill of its whole prompt would (equal up to float rounding; tested). A prompt that
+does not extend the cached tokens reuses their longest common prefix.
+
+Recompute (step 5 of the protocol): :meth:`load_weights` drops every cached KV, so after an
+update each later request of an in-flight trajectory re-prefills its whole history under the
+new weights, and :attr:`GenerationResult.recomputed_tokens` reports those tokens for a
 trajectory last served under an older version.
 """
 
@@ -38,6 +46,15 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
+class _KV:
+    """A trajectory's cached keys and values: ``layers[l] = (k, v)``, each [kv_heads, len(ids), head_dim]."""
+
+    ids: list[int]
+    layers: list[tuple[Any, Any]]
+    version: int
+
+
+@dataclass
 class _Slot:
     """A request waiting for, or inside, a batch."""
 
@@ -58,10 +75,13 @@ class HFBackend:
         max_batch_size: most requests decoded together.
         batch_wait_s: how long the first request of a batch waits for others to join.
         seed: seeds requests that carry no seed of their own.
+        kv_reuse: keep each trajectory's KV between requests and prefill only new tokens.
+        kv_cache_tokens: most tokens held in that cache over all trajectories.
 
     Attributes:
         version: policy version of the weights being served.
-        stats: counters ``{"batches", "requests"}`` (batching efficiency at a glance).
+        stats: counters ``{"batches", "requests", "prefill_tokens", "reused_tokens"}``
+            (batching efficiency and KV reuse at a glance).
 
     Example:
         >>> be = HFBackend(rn.models.tiny_qwen())                    # doctest: +SKIP
@@ -78,6 +98,8 @@ class HFBackend:
         max_batch_size: int = 32,
         batch_wait_s: float = 0.005,
         seed: int = 0,
+        kv_reuse: bool = True,
+        kv_cache_tokens: int = 1 << 16,
     ) -> None:
         import torch
 
@@ -99,8 +121,12 @@ class HFBackend:
         self._running: list[_Slot] = []
         self._batcher: asyncio.Task[None] | None = None
         self._seed_rng = torch.Generator().manual_seed(seed)
-        self.stats = {"batches": 0, "requests": 0}
+        self.stats = {"batches": 0, "requests": 0, "prefill_tokens": 0, "reused_tokens": 0}
         self._served: OrderedDict[str, int] = OrderedDict()  # traj_id -> version last served
+        self.kv_reuse, self.kv_cache_tokens = bool(kv_reuse), int(kv_cache_tokens)
+        self._kv: OrderedDict[str, _KV] = OrderedDict()  # traj_id -> KV; touched under _weights_lock
+        self._kv_held = 0  # tokens in self._kv
+        self._kv_drop: set[str] = set()  # aborted trajectories, dropped by the next batch
 
     # -- GenerationBackend --------------------------------------------------------------
     async def generate(self, request: GenerationRequest) -> GenerationResult:
@@ -137,6 +163,7 @@ class HFBackend:
             if not slot.future.done():
                 slot.future.set_result(self._result(slot, "abort", 0.0, 0.0, self.version, 0))
         self._served.pop(traj_id, None)
+        self._kv_drop.add(traj_id)
 
     def load_weights(self, state: dict[str, Any], version: int) -> None:
         """Replace the weights in place, between batches; all-or-nothing.
@@ -160,6 +187,8 @@ class HFBackend:
             for k, v in own.items():
                 v.copy_(torch.as_tensor(state[k]).to(dtype=v.dtype, device=v.device))
             self.version = int(version)
+            self._kv.clear()  # cached KV came from the old weights: later requests recompute it
+            self._kv_held = 0
         log.debug("%s loaded weights version %d", self.name, version)
 
     def recompute(self, prompt_ids: list[int]) -> list[float]:
@@ -219,19 +248,30 @@ class HFBackend:
             t0 = time.perf_counter()
             b = len(slots)
             prompts = [s.request.prompt_ids for s in slots]
-            width = max(map(len, prompts))
-            ids = torch.full((b, width), self.pad_id, dtype=torch.long)
-            attn = torch.zeros((b, width), dtype=torch.long)
-            for i, p in enumerate(prompts):  # left padding: every row's next token is column -1
-                ids[i, width - len(p) :] = torch.tensor(p)
-                attn[i, width - len(p) :] = 1
-            ids, attn = ids.to(self.device), attn.to(self.device)
-            pos = (attn.cumsum(-1) - 1).clamp(min=0)
-            out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True)
+            cached = self._take_cached(slots)
+            reuse = [len(c.ids) if c is not None else 0 for c in cached]
+            p_max = max(reuse)
+            s_max = max(len(p) - r for p, r in zip(prompts, reuse, strict=True))
+            # Row i: [pad, cached KV (reuse[i]), pad, new prompt tokens]; both parts left-padded.
+            ids = torch.full((b, s_max), self.pad_id, dtype=torch.long)
+            attn = torch.zeros((b, p_max + s_max), dtype=torch.long)
+            pos = torch.zeros((b, s_max), dtype=torch.long)
+            for i, (p, r) in enumerate(zip(prompts, reuse, strict=True)):
+                n = len(p) - r
+                ids[i, s_max - n :] = torch.tensor(p[r:])
+                pos[i, s_max - n :] = torch.arange(r, len(p))
+                attn[i, p_max - r : p_max] = 1
+                attn[i, p_max + s_max - n :] = 1
+            self.stats["prefill_tokens"] += sum(len(p) for p in prompts) - sum(reuse)
+            self.stats["reused_tokens"] += sum(reuse)
+            kw = {self._cache_kw: self._batch_cache(cached, p_max)} if p_max else {}
+            ids, attn, pos = ids.to(self.device), attn.to(self.device), pos.to(self.device)
+            out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True, **kw)
             t_prefill = time.perf_counter() - t0
             gens = [self._generator(s.request) for s in slots]
             budgets = [min(s.request.max_new_tokens, self.max_len - len(s.request.prompt_ids)) for s in slots]
             reasons: list[str | None] = [None] * b
+            fed = [0] * b  # generated tokens of each row that went through the model (hold KV)
             for i, s in enumerate(slots):
                 if s.aborted:
                     reasons[i] = "abort"
@@ -241,6 +281,7 @@ class HFBackend:
                 logits = out.logits[:, -1].float()
                 logp = torch.log_softmax(logits, -1)
                 nxt = torch.full((b,), self.pad_id, dtype=torch.long)
+                live = []
                 for i, s in enumerate(slots):
                     if reasons[i] is not None:
                         continue
@@ -251,12 +292,15 @@ class HFBackend:
                     s.tokens.append(tok)
                     s.logprobs.append(float(logp[i, tok]))
                     nxt[i] = tok
+                    live.append(i)
                     if tok == self.eos_id or self._hit_stop(s):
                         reasons[i] = "stop"
                     elif len(s.tokens) >= budgets[i]:
                         reasons[i] = "length"
                 if all(r is not None for r in reasons):
                     break
+                for i in live:
+                    fed[i] += 1
                 # Finished rows keep decoding a pad (cheaper than reshaping the KV cache).
                 attn = torch.cat([attn, attn.new_ones((b, 1))], dim=1)
                 pos = pos[:, -1:] + 1
@@ -268,10 +312,83 @@ class HFBackend:
                     **{self._cache_kw: getattr(out, self._cache_kw)},
                 )
             t_decode = time.perf_counter() - t0 - t_prefill
+            self._keep_kv(slots, reuse, fed, p_max, s_max, getattr(out, self._cache_kw, None), version)
         return [
             self._result(s, reasons[i] or "length", t_prefill, t_decode, version, 0)
             for i, s in enumerate(slots)
         ]
+
+    # -- KV reuse (called with _weights_lock held) ------------------------------------------
+    def _take_cached(self, slots: list[_Slot]) -> list[_KV | None]:
+        """Per slot: its trajectory's cached KV, cut to the prefix the prompt shares (None: none)."""
+        while self._kv_drop:
+            self._forget(self._kv_drop.pop())
+        out: list[_KV | None] = []
+        for s in slots:
+            kv = self._forget(s.request.traj_id) if self.kv_reuse else None
+            prompt = s.request.prompt_ids
+            n = 0
+            if kv is not None and kv.version == self.version:
+                limit = min(len(kv.ids), len(prompt) - 1)  # at least one token left to prefill
+                while n < limit and kv.ids[n] == prompt[n]:
+                    n += 1
+            if n == 0:
+                out.append(None)
+            elif n == len(kv.ids):
+                out.append(kv)
+            else:
+                out.append(_KV(kv.ids[:n], [(k[:, :n], v[:, :n]) for k, v in kv.layers], kv.version))
+        return out
+
+    def _forget(self, traj_id: str) -> _KV | None:
+        kv = self._kv.pop(traj_id, None)
+        if kv is not None:
+            self._kv_held -= len(kv.ids)
+        return kv
+
+    def _batch_cache(self, cached: list[_KV | None], p_max: int) -> Any:
+        """A DynamicCache of the rows' cached KV, each left-padded to ``p_max`` positions."""
+        from transformers import DynamicCache
+
+        ref = next(c for c in cached if c is not None)
+        data = []
+        for layer, (k0, v0) in enumerate(ref.layers):
+            k = k0.new_zeros((len(cached), k0.shape[0], p_max, k0.shape[-1]))
+            v = v0.new_zeros((len(cached), v0.shape[0], p_max, v0.shape[-1]))
+            for i, c in enumerate(cached):
+                if c is not None:
+                    n = len(c.ids)
+                    k[i, :, p_max - n :] = c.layers[layer][0]
+                    v[i, :, p_max - n :] = c.layers[layer][1]
+            data.append((k.to(self.device), v.to(self.device)))
+        return DynamicCache(data)
+
+    def _keep_kv(self, slots: list[_Slot], reuse: list[int], fed: list[int], p_max: int, s_max: int,
+                 cache: Any, version: int) -> None:
+        """Store each finished row's KV (prompt + generated tokens fed) for its next request."""
+        import torch
+
+        if not self.kv_reuse or cache is None:
+            return
+        layers = getattr(cache, "layers", None)
+        width = p_max + s_max + max(fed)
+        if not layers or any(getattr(la, "keys", None) is None or la.keys.shape[-2] != width for la in layers):
+            self.kv_reuse = False  # a cache layout this code does not know (sliding window, ...)
+            log.warning("%s: KV reuse off: the model's cache is not one full-length tensor per layer", self.name)
+            return
+        for i, s in enumerate(slots):
+            if s.aborted:
+                continue
+            p = s.request.prompt_ids
+            n = len(p) - reuse[i]
+            idx = torch.cat([torch.arange(p_max - reuse[i], p_max),
+                             torch.arange(p_max + s_max - n, p_max + s_max + fed[i])]).to(self.device)
+            kv = _KV(list(p) + s.tokens[: fed[i]],
+                     [(la.keys[i].index_select(-2, idx), la.values[i].index_select(-2, idx)) for la in layers], version)
+            self._kv[s.request.traj_id] = kv
+            self._kv_held += len(kv.ids)
+        while self._kv_held > self.kv_cache_tokens and self._kv:
+            self._forget(next(iter(self._kv)))
 
     # -- helpers ------------------------------------------------------------------------
     def _generator(self, request: GenerationRequest) -> Any:

@@ -146,7 +146,8 @@ class TorchTrainBackend:
             )
         groups = [t.group_id or f"{t.task}/{t.seed}" for t in batch]
         rewards = torch.tensor([t.reward for t in batch], dtype=torch.float32)
-        adv = group_advantages(rewards, groups, eps=self.algo.adv_eps, scale_by_std=self.algo.scale_by_std)
+        scales = self.algo.std_scaling([t.task for t in batch])
+        adv = group_advantages(rewards, groups, eps=self.algo.adv_eps, scale_by_std=scales)
         rows = [r for i, t in enumerate(batch) for r in build_rows(t, i)]
         if not rows or not any(any(r.mask) for r in rows):
             raise ConfigError("batch has no trainable tokens (no turn has response_ids with loss_mask 1)")

@@ -48,6 +48,21 @@ def test_group_advantages_degenerate_groups():
         group_advantages([1.0, 2.0], ["g"])
 
 
+def test_std_scaling_per_task():
+    algo = GRPO(scale_by_std={"math": False})
+    tasks = ["math", "math", "lake", "lake"]
+    flags = algo.std_scaling(tasks)
+    assert flags == [False, False, True, True]  # tasks the mapping leaves out scale
+    adv = group_advantages([0.0, 4.0, 0.0, 4.0], ["m", "m", "l", "l"], scale_by_std=flags)
+    assert adv.tolist() == pytest.approx([-2.0, 2.0, -1.0, 1.0], abs=1e-5)  # math centred only, lake / std
+    assert GRPO(scale_by_std=False).std_scaling(tasks) == [False] * 4
+    assert GRPO(scale_by_std={"math": False}).to_dict()["scale_by_std"] == {"math": False}
+    with pytest.raises(ConfigError, match="scale_by_std"):
+        GRPO(scale_by_std={"math": "no"})
+    with pytest.raises(ConfigError, match="flags"):
+        group_advantages([1.0, 2.0], ["g", "g"], scale_by_std=[True])
+
+
 def test_loss_weights_token_vs_seq_mean():
     mask = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 0.0, 0.0, 0.0]])
     tok = loss_weights(mask, "token-mean")

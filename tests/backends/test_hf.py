@@ -217,3 +217,45 @@ def test_bad_prompts_raise(backend):
         asyncio.run(backend.generate(req("e", [])))
     with pytest.raises(GenerationError, match="does not fit"):
         asyncio.run(backend.generate(req("e", [5] * 5000)))
+
+
+def test_kv_reuse_across_turns_matches_fresh_prefill(ref):
+    """Turn 2 of a trajectory prefills only its new tokens, batched with a row that has no
+    history and a row whose prompt diverges from its cache; all rows equal a fresh prefill."""
+    reuse, fresh = HFBackend(ref, batch_wait_s=0.02), HFBackend(ref, batch_wait_s=0.02, kv_reuse=False)
+    first = {"a": encode(reuse, ("go left", None)), "b": encode(reuse, ("what is 2+3 ?", None))}
+
+    async def turn(be, prompts):
+        return await asyncio.gather(*[be.generate(req(t, p, max_new_tokens=5, seed=7)) for t, p in prompts.items()])
+
+    r1 = asyncio.run(turn(reuse, first))
+    assert reuse.stats["reused_tokens"] == 0 and reuse.stats["prefill_tokens"] == sum(map(len, first.values()))
+    more = reuse.tokenizer.encode(" <eos> <|user|> you fell into a hole <|assistant|>")
+    second = {
+        "a": first["a"] + r1[0].token_ids + more,  # extends its cache: only the new tokens prefill
+        "b": first["b"][:3] + more,  # shares 3 tokens with its cache
+        "c": encode(reuse, ("go up", None)),  # no history
+    }
+    r2 = asyncio.run(turn(reuse, second))
+    assert reuse.stats["batches"] == 2
+    held = len(first["a"]) + len(r1[0].token_ids) - 1  # the last sampled token was never fed
+    assert reuse.stats["reused_tokens"] == min(held, len(second["a"]) - 1) + 3
+    want = asyncio.run(turn(fresh, second))
+    trainer = TorchTrainBackend(ref, GRPO())
+    for (t, p), got, exp in zip(second.items(), r2, want, strict=True):
+        assert got.token_ids == exp.token_ids, t  # same seed, same weights: same sample
+        assert got.logprobs == pytest.approx(exp.logprobs, abs=1e-5), t
+        assert got.logprobs == pytest.approx(trainer.logprobs(p, got.token_ids), abs=1e-4), t
+    # A weight update drops every cached KV: the next turn recomputes its whole history.
+    before = reuse.stats["reused_tokens"]
+    reuse.load_weights(reuse.model.state_dict(), 1)
+    third = {"a": second["a"] + r2[0].token_ids + more}
+    (r3,) = asyncio.run(turn(reuse, third))
+    assert reuse.stats["reused_tokens"] == before and r3.recomputed_tokens == len(third["a"])
+    # An aborted trajectory's KV is dropped too; the cache stays within its token budget.
+    asyncio.run(reuse.abort("a"))
+    asyncio.run(turn(reuse, {"d": first["a"]}))
+    assert "a" not in reuse._kv and reuse._kv_held == sum(len(kv.ids) for kv in reuse._kv.values())
+    small = HFBackend(ref, kv_cache_tokens=len(first["a"]) + 10)
+    asyncio.run(turn(small, first))
+    assert small._kv_held <= small.kv_cache_tokens and list(small._kv) == ["b"]  # least recent out
