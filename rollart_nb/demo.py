@@ -51,6 +51,7 @@ class DemoConfig:
         out: directory for the HTML report and the JSON of every step.
         size: tiny model size ("s" or "m").
         warm_steps: steps of the format-only warm start.
+        extra: further :class:`~rollart_nb.algo.GRPO` settings, e.g. ``{"clip_eps_high": 0.28}``.
         tasks: which of the demo's tasks to train, among ``TASKS`` (``("math",)``: Arithmetic
             alone gets every group of a step).
     """
@@ -116,7 +117,7 @@ def run_demo(cfg: DemoConfig, *, quiet: bool = False) -> dict[str, Any]:
     base = tiny_qwen(task_vocab=vocab, size=cfg.size, seed=cfg.seed)
     model = format_warm_start(base, envs, steps=cfg.warm_steps, seed=cfg.seed)
     algo = GRPO(group_size=cfg.group_size, lr=cfg.lr, entropy_coef=cfg.entropy_coef, loss_agg=cfg.loss_agg,
-                scale_by_std=cfg.scale_by_std, kl_coef=cfg.kl_coef, micro_batch_size=32)
+                scale_by_std=cfg.scale_by_std, kl_coef=cfg.kl_coef, micro_batch_size=32, **cfg.extra)
     sess = rn.Session.local(seed=cfg.seed)
     try:
         say(repr(sess))

@@ -35,3 +35,15 @@ def test_demo_rejects_an_unknown_task_with_the_choices():
     p = demo("--steps", "1", "--tasks", "frozenlake,chess", timeout=300)
     assert p.returncode != 0
     assert "chess" in p.stderr and "frozenlake" in p.stderr and "math" in p.stderr
+
+
+def test_weights_flag_parses_task_shares_and_rejects_junk():
+    import pytest
+
+    from rollart_nb.cli import _parse_weights
+    from rollart_nb.errors import ConfigError
+
+    assert _parse_weights("frozenlake=1, math=3") == {"frozenlake": 1.0, "math": 3.0}
+    for bad in ("math", "math=lots"):
+        with pytest.raises(ConfigError, match="task=number"):
+            _parse_weights(bad)

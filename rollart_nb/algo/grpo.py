@@ -56,8 +56,11 @@ class GRPO:
     skip_zero_advantage: bool = True
     """Leave trajectories with advantage 0 (their whole group scored the same) out of the loss, so
     ``loss_agg`` averages over the trajectories that carry signal and their compute is saved; a batch
-    with none makes no optimizer step. Only when ``entropy_coef == kl_coef == 0`` (those terms
-    need every row)."""
+    with none makes no optimizer step. With a KL or entropy term, see ``regularize_all_rows``."""
+    regularize_all_rows: bool = True
+    """With ``kl_coef`` or ``entropy_coef`` > 0, still train the zero-advantage rows (those terms
+    act on them). False skips them anyway: KL and entropy are then estimated on the rows that
+    carry signal, and the trainer's compute drops with the share of flat groups."""
 
     def __post_init__(self) -> None:
         problems = []

@@ -152,7 +152,8 @@ class TorchTrainBackend:
         if not rows or not any(any(r.mask) for r in rows):
             raise ConfigError("batch has no trainable tokens (no turn has response_ids with loss_mask 1)")
         num_rows = len(rows)
-        if self.algo.skip_zero_advantage and not (self.algo.entropy_coef or self.algo.kl_coef):
+        regularized = (self.algo.entropy_coef or self.algo.kl_coef) and self.algo.regularize_all_rows
+        if self.algo.skip_zero_advantage and not regularized:
             # A row whose advantage is 0 adds nothing to the policy gradient; skip its forward/backward.
             rows = [r for r in rows if float(adv[r.traj]) != 0.0]
         sums: dict[str, float] = {"loss": 0.0, "pg_loss": 0.0, "clip_frac": 0.0, "ratio_mean": 1.0,

@@ -131,6 +131,11 @@ def test_flat_groups_are_left_out_and_an_all_flat_batch_makes_no_step(ref, tok):
     assert mixed["grad_norm"] == pytest.approx(alone["grad_norm"], rel=1e-5)
     kept = TorchTrainBackend(ref, GRPO(group_size=2, skip_zero_advantage=False), seed=0).train_step(spread + flat)
     assert kept["trained_rows"] == 4 and kept["num_tokens"] == 2 * mixed["num_tokens"]
+    # A KL term acts on flat rows too, so they are trained, unless regularize_all_rows is off.
+    kl = TorchTrainBackend(ref, GRPO(group_size=2, kl_coef=0.1), seed=0).train_step(spread + flat)
+    kl_signal = TorchTrainBackend(ref, GRPO(group_size=2, kl_coef=0.1, regularize_all_rows=False),
+                                  seed=0).train_step(spread + flat)
+    assert kl["trained_rows"] == 4 and kl_signal["trained_rows"] == 2
 
     trainer = TorchTrainBackend(ref, GRPO(group_size=2), seed=0)
     trainer.train_step(spread)  # Adam now has momentum
