@@ -143,7 +143,7 @@ class LLMJudge:
                 return
             from rollart_nb.backends.hf import HFBackend
 
-            self._engine = HFBackend(self.model, device=self.device, name="judge")
+            self._engine = HFBackend(self.model, device=self.device, name="judge", kv_reuse=False)  # one turn per request
             # HFBackend batches concurrent generate() calls on one event loop; a private loop
             # thread lets sync __call__s from many threads share it (and batch together).
             loop = asyncio.new_event_loop()
