@@ -116,8 +116,10 @@ def run_demo(cfg: DemoConfig, *, quiet: bool = False) -> dict[str, Any]:
     say(f"building tiny-qwen-{cfg.size} and a format-only warm start ...")
     base = tiny_qwen(task_vocab=vocab, size=cfg.size, seed=cfg.seed)
     model = format_warm_start(base, envs, steps=cfg.warm_steps, seed=cfg.seed)
+    # Micro-batches by padded tokens: math rows go many at a time, long FrozenLake rows few.
     algo = GRPO(group_size=cfg.group_size, lr=cfg.lr, entropy_coef=cfg.entropy_coef, loss_agg=cfg.loss_agg,
-                scale_by_std=cfg.scale_by_std, kl_coef=cfg.kl_coef, micro_batch_size=32, **cfg.extra)
+                scale_by_std=cfg.scale_by_std, kl_coef=cfg.kl_coef, micro_batch_size=64, micro_batch_tokens=1024,
+                **cfg.extra)
     sess = rn.Session.local(seed=cfg.seed)
     try:
         say(repr(sess))

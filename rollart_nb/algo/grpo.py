@@ -53,6 +53,10 @@ class GRPO:
     A mapping sets it per task, e.g. ``{"math": False}``; tasks it leaves out scale."""
     micro_batch_size: int = 8
     """Sequences per forward/backward; gradients accumulate over micro-batches to one step."""
+    micro_batch_tokens: int = 0
+    """If > 0, a micro-batch also holds at most this many padded tokens (rows x longest row):
+    short rows go many to a micro-batch, long ones few, so mixing a short task with a long
+    multi-turn one wastes little compute on padding. 0: ``micro_batch_size`` alone decides."""
     skip_zero_advantage: bool = True
     """Leave trajectories with advantage 0 (their whole group scored the same) out of the loss, so
     ``loss_agg`` averages over the trajectories that carry signal and their compute is saved; a batch
@@ -84,6 +88,8 @@ class GRPO:
             isinstance(self.scale_by_std, Mapping) and all(isinstance(v, bool) for v in self.scale_by_std.values())
         ):
             problems.append(f"scale_by_std must be a bool or a task -> bool mapping, got {self.scale_by_std!r}")
+        if not (isinstance(self.micro_batch_tokens, int) and self.micro_batch_tokens >= 0):
+            problems.append(f"micro_batch_tokens must be an int >= 0, got {self.micro_batch_tokens!r}")
         if not (isinstance(self.micro_batch_size, int) and self.micro_batch_size >= 1):
             problems.append(f"micro_batch_size must be an int >= 1, got {self.micro_batch_size!r}")
         if problems:

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from rollart_nb.algo.grpo import GRPO, group_advantages, grpo_loss, loss_weights, step_metrics
-from rollart_nb.backends.torch_train import build_rows
+from rollart_nb.backends.torch_train import build_rows, micro_batches
 from rollart_nb.errors import ConfigError, StateError
 from rollart_nb.models.tiny import ModelRef, from_pretrained
 from rollart_nb.trajectory import Trajectory
@@ -224,6 +224,7 @@ class MegatronTrainBackend:
         rows = [r for i, t in enumerate(batch) for r in build_rows(t, i)]
         if not rows or not any(any(r.mask) for r in rows):
             raise ConfigError("batch has no trainable tokens (no turn has response_ids with loss_mask 1)")
+        rows = sorted(rows, key=lambda r: len(r.ids))  # similar lengths share a micro-batch
         width = max(len(r.ids) for r in rows)
         mask = torch.tensor([r.mask + [0.0] * (width - len(r.ids)) for r in rows])[:, 1:]
         weights = loss_weights(mask, self.algo.loss_agg, [r.traj for r in rows])
@@ -232,9 +233,9 @@ class MegatronTrainBackend:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         sums: dict[str, float] = {}
-        mbs = self.algo.micro_batch_size
-        for lo in range(0, len(rows), mbs):
-            part, sl = rows[lo : lo + mbs], slice(lo, lo + mbs)
+        for lo, hi in micro_batches([len(r.ids) for r in rows], self.algo.micro_batch_size,
+                                    self.algo.micro_batch_tokens):
+            part, sl = rows[lo:hi], slice(lo, hi)
             ids = self._ids(part)
             new_lp, entropy = self._token_logprobs(self.model, ids, with_entropy=self.algo.entropy_coef > 0)
             old = torch.full((len(part), ids.shape[1]), math.nan)

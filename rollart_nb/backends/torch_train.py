@@ -63,6 +63,22 @@ class Row:
     traj: int
 
 
+def micro_batches(lengths: list[int], max_rows: int, max_tokens: int = 0) -> list[tuple[int, int]]:
+    """Split rows (sorted by length, ascending) into ``[lo, hi)`` micro-batches of at most
+    ``max_rows`` rows and, when ``max_tokens`` > 0, at most ``max_tokens`` padded tokens
+    (rows x the longest row); a row longer than ``max_tokens`` goes alone."""
+    out, lo = [], 0
+    while lo < len(lengths):
+        hi = lo + 1
+        while hi < len(lengths) and hi - lo < max_rows and (
+            not max_tokens or (hi - lo + 1) * lengths[hi] <= max_tokens
+        ):
+            hi += 1
+        out.append((lo, hi))
+        lo = hi
+    return out
+
+
 def build_rows(traj: Trajectory, index: int = 0) -> list[Row]:
     """Turn a trajectory into training rows (see the module docstring for the rule)."""
     turns = [t for t in traj.turns if t.response_ids]
@@ -181,10 +197,10 @@ class TorchTrainBackend:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         sums: dict[str, float] = {}
-        mbs = self.algo.micro_batch_size
-        for lo in range(0, len(rows), mbs):
-            sl = slice(lo, lo + mbs)
-            part = rows[lo : lo + mbs]
+        for lo, hi in micro_batches([len(r.ids) for r in rows], self.algo.micro_batch_size,
+                                    self.algo.micro_batch_tokens):
+            sl = slice(lo, hi)
+            part = rows[lo:hi]
             new_lp, entropy, ids, attn = self._forward(part, with_entropy=self.algo.entropy_coef > 0)
             m = mask[sl, : new_lp.shape[1]].to(self.device)
             old = self._padded([r.old_logprobs for r in part], new_lp.shape[1] + 1, math.nan)[:, 1:]

@@ -8,7 +8,7 @@ import torch
 
 from rollart_nb.algo import GRPO
 from rollart_nb.backends import HFBackend, TorchTrainBackend
-from rollart_nb.backends.torch_train import build_rows
+from rollart_nb.backends.torch_train import build_rows, micro_batches
 from rollart_nb.errors import ConfigError, StateError
 from rollart_nb.models import format_history, tiny_qwen
 from rollart_nb.protocols import GenerationRequest, TrainBackend
@@ -99,15 +99,24 @@ def test_one_row_and_per_turn_rows_train_identically(ref, tok):
     assert one["grad_norm"] == pytest.approx(split["grad_norm"], rel=1e-4)
 
 
+def test_micro_batches_bound_rows_and_padded_tokens():
+    lengths = [3, 3, 4, 10, 10, 30, 50]
+    assert micro_batches(lengths, 3) == [(0, 3), (3, 6), (6, 7)]
+    parts = micro_batches(lengths, 8, max_tokens=20)
+    assert parts == [(0, 3), (3, 5), (5, 6), (6, 7)]  # 4 x 10 > 20 ends the first; long rows alone
+    assert all((hi - lo) * lengths[hi - 1] <= 20 or hi - lo == 1 for lo, hi in parts)
+    assert [i for lo, hi in parts for i in range(lo, hi)] == list(range(len(lengths)))
+
+
 def test_micro_batching_accumulates_exactly(ref, tok):
     batch = [
         two_turn(tok, float(i % 3), group=f"g{i // 4}", resp=(w, "up"))
         for i, w in enumerate(["left", "right", "up", "down"] * 2)
     ]
     grads, metrics = [], []
-    for mbs in (1, 3, 16):
+    for mbs, tokens in ((1, 0), (3, 0), (16, 0), (16, 40)):  # 40 tokens: 1-2 rows per micro-batch
         trainer = TorchTrainBackend(
-            ref, GRPO(group_size=4, micro_batch_size=mbs, loss_agg="seq-mean"), seed=0
+            ref, GRPO(group_size=4, micro_batch_size=mbs, micro_batch_tokens=tokens, loss_agg="seq-mean"), seed=0
         )
         metrics.append(trainer.train_step(batch))
         grads.append([p.grad.clone() for p in trainer.model.parameters()])
