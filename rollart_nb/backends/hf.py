@@ -194,8 +194,9 @@ class HFBackend:
     def recompute(self, prompt_ids: list[int]) -> list[float]:
         """Prefill ``prompt_ids`` under the current weights; logprobs of tokens 1.., shape [P-1].
 
-        The hook the pipeline calls to rebuild KV state after a weight update; this backend
-        keeps no KV across requests, so it is also a cheap consistency probe.
+        A consistency probe: it neither reads nor fills the KV cache. Recompute in the pipeline
+        is lazy: after a weight update, the next request of an in-flight trajectory re-prefills
+        its whole history (the module docstring has the details).
         """
         import torch
 
