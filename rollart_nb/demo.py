@@ -27,7 +27,7 @@ class DemoConfig:
     2-core CPU box; the README's "what we tried for learning" table has the alternatives.
 
     Attributes:
-        steps: training steps (the run also stops at ``minutes``).
+        steps: training steps (the run also stops at ``minutes``, which usually comes first).
         minutes: wall-clock budget for training steps.
         mode: pipeline mode.
         alpha: staleness bound (2: at alpha=1 a third or more of each step's rollouts were
@@ -56,7 +56,7 @@ class DemoConfig:
             alone gets every group of a step).
     """
 
-    steps: int = 200
+    steps: int = 1000
     minutes: float = 5.0
     mode: str = "rollart"
     alpha: int = 2
