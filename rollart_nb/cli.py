@@ -36,17 +36,21 @@ _DEMO_FLAGS = ("steps", "minutes", "mode", "alpha", "generator", "batch_size", "
 
 def _parse_weights(text: str) -> dict[str, float]:
     """``"frozenlake=1,math=3"`` -> ``{"frozenlake": 1.0, "math": 3.0}``."""
+    import math
+
     from rollart_nb.errors import ConfigError
 
-    out = {}
+    out: dict[str, float] = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
-        name, eq, value = part.partition("=")
+        name, eq, value = (x.strip() for x in part.partition("="))
         try:
-            out[name.strip()] = float(value) if eq else float("nan")
+            w = float(value) if eq else math.nan
         except ValueError:
-            out[name.strip()] = float("nan")
-        if out[name.strip()] != out[name.strip()]:
-            raise ConfigError(f"--weights: {part!r} is not task=number (e.g. frozenlake=1,math=3)")
+            w = math.nan
+        if not name or not math.isfinite(w) or name in out:
+            raise ConfigError(f"--weights: {part!r} is not task=number, or names a task twice "
+                              "(e.g. frozenlake=1,math=3)")
+        out[name] = w
     return out
 
 

@@ -117,9 +117,9 @@ def run_demo(cfg: DemoConfig, *, quiet: bool = False) -> dict[str, Any]:
     base = tiny_qwen(task_vocab=vocab, size=cfg.size, seed=cfg.seed)
     model = format_warm_start(base, envs, steps=cfg.warm_steps, seed=cfg.seed)
     # Micro-batches by padded tokens: math rows go many at a time, long FrozenLake rows few.
-    algo = GRPO(group_size=cfg.group_size, lr=cfg.lr, entropy_coef=cfg.entropy_coef, loss_agg=cfg.loss_agg,
-                scale_by_std=cfg.scale_by_std, kl_coef=cfg.kl_coef, micro_batch_size=64, micro_batch_tokens=1024,
-                **cfg.extra)
+    settings = dict(group_size=cfg.group_size, lr=cfg.lr, entropy_coef=cfg.entropy_coef, loss_agg=cfg.loss_agg,
+                    scale_by_std=cfg.scale_by_std, kl_coef=cfg.kl_coef, micro_batch_size=64, micro_batch_tokens=1024)
+    algo = GRPO(**{**settings, **cfg.extra})  # extra may override any of them
     sess = rn.Session.local(seed=cfg.seed)
     try:
         say(repr(sess))

@@ -44,6 +44,6 @@ def test_weights_flag_parses_task_shares_and_rejects_junk():
     from rollart_nb.errors import ConfigError
 
     assert _parse_weights("frozenlake=1, math=3") == {"frozenlake": 1.0, "math": 3.0}
-    for bad in ("math", "math=lots"):
+    for bad in ("math", "math=lots", "math=inf", "=3", "math=1,math=2"):
         with pytest.raises(ConfigError, match="task=number"):
             _parse_weights(bad)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Hashable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from rollart_nb.errors import ConfigError
@@ -96,7 +96,7 @@ class GRPO:
             raise ConfigError(problems, where="GRPO config")
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
         if isinstance(self.scale_by_std, Mapping):
             d["scale_by_std"] = dict(self.scale_by_std)
         return d

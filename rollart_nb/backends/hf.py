@@ -386,6 +386,7 @@ class HFBackend:
                              torch.arange(p_max + s_max - n, p_max + s_max + fed[i])]).to(self.device)
             kv = _KV(list(p) + s.tokens[: fed[i]],
                      [(la.keys[i].index_select(-2, idx), la.values[i].index_select(-2, idx)) for la in layers], version)
+            self._forget(s.request.traj_id)  # two requests of one trajectory in a batch: keep the last
             self._kv[s.request.traj_id] = kv
             self._kv_held += len(kv.ids)
         while self._kv_held > self.kv_cache_tokens and self._kv:

@@ -1,6 +1,7 @@
 """GRPO config validation, group advantages and the clipped loss."""
 
 import math
+import types
 
 import pytest
 import torch
@@ -57,6 +58,8 @@ def test_std_scaling_per_task():
     assert adv.tolist() == pytest.approx([-2.0, 2.0, -1.0, 1.0], abs=1e-5)  # math centred only, lake / std
     assert GRPO(scale_by_std=False).std_scaling(tasks) == [False] * 4
     assert GRPO(scale_by_std={"math": False}).to_dict()["scale_by_std"] == {"math": False}
+    frozen = GRPO(scale_by_std=types.MappingProxyType({"math": False}))
+    assert GRPO(**frozen.to_dict()).std_scaling(tasks) == flags  # to_dict round-trips any mapping
     with pytest.raises(ConfigError, match="scale_by_std"):
         GRPO(scale_by_std={"math": "no"})
     with pytest.raises(ConfigError, match="flags"):
