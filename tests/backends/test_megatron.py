@@ -80,6 +80,23 @@ def test_qkv_and_fc1_follow_megatron_layout():
     assert r0[proj].tolist() == [[1, 2]] and r1[proj].tolist() == [[3, 4]]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _release_process_group():
+    """A lone MegatronTrainBackend starts a world-of-one process group in this process; end it
+    with the module so later tests (tests/weights/test_weight_nccl.py) see none."""
+    yield
+    import torch.distributed as dist
+
+    try:
+        from megatron.core import parallel_state as ps
+
+        ps.destroy_model_parallel()
+    except ImportError:
+        pass
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
 @pytest.fixture(params=[pytest.param("cuda", marks=pytest.mark.gpu), "cpu"])
 def megatron_device(request, monkeypatch):
     """``cuda`` (gpu marker), or ``cpu`` with megatron's two hard-coded CUDA calls patched out."""
