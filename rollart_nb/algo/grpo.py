@@ -13,7 +13,7 @@ from typing import Any
 
 from rollart_nb.errors import ConfigError
 
-__all__ = ["GRPO", "group_advantages", "grpo_loss", "loss_weights", "step_metrics"]
+__all__ = ["GRPO", "batch_advantages", "group_advantages", "grpo_loss", "loss_weights", "step_metrics"]
 
 LOSS_AGGS = ("token-mean", "seq-mean")
 
@@ -172,6 +172,17 @@ def group_advantages(
         centred = rg - rg.mean()
         adv[members] = centred / (rg.std(unbiased=False) + eps) if first[g] else centred
     return adv
+
+
+def batch_advantages(algo: GRPO, batch: Sequence[Any]) -> tuple[Any, Any]:
+    """Rewards and group advantages (float32, shape [N]) of scored trajectories, as every GRPO
+    trainer computes them: a group is a ``group_id`` (else task/seed), scaled per ``algo``."""
+    import torch
+
+    groups = [t.group_id or f"{t.task}/{t.seed}" for t in batch]
+    rewards = torch.tensor([t.reward for t in batch], dtype=torch.float32)
+    scales = algo.std_scaling([t.task for t in batch])
+    return rewards, group_advantages(rewards, groups, eps=algo.adv_eps, scale_by_std=scales)
 
 
 def loss_weights(loss_mask: Any, loss_agg: str = "token-mean", seq_index: Any = None) -> Any:

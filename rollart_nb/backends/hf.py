@@ -51,7 +51,6 @@ class _KV:
 
     ids: list[int]
     layers: list[tuple[Any, Any]]
-    version: int
 
 
 @dataclass
@@ -272,7 +271,7 @@ class HFBackend:
             gens = [self._generator(s.request) for s in slots]
             budgets = [min(s.request.max_new_tokens, self.max_len - len(s.request.prompt_ids)) for s in slots]
             reasons: list[str | None] = [None] * b
-            fed = [0] * b  # generated tokens of each row that went through the model (hold KV)
+            forwards = 0  # decode forwards so far: a row's first `forwards` tokens went through the model
             for i, s in enumerate(slots):
                 if s.aborted:
                     reasons[i] = "abort"
@@ -282,7 +281,6 @@ class HFBackend:
                 logits = out.logits[:, -1].float()
                 logp = torch.log_softmax(logits, -1)
                 nxt = torch.full((b,), self.pad_id, dtype=torch.long)
-                live = []
                 for i, s in enumerate(slots):
                     if reasons[i] is not None:
                         continue
@@ -293,15 +291,13 @@ class HFBackend:
                     s.tokens.append(tok)
                     s.logprobs.append(float(logp[i, tok]))
                     nxt[i] = tok
-                    live.append(i)
                     if tok == self.eos_id or self._hit_stop(s):
                         reasons[i] = "stop"
                     elif len(s.tokens) >= budgets[i]:
                         reasons[i] = "length"
                 if all(r is not None for r in reasons):
                     break
-                for i in live:
-                    fed[i] += 1
+                forwards += 1
                 # Finished rows keep decoding a pad (cheaper than reshaping the KV cache).
                 attn = torch.cat([attn, attn.new_ones((b, 1))], dim=1)
                 pos = pos[:, -1:] + 1
@@ -313,7 +309,7 @@ class HFBackend:
                     **{self._cache_kw: getattr(out, self._cache_kw)},
                 )
             t_decode = time.perf_counter() - t0 - t_prefill
-            self._keep_kv(slots, reuse, fed, p_max, s_max, getattr(out, self._cache_kw, None), version)
+            self._keep_kv(slots, reuse, forwards, p_max, s_max, getattr(out, self._cache_kw, None))
         return [
             self._result(s, reasons[i] or "length", t_prefill, t_decode, version, 0)
             for i, s in enumerate(slots)
@@ -329,7 +325,7 @@ class HFBackend:
             kv = self._forget(s.request.traj_id) if self.kv_reuse else None
             prompt = s.request.prompt_ids
             n = 0
-            if kv is not None and kv.version == self.version:
+            if kv is not None:  # load_weights empties the cache: what is left has this version
                 limit = min(len(kv.ids), len(prompt) - 1)  # at least one token left to prefill
                 while n < limit and kv.ids[n] == prompt[n]:
                     n += 1
@@ -338,7 +334,7 @@ class HFBackend:
             elif n == len(kv.ids):
                 out.append(kv)
             else:
-                out.append(_KV(kv.ids[:n], [(k[:, :n], v[:, :n]) for k, v in kv.layers], kv.version))
+                out.append(_KV(kv.ids[:n], [(k[:, :n], v[:, :n]) for k, v in kv.layers]))
         return out
 
     def _forget(self, traj_id: str) -> _KV | None:
@@ -361,18 +357,19 @@ class HFBackend:
                     n = len(c.ids)
                     k[i, :, p_max - n :] = c.layers[layer][0]
                     v[i, :, p_max - n :] = c.layers[layer][1]
-            data.append((k.to(self.device), v.to(self.device)))
+            data.append((k, v))  # new_zeros: already on the cached tensors' device
         return DynamicCache(data)
 
-    def _keep_kv(self, slots: list[_Slot], reuse: list[int], fed: list[int], p_max: int, s_max: int,
-                 cache: Any, version: int) -> None:
-        """Store each finished row's KV (prompt + generated tokens fed) for its next request."""
+    def _keep_kv(self, slots: list[_Slot], reuse: list[int], forwards: int, p_max: int, s_max: int,
+                 cache: Any) -> None:
+        """Store each finished row's KV (prompt + the generated tokens fed in the ``forwards``
+        decode steps) for its next request."""
         import torch
 
         if not self.kv_reuse or cache is None:
             return
         layers = getattr(cache, "layers", None)
-        width = p_max + s_max + max(fed)
+        width = p_max + s_max + forwards
         if not layers or any(getattr(la, "keys", None) is None or la.keys.shape[-2] != width for la in layers):
             self.kv_reuse = False  # a cache layout this code does not know (sliding window, ...)
             log.warning("%s: KV reuse off: the model's cache is not one full-length tensor per layer", self.name)
@@ -381,11 +378,11 @@ class HFBackend:
             if s.aborted:
                 continue
             p = s.request.prompt_ids
-            n = len(p) - reuse[i]
+            n, fed = len(p) - reuse[i], min(len(s.tokens), forwards)  # a row's last token may be unfed
             idx = torch.cat([torch.arange(p_max - reuse[i], p_max),
-                             torch.arange(p_max + s_max - n, p_max + s_max + fed[i])]).to(self.device)
-            kv = _KV(list(p) + s.tokens[: fed[i]],
-                     [(la.keys[i].index_select(-2, idx), la.values[i].index_select(-2, idx)) for la in layers], version)
+                             torch.arange(p_max + s_max - n, p_max + s_max + fed)]).to(self.device)
+            kv = _KV(list(p) + s.tokens[:fed],
+                     [(la.keys[i].index_select(-2, idx), la.values[i].index_select(-2, idx)) for la in layers])
             self._forget(s.request.traj_id)  # two requests of one trajectory in a batch: keep the last
             self._kv[s.request.traj_id] = kv
             self._kv_held += len(kv.ids)

@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from rollart_nb.algo.grpo import GRPO, group_advantages, grpo_loss, loss_weights, step_metrics
+from rollart_nb.algo.grpo import GRPO, batch_advantages, grpo_loss, loss_weights, step_metrics
 from rollart_nb.errors import ConfigError, StateError
 from rollart_nb.models.tiny import ModelRef, from_pretrained
 from rollart_nb.trajectory import Trajectory
@@ -160,10 +160,7 @@ class TorchTrainBackend:
             raise ConfigError(
                 f"trajectories {unscored[:5]} have no finite reward; score them before training"
             )
-        groups = [t.group_id or f"{t.task}/{t.seed}" for t in batch]
-        rewards = torch.tensor([t.reward for t in batch], dtype=torch.float32)
-        scales = self.algo.std_scaling([t.task for t in batch])
-        adv = group_advantages(rewards, groups, eps=self.algo.adv_eps, scale_by_std=scales)
+        rewards, adv = batch_advantages(self.algo, batch)
         rows = [r for i, t in enumerate(batch) for r in build_rows(t, i)]
         if not rows or not any(any(r.mask) for r in rows):
             raise ConfigError("batch has no trainable tokens (no turn has response_ids with loss_mask 1)")
