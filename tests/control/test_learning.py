@@ -5,7 +5,8 @@ FrozenLake 4x4 in ``rollart`` mode. Seeded and bounded by steps, not by wall tim
 validation over every start cell is taken every few steps. Greedy success is still unstable
 from one validation to the next (see the README's learning table), so the assertion is on the
 best validation of the run, with a generous margin over the warm start, plus a rise of the
-sampled training reward.
+sampled training reward (the first 10 steps against the last 20: one step's 32 samples vary by
++-0.15 from step to step).
 """
 
 import pytest
@@ -17,7 +18,7 @@ from rollart_nb.models import tiny_qwen
 from rollart_nb.models.warmstart import format_warm_start
 from rollart_nb.workers.roles import HFGenerator, TorchTrainer
 
-STEPS = 80
+STEPS = 120
 VALIDATE_EVERY = 5
 
 
@@ -31,7 +32,8 @@ def model(tmp_path_factory):
 
 def test_frozenlake_greedy_success_rises_well_above_the_warm_start(local_session, model):
     sess = local_session
-    algo = GRPO(group_size=8, lr=2e-3, kl_coef=0.1, micro_batch_size=32)
+    # Micro-batches bounded by padded tokens, as in the demo: 120 steps take ~140 s, 80 took ~175 s without.
+    algo = GRPO(group_size=8, lr=2e-3, kl_coef=0.1, micro_batch_size=64, micro_batch_tokens=1024)
     gen = sess.cluster("learn_gen", HFGenerator, pool="H20", model=model, seed=0)
     train = sess.cluster("learn_train", TorchTrainer, pool="H800", model=model, algo=algo, seed=0)
     tasks = sess.tasks({"frozenlake": FrozenLake()}, envs_per_task=16)
@@ -47,8 +49,10 @@ def test_frozenlake_greedy_success_rises_well_above_the_warm_start(local_session
     # 11 start cells; the warm start's greedy policy repeats one direction (0-2 cells solved).
     # Learning first finds "bottom row: right, else down" (6 cells) and may lose it again; runs
     # so far peaked at 4-6 cells within 60 steps (the async pipeline's timing varies the path),
-    # so the bar is two more cells than the warm start solves, over 80 steps.
+    # so the bar is two more cells than the warm start solves.
     assert max(curve) >= before + 2 / n_starts - 1e-9, (before, curve)
-    early = [r.reward["frozenlake"] for r in reports[:5]]
-    late = [r.reward["frozenlake"] for r in reports[-10:]]
-    assert sum(late) / len(late) > sum(early) / len(early) + 0.1, (early, late)
+    # A clean-clone CI run at 80 steps rose by only 0.1 (first 5 steps against the last 10); a run at
+    # 120 steps rose by 0.38 between these windows (first 10 against the last 20 steps).
+    early = [r.reward["frozenlake"] for r in reports[:10]]
+    late = [r.reward["frozenlake"] for r in reports[-20:]]
+    assert sum(late) / len(late) > sum(early) / len(early) + 0.15, (early, late)
