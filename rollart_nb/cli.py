@@ -31,7 +31,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 _DEMO_FLAGS = ("steps", "minutes", "mode", "alpha", "generator", "batch_size", "group_size", "envs_per_task",
-               "lr", "entropy", "kl", "tasks", "weights", "validate_every", "seed", "out")
+               "lr", "entropy", "kl", "loss_agg", "math_reward", "tasks", "weights", "validate_every", "seed", "out")
 
 
 def _parse_weights(text: str) -> dict[str, float]:
@@ -64,6 +64,8 @@ def _bench(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``rollart-nb`` script."""
+    from rollart_nb.algo.grpo import LOSS_AGGS
+
     p = argparse.ArgumentParser(prog="rollart-nb", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
     d = sub.add_parser("demo", help="train a tiny model on FrozenLake + Arithmetic on Session.local()")
@@ -78,6 +80,11 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--lr", type=float)
     d.add_argument("--entropy", type=float, help="entropy bonus coefficient")
     d.add_argument("--kl", type=float, help="k3 KL coefficient to the warm start")
+    d.add_argument("--loss-agg", choices=LOSS_AGGS,
+                   help="how token losses average over the batch (see GRPO.loss_agg)")
+    d.add_argument("--math-reward", choices=["close", "exact"],
+                   help="math's training reward: partial credit by distance (default) or exact match; "
+                        "validation is exact match either way")
     d.add_argument("--no-std", action="store_true",
                    help="mean-only group baseline (Dr. GRPO) for every task (default: math only)")
     d.add_argument("--tasks", help="comma-separated subset of frozenlake,math (default: both)")

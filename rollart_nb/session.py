@@ -62,8 +62,10 @@ class SessionBase:
     def _deploy_reward(self, pipe: Any, task: str, fn: Any, **kwargs: Any) -> int:
         kwargs.pop("serverless", None)
         timeout_s, retries = kwargs.pop("timeout_s", 30.0), kwargs.pop("retries", 1)
+        validate_with = kwargs.pop("validate_with", None)
         ep = self._deploy_version(task, fn, **kwargs)
-        return pipe.rollout.set_reward(task, endpoint=ep, timeout_s=timeout_s, retries=retries)
+        return pipe.rollout.set_reward(task, endpoint=ep, timeout_s=timeout_s, retries=retries,
+                                       validate_with=validate_with)
 
     # -- clusters ----------------------------------------------------------------------
     def _before_cluster(self, name: str, worker_cls: Any, pool: str | None, replicas: Any, slots: float,
@@ -111,7 +113,7 @@ class SessionBase:
 
     def reward(self, task: str, fn: Any = None, *, serverless: bool = False, url: str | None = None,
                token_env: str | None = None, timeout_s: float = 30.0, retries: int = 1,
-               **serve_options: Any) -> None:
+               validate_with: Any = None, **serve_options: Any) -> None:
         """Set ``task``'s reward for pipelines built after this call (and swap it in existing ones).
 
         Args:
@@ -123,7 +125,13 @@ class SessionBase:
             token_env: environment variable holding the endpoint's bearer token (never logged).
             timeout_s / retries: per call; a reward still failing after the retries fails the
                 trajectory with the reason.
+            validate_with: a local ``fn(trajectory) -> float`` that scores this task's greedy
+                validation instead of ``fn`` (e.g. train on a shaped reward, validate on exact
+                match); it stays across later reward swaps until replaced.
             **serve_options: ``min_replicas``, ``max_replicas``, ``downscale_delay_s``, ...
+
+        Example:
+            >>> sess.reward("math", rn.rewards.close_answer, validate_with=rn.rewards.exact_answer)  # doctest: +SKIP
         """
         self._check()
         if (fn is None) == (url is None):
@@ -136,6 +144,11 @@ class SessionBase:
         else:
             spec = {"fn": fn}
         spec.update(timeout_s=timeout_s, retries=retries)
+        if validate_with is not None:
+            if not callable(validate_with):
+                raise ConfigError(f"sess.reward({task!r}, ...): validate_with must be callable, "
+                                  f"got {type(validate_with).__name__}")
+            spec["validate_with"] = validate_with
         self._rewards[task] = spec
         for pipe in self._pipelines.values():
             if task in pipe.tasks.envs:

@@ -15,7 +15,7 @@ from rollart_nb.errors import ConfigError
 
 __all__ = ["GRPO", "batch_advantages", "group_advantages", "grpo_loss", "loss_weights", "step_metrics"]
 
-LOSS_AGGS = ("token-mean", "seq-mean")
+LOSS_AGGS = ("token-mean", "seq-mean", "task-token-mean")
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,11 @@ class GRPO:
     """Global gradient-norm clip; 0 disables clipping."""
     loss_agg: str = "token-mean"
     """"token-mean": every trained token weighs the same across the batch;
-    "seq-mean": every trajectory weighs the same (mean over its tokens, then over trajectories)."""
+    "seq-mean": every trajectory weighs the same (mean over its tokens, then over trajectories);
+    "task-token-mean": token-mean within each task, and each task weighs by its share of the
+    batch's trajectories. In a multi-task batch under "token-mean", a task with long responses
+    (many-turn FrozenLake) outweighs a short one (a sum's 3 answer tokens) by its length; here
+    the batch's task mix alone sets each task's share of the gradient."""
     adv_eps: float = 1e-6
     """Added to the group reward std before dividing."""
     scale_by_std: bool | Mapping[str, bool] = True
@@ -185,7 +189,8 @@ def batch_advantages(algo: GRPO, batch: Sequence[Any]) -> tuple[Any, Any]:
     return rewards, group_advantages(rewards, groups, eps=algo.adv_eps, scale_by_std=scales)
 
 
-def loss_weights(loss_mask: Any, loss_agg: str = "token-mean", seq_index: Any = None) -> Any:
+def loss_weights(loss_mask: Any, loss_agg: str = "token-mean", seq_index: Any = None,
+                 task_index: Sequence[Hashable] | None = None) -> Any:
     """Per-token weights that turn a per-token loss into the batch loss by a plain sum.
 
     Computing them once for the whole batch makes gradient accumulation over micro-batches
@@ -193,9 +198,10 @@ def loss_weights(loss_mask: Any, loss_agg: str = "token-mean", seq_index: Any = 
 
     Args:
         loss_mask: shape [B, T], 1 where a token is trained.
-        loss_agg: "token-mean" or "seq-mean".
+        loss_agg: "token-mean", "seq-mean" or "task-token-mean".
         seq_index: shape [B]; rows with the same index belong to one trajectory (for
             "seq-mean" when a trajectory spans several rows). Default: one row each.
+        task_index: length B, each row's task (for "task-token-mean"; required there).
 
     Returns:
         float32 tensor [B, T] summing to 1 (0 when the mask is empty).
@@ -205,13 +211,24 @@ def loss_weights(loss_mask: Any, loss_agg: str = "token-mean", seq_index: Any = 
     m = torch.as_tensor(loss_mask, dtype=torch.float32)
     if loss_agg == "token-mean":
         return m / m.sum().clamp(min=1.0)
-    if loss_agg != "seq-mean":
+    if loss_agg not in LOSS_AGGS:
         raise ConfigError(f"loss_agg must be one of {LOSS_AGGS}, got {loss_agg!r}")
     idx = torch.arange(m.shape[0]) if seq_index is None else torch.as_tensor(seq_index, dtype=torch.long)
     _, idx = torch.unique(idx, return_inverse=True)
     tokens = torch.zeros(int(idx.max()) + 1 if idx.numel() else 0).index_add_(0, idx, m.sum(-1))
     n_seqs = (tokens > 0).sum().clamp(min=1)
-    return m / tokens[idx].clamp(min=1.0)[:, None] / n_seqs
+    if loss_agg == "seq-mean":
+        return m / tokens[idx].clamp(min=1.0)[:, None] / n_seqs
+    if task_index is None or len(task_index) != m.shape[0]:
+        raise ConfigError(f"loss_agg 'task-token-mean' needs one task per row ({m.shape[0]}), got {task_index!r:.80}")
+    labels = {t: k for k, t in enumerate(dict.fromkeys(task_index))}
+    task = torch.tensor([labels[t] for t in task_index], dtype=torch.long)
+    task_tokens = torch.zeros(len(labels)).index_add_(0, task, m.sum(-1))
+    # Trajectories (with trained tokens) per task: a trajectory's rows all carry its task.
+    seq_task = torch.zeros(tokens.shape[0], dtype=torch.long).index_copy_(0, idx, task)
+    task_seqs = torch.zeros(len(labels)).index_add_(0, seq_task[tokens > 0], torch.ones(int((tokens > 0).sum())))
+    share = task_seqs / n_seqs
+    return m * (share / task_tokens.clamp(min=1.0))[task][:, None]
 
 
 def grpo_loss(

@@ -224,7 +224,7 @@ class MegatronTrainBackend:
         rows = sorted(rows, key=lambda r: len(r.ids))  # similar lengths share a micro-batch
         width = max(len(r.ids) for r in rows)
         mask = torch.tensor([r.mask + [0.0] * (width - len(r.ids)) for r in rows])[:, 1:]
-        weights = loss_weights(mask, self.algo.loss_agg, [r.traj for r in rows])
+        weights = loss_weights(mask, self.algo.loss_agg, [r.traj for r in rows], [batch[r.traj].task for r in rows])
         row_adv = adv[torch.tensor([r.traj for r in rows])]
 
         self.model.train()

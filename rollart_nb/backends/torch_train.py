@@ -173,7 +173,7 @@ class TorchTrainBackend:
                                   "approx_kl_old": 0.0}
         grad_norm = 0.0
         if rows:
-            sums, grad_norm = self._optimize(rows, adv)
+            sums, grad_norm = self._optimize(rows, adv, [t.task for t in batch])
         # else: no group had a reward spread, so there is no gradient, and no optimizer step either:
         # AdamW would keep moving the weights along its momentum on a zero gradient.
         self.version += 1
@@ -182,13 +182,14 @@ class TorchTrainBackend:
                             num_rows=num_rows, num_tokens=sum(sum(r.mask) for r in rows),
                             step_s=time.perf_counter() - t0, version=self.version)
 
-    def _optimize(self, rows: list[Row], adv: torch.Tensor) -> tuple[dict[str, float], float]:
-        """Forward/backward over ``rows`` in micro-batches, then one optimizer step."""
+    def _optimize(self, rows: list[Row], adv: torch.Tensor, tasks: list[str]) -> tuple[dict[str, float], float]:
+        """Forward/backward over ``rows`` in micro-batches, then one optimizer step (``tasks``: per
+        trajectory of the batch, for ``loss_agg="task-token-mean"``)."""
         # Similar lengths share a micro-batch: less padding when tasks of very different lengths mix.
         rows = sorted(rows, key=lambda r: len(r.ids))
         width = max(len(r.ids) for r in rows)
         mask = torch.tensor([r.mask + [0.0] * (width - len(r.ids)) for r in rows])[:, 1:]
-        weights = loss_weights(mask, self.algo.loss_agg, [r.traj for r in rows])
+        weights = loss_weights(mask, self.algo.loss_agg, [r.traj for r in rows], [tasks[r.traj] for r in rows])
         row_adv = adv[torch.tensor([r.traj for r in rows])]
 
         self.model.train()

@@ -287,7 +287,11 @@ class Pipeline:
 
     # -- rewards, validation, views ------------------------------------------------------
     def swap_reward(self, task: str, fn: Any = None, **kwargs: Any) -> int:
-        """Hot-swap ``task``'s reward; trajectories scored after this use it. Returns the new version."""
+        """Hot-swap ``task``'s reward; trajectories scored after this use it. Returns the new version.
+
+        ``kwargs``: ``timeout_s``, ``retries``, ``serverless``, and ``validate_with`` (a scorer for
+        validation rollouts, as in :meth:`Session.reward`; left out, the task keeps the one it has).
+        """
         self._check_open()
         self.tasks.check(task)
         if fn is not None and kwargs.get("serverless"):

@@ -5,6 +5,10 @@ or async, run locally (sync ones in a thread so rollout keeps going), or an HTTP
 (Ray Serve, any serverless function). Swapping a task's reward bumps its version; every
 scored trajectory records the version that scored it. A reward that raises, times out or
 returns NaN/inf/non-number is retried, then reported as a :class:`RewardError`.
+
+A task may also have a separate *validation* scorer (``validate_with``): greedy validation then
+measures e.g. exact match while training follows a shaped reward. It stays across reward swaps
+until replaced.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import asyncio
 import inspect
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rollart_nb.errors import ConfigError, RewardError
@@ -92,16 +96,22 @@ class RewardDispatcher:
         self.default = default or env_return
         self.current: dict[str, RewardSpec] = {}
         self.history: list[RewardSpec] = []
+        self.validators: dict[str, Any] = {}
         self.calls = 0
         self.failures = 0
 
     def set(self, task: str, fn: Any = None, *, endpoint: Endpoint | None = None, timeout_s: float = 30.0,
-            retries: int = 1) -> RewardSpec:
-        """Register (or swap) ``task``'s reward; returns the new version's spec."""
+            retries: int = 1, validate_with: Any = None) -> RewardSpec:
+        """Register (or swap) ``task``'s reward; returns the new version's spec. ``validate_with``
+        (a local callable) scores ``task``'s validation rollouts from now on instead of the reward."""
         if (fn is None) == (endpoint is None):
             raise ConfigError(f"reward for {task!r}: give exactly one of a callable or an endpoint")
         if fn is not None and not callable(fn):
             raise ConfigError(f"reward for {task!r} must be callable, got {type(fn).__name__}")
+        if validate_with is not None and not callable(validate_with):
+            raise ConfigError(f"validate_with for {task!r} must be callable, got {type(validate_with).__name__}")
+        if validate_with is not None:
+            self.validators[task] = validate_with
         old = self.current.get(task)
         spec = RewardSpec(task, 0 if old is None else old.version + 1, fn, endpoint, timeout_s, retries,
                           _source(fn) if fn is not None else endpoint.url)  # type: ignore[union-attr]
@@ -114,9 +124,14 @@ class RewardDispatcher:
             self.set(task, self.default)
         return self.current[task]
 
-    async def score(self, traj: Trajectory) -> None:
-        """Score ``traj`` in place (reward, turn_rewards, reward_version). Raises RewardError."""
+    async def score(self, traj: Trajectory, validation: bool = False) -> None:
+        """Score ``traj`` in place (reward, turn_rewards, reward_version). Raises RewardError.
+
+        ``validation``: score with the task's ``validate_with`` scorer, if it has one.
+        """
         spec = self.spec(traj.task)  # the version current when scoring starts scores it
+        if validation and traj.task in self.validators:
+            spec = replace(spec, fn=self.validators[traj.task], endpoint=None)
         last: Exception | None = None
         for attempt in range(spec.retries + 1):
             self.calls += 1

@@ -90,9 +90,10 @@ class RolloutWorker(Worker):
 
     @register("one")
     def set_reward(self, task: str, fn: Any = None, endpoint: Endpoint | None = None, timeout_s: float = 30.0,
-                   retries: int = 1) -> int:
-        """Register or hot-swap a task's reward; returns the new reward version."""
-        return self.rewards.set(task, fn, endpoint=endpoint, timeout_s=timeout_s, retries=retries).version
+                   retries: int = 1, validate_with: Any = None) -> int:
+        """Register or hot-swap a task's reward (and its validation scorer); returns the new reward version."""
+        return self.rewards.set(task, fn, endpoint=endpoint, timeout_s=timeout_s, retries=retries,
+                                validate_with=validate_with).version
 
     @register("one")
     def reward_history(self) -> list[dict[str, Any]]:
@@ -110,7 +111,8 @@ class RolloutWorker(Worker):
     @register("one")
     async def evaluate(self, task: str, seeds: list[int], temperature: float = 0.0,
                        concurrency: int = 32) -> dict[str, Any]:
-        """Greedy validation rollouts of ``task`` over ``seeds``; not buffered or trained on.
+        """Greedy validation rollouts of ``task`` over ``seeds``; not buffered or trained on. They are
+        scored by the task's ``validate_with`` scorer if it has one, else by its reward.
 
         Returns mean ``score`` (reward), ``n`` and ``failed``.
         """
@@ -126,7 +128,7 @@ class RolloutWorker(Worker):
                 s.proxy.forget(t.id)
                 if not t.status.terminal:
                     try:
-                        await self.rewards.score(t)
+                        await self.rewards.score(t, validation=True)
                         t.status = Status.COMPLETED
                     except Exception as e:  # a failing reward must not fail validation
                         t.finish(Status.FAILED, f"reward: {e}")

@@ -6,13 +6,14 @@ They read the last turn's action and ground truth that the env put in
 
 from __future__ import annotations
 
+import math
 import re
 
 from rollart_nb.envs.arithmetic import parse_answer, parse_int
 from rollart_nb.errors import RewardError
 from rollart_nb.trajectory import Trajectory
 
-__all__ = ["env_return", "exact_answer", "format_reward"]
+__all__ = ["close_answer", "env_return", "exact_answer", "format_reward"]
 
 _INT_TEXT_RE = re.compile(r"-?\d+")
 
@@ -52,6 +53,35 @@ def exact_answer(trajectory: Trajectory) -> float:
     if _INT_TEXT_RE.fullmatch(expected):
         return 1.0 if parse_int(action) == int(expected) else 0.0
     return 1.0 if _normalize(parse_answer(action)) == _normalize(expected) else 0.0
+
+
+def close_answer(trajectory: Trajectory, partial: float = 0.5, scale: float = 18.0) -> float:
+    """A shaped integer reward: 1.0 for the exact answer, ``partial * max(0, 1 - |d| / scale)``
+    for a well-formed integer ``d`` away from it, 0.0 for no integer.
+
+    Exact match gives a sparse signal: a policy that cannot read the operands yet hits 1 of 19
+    single-digit-sum answers by chance, and most GRPO groups carry no signal. Partial credit
+    for nearby answers puts a spread into nearly every group, so the policy learns to estimate
+    the sum before it gets it exactly (README: "Shaped math reward"). ``scale`` is the answer
+    range (18 for sums of two digits). Train on it and validate on exact match:
+    ``sess.reward("math", close_answer, validate_with=exact_answer)``. Non-integer answers are
+    scored by :func:`exact_answer`.
+
+    Example:
+        >>> from rollart_nb.trajectory import Trajectory, Turn
+        >>> t = Trajectory(task="math", info={"answer": "12"}, turns=[Turn("7 + 5 =", "<answer> 9 </answer>")])
+        >>> close_answer(t)
+        0.4166666666666667
+    """
+    if not (math.isfinite(partial) and math.isfinite(scale) and scale > 0):
+        raise RewardError(f"close_answer needs a finite partial and scale > 0, got {partial!r}, {scale!r}")
+    if exact_answer(trajectory) == 1.0:
+        return 1.0
+    expected = str(trajectory.info["answer"]).strip()
+    got = parse_int(_last_action(trajectory)) if _INT_TEXT_RE.fullmatch(expected) else None
+    if got is None:
+        return 0.0
+    return partial * max(0.0, 1.0 - abs(got - int(expected)) / scale)
 
 
 def env_return(trajectory: Trajectory) -> float:

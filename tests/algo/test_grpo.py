@@ -77,6 +77,30 @@ def test_loss_weights_token_vs_seq_mean():
     assert torch.allclose(joined, mask / 4)
 
 
+def test_task_token_mean_gives_each_task_its_share_of_trajectories():
+    # Rows 0-1: one long "lake" trajectory split in two rows (6 tokens); row 2: another lake
+    # trajectory (4 tokens); rows 3-4: two "math" trajectories (1 and 2 tokens); row 5: a math
+    # trajectory with no trained token, which counts for nothing.
+    mask = torch.zeros(6, 4)
+    for row, n in enumerate([3, 3, 4, 1, 2, 0]):
+        mask[row, :n] = 1.0
+    tasks = ["lake", "lake", "lake", "math", "math", "math"]
+    w = loss_weights(mask, "task-token-mean", seq_index=[0, 0, 1, 2, 3, 4], task_index=tasks)
+    assert float(w.sum()) == pytest.approx(1.0)
+    lake, math_ = float(w[:3].sum()), float(w[3:].sum())
+    assert lake == pytest.approx(0.5) and math_ == pytest.approx(0.5)  # 2 trajectories each
+    assert torch.allclose(w[:3][mask[:3] > 0], torch.full((10,), 0.05))  # token-mean within lake
+    assert torch.allclose(w[3:5][mask[3:5] > 0], torch.full((3,), 0.5 / 3))
+    # token-mean would give math 3 of 13 tokens' weight
+    assert float(loss_weights(mask, "token-mean")[3:].sum()) == pytest.approx(3 / 13)
+    # one task alone is plain token-mean
+    alone = loss_weights(mask[:3], "task-token-mean", seq_index=[0, 0, 1], task_index=tasks[:3])
+    assert torch.allclose(alone, loss_weights(mask[:3], "token-mean"))
+    with pytest.raises(ConfigError, match="one task per row"):
+        loss_weights(mask, "task-token-mean")
+    assert GRPO(loss_agg="task-token-mean").loss_agg == "task-token-mean"
+
+
 def test_on_policy_gradient_follows_advantage():
     new = torch.zeros(2, 3, requires_grad=True)
     old = torch.zeros(2, 3)

@@ -108,15 +108,18 @@ def test_micro_batches_bound_rows_and_padded_tokens():
     assert [i for lo, hi in parts for i in range(lo, hi)] == list(range(len(lengths)))
 
 
-def test_micro_batching_accumulates_exactly(ref, tok):
+@pytest.mark.parametrize("loss_agg", ["seq-mean", "task-token-mean"])
+def test_micro_batching_accumulates_exactly(ref, tok, loss_agg):
     batch = [
         two_turn(tok, float(i % 3), group=f"g{i // 4}", resp=(w, "up"))
         for i, w in enumerate(["left", "right", "up", "down"] * 2)
     ]
+    for t in batch[4:]:
+        t.task = "other"  # two tasks: "task-token-mean" weighs each by its share of trajectories
     grads, metrics = [], []
     for mbs, tokens in ((1, 0), (3, 0), (16, 0), (16, 40)):  # 40 tokens: 1-2 rows per micro-batch
         trainer = TorchTrainBackend(
-            ref, GRPO(group_size=4, micro_batch_size=mbs, micro_batch_tokens=tokens, loss_agg="seq-mean"), seed=0
+            ref, GRPO(group_size=4, micro_batch_size=mbs, micro_batch_tokens=tokens, loss_agg=loss_agg), seed=0
         )
         metrics.append(trainer.train_step(batch))
         grads.append([p.grad.clone() for p in trainer.model.parameters()])

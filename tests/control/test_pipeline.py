@@ -73,6 +73,24 @@ def test_reward_swap_versions_trajectories(parts):
     sess._rewards.pop("math")  # later tests in this module build pipelines with the env's reward
 
 
+def test_validation_scores_with_validate_with_and_keeps_it_across_swaps(parts):
+    sess, gen, train, tasks = parts
+    # Train on one reward, validate on another; a later swap of the training reward keeps it.
+    sess.reward("math", lambda t: 0.25, validate_with=lambda t: 0.5)
+    pipe = sess.pipeline(train, gen, tasks, batch_size=8, group_size=4, name="valwith")
+    assert pipe.step().reward["math"] == 0.25
+    assert pipe.validate(["math"]) == {"math": 0.5}
+    pipe.swap_reward("math", lambda t: 0.75)
+    assert pipe.validate(["math"]) == {"math": 0.5}
+    pipe.swap_reward("math", lambda t: 0.75, validate_with=lambda t: 1.0)
+    assert pipe.validate(["math"]) == {"math": 1.0}
+    assert {h["version"] for h in pipe.reward_history() if h["task"] == "math"} == {0, 1, 2}
+    with pytest.raises(ConfigError, match="validate_with"):
+        sess.reward("math", lambda t: 0.0, validate_with="exact")
+    pipe.close()
+    sess._rewards.pop("math")
+
+
 def test_background_run_pause_and_astep(parts):
     sess, gen, train, tasks = parts
     pipe = sess.pipeline(train, gen, tasks, batch_size=8, group_size=4, name="bg")

@@ -2,7 +2,7 @@ import pytest
 
 from rollart_nb.envs import Arithmetic
 from rollart_nb.errors import RewardError
-from rollart_nb.rewards import env_return, exact_answer, format_reward
+from rollart_nb.rewards import close_answer, env_return, exact_answer, format_reward
 from rollart_nb.trajectory import Trajectory, Turn
 
 
@@ -66,3 +66,19 @@ def test_format_reward_fraction_of_well_formed_turns():
     )
     assert format_reward(traj("<move>up</move>"), tag="move") == 1.0
     assert format_reward(traj()) == 0.0
+
+
+def test_close_answer_gives_partial_credit_by_distance():
+    assert close_answer(traj("<answer> 1 2 </answer>")) == 1.0
+    near, far = close_answer(traj("<answer> 1 1 </answer>")), close_answer(traj("<answer> 2 </answer>"))
+    assert near == pytest.approx(0.5 * (1 - 1 / 18)) and far == pytest.approx(0.5 * (1 - 10 / 18))
+    assert 1.0 > near > far > 0.0
+    assert close_answer(traj("<answer> 9 9 </answer>")) == 0.0  # beyond the scale: no credit
+    assert close_answer(traj("no number")) == 0.0
+    assert close_answer(traj("<answer> 1 1 </answer>"), partial=0.2, scale=2) == pytest.approx(0.1)
+    assert close_answer(traj("Paris", answer="paris")) == 1.0  # a text answer: exact match
+    assert close_answer(traj("Rome", answer="paris")) == 0.0
+    with pytest.raises(RewardError, match="scale"):
+        close_answer(traj("1"), scale=0)
+    with pytest.raises(RewardError, match="no info"):
+        close_answer(traj("1", answer=None))
