@@ -4,8 +4,9 @@ Both sides start from the same tiny model: ``tiny_qwen`` (word-level tokenizer, 
 warm-started on the answer format with :func:`format_warm_start` (random content, so it knows how
 to answer but not the sums). Both train on the same prompts in the same order (``Arithmetic()``,
 balanced answers: 8 training seeds per step drawn from ``random.Random(seed)``), with the same
-reward (1.0 when :func:`parse_int` of the completion equals the sum), the same GRPO settings and
-the same wall budget, one after the other on the CPU (never concurrently):
+training reward (``--reward exact``: 1.0 when :func:`parse_int` of the completion equals the sum;
+``--reward close``: :func:`~rollart_nb.rewards.close_answer`, partial credit by distance), the
+same GRPO settings and the same wall budget, one after the other on the CPU (never concurrently):
 
 - ours: :class:`HFBackend` samples, :class:`TorchTrainBackend` trains
   (``GRPO(group_size=8, lr=1e-3, kl_coef=0.1, scale_by_std=False, micro_batch_size=64)``),
@@ -69,6 +70,16 @@ LR, KL, TEMPERATURE = 1e-3, 0.1, 1.0
 # -- shared by both sides --------------------------------------------------------------------
 def reward(text: str, answer: int) -> float:
     return 1.0 if parse_int(text) == answer else 0.0
+
+
+def train_reward(kind: str, text: str, answer: int) -> float:
+    """The training reward (evaluation is always exact match, :func:`reward`)."""
+    if kind == "exact":
+        return reward(text, answer)
+    from rollart_nb.rewards import close_answer
+    from rollart_nb.trajectory import Trajectory, Turn
+
+    return close_answer(Trajectory(task="math", info={"answer": str(answer)}, turns=[Turn("", text)]))
 
 
 def problem(env: Arithmetic, seed: int) -> tuple[str, int]:
@@ -138,7 +149,8 @@ def summary(curve: list[tuple[float, int, float]], steps: int, target: float) ->
 
 
 # -- ours ------------------------------------------------------------------------------------
-def run_ours(model_path: str, *, seconds: float, seed: int, eval_every: float, target: float) -> dict:
+def run_ours(model_path: str, *, seconds: float, seed: int, eval_every: float, target: float,
+             reward_kind: str) -> dict:
     from rollart_nb.backends.torch_train import TorchTrainBackend
     from rollart_nb.trajectory import Trajectory, Turn
 
@@ -166,7 +178,7 @@ def run_ours(model_path: str, *, seconds: float, seed: int, eval_every: float, t
             t = Trajectory(task="math", seed=s, group_id=f"{step}-{i // GROUP}", info={"answer": str(answer)})
             t.turns.append(Turn(text, r.text, prompts[i // GROUP], r.token_ids, r.logprobs,
                                 [1] * len(r.token_ids), r.version))
-            t.reward = reward(r.text, answer)
+            t.reward = train_reward(reward_kind, r.text, answer)
             batch.append(t)
         trainer.train_step(batch)
         gen.load_weights(trainer.state_dict(), trainer.version)
@@ -177,7 +189,8 @@ def run_ours(model_path: str, *, seconds: float, seed: int, eval_every: float, t
 
 
 # -- TRL (runs in the --trl-python interpreter) ------------------------------------------------
-def run_trl(model_path: str, *, seconds: float, seed: int, eval_every: float, target: float) -> dict:
+def run_trl(model_path: str, *, seconds: float, seed: int, eval_every: float, target: float,
+            reward_kind: str) -> dict:
     import trl
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, TrainerCallback
@@ -191,7 +204,7 @@ def run_trl(model_path: str, *, seconds: float, seed: int, eval_every: float, ta
     data = Dataset.from_dict({"prompt": [p for p, _ in rows], "answer": [a for _, a in rows]})
 
     def math_reward(prompts, completions, answer, **_):
-        return [reward(c, a) for c, a in zip(completions, answer, strict=True)]
+        return [train_reward(reward_kind, c, a) for c, a in zip(completions, answer, strict=True)]
 
     out = tempfile.mkdtemp(prefix="math_vs_trl-")
     cfg = GRPOConfig(
@@ -243,7 +256,7 @@ def trl_side(python: str, model_path: str, a: argparse.Namespace) -> dict:
         return {"skipped": f"{python}: {reason}"}
     cmd = [python, str(Path(__file__).resolve()), "--child", "trl", "--model-path", model_path,
            "--seconds", str(a.seconds), "--seed", str(a.seed), "--eval-every", str(a.eval_every),
-           "--target", str(a.target), "--threads", str(a.threads)]
+           "--target", str(a.target), "--threads", str(a.threads), "--reward", a.reward]
     env = {**os.environ, "OMP_NUM_THREADS": str(a.threads), "TOKENIZERS_PARALLELISM": "false"}
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=a.seconds * 3 + 600)
@@ -276,6 +289,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="torch threads (each side)")
     ap.add_argument("--trl-python", default=sys.executable, help="interpreter that has trl installed")
     ap.add_argument("--sides", default="ours,trl")
+    ap.add_argument("--reward", choices=["exact", "close"], default="exact",
+                    help="training reward on both sides (evaluation is exact match either way)")
     ap.add_argument("--child", choices=["trl"], help=argparse.SUPPRESS)
     ap.add_argument("--model-path", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -286,7 +301,7 @@ def main() -> None:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-    kw = dict(seconds=a.seconds, seed=a.seed, eval_every=a.eval_every, target=a.target)
+    kw = dict(seconds=a.seconds, seed=a.seed, eval_every=a.eval_every, target=a.target, reward_kind=a.reward)
     if a.child == "trl":
         print("CHILD " + json.dumps(run_trl(a.model_path, **kw)), flush=True)
         return
@@ -301,7 +316,7 @@ def main() -> None:
     print(f"model {model.path} ({model.params} params); {a.seconds:g} s per side, seed {a.seed}, "
           f"{PROMPTS}x{GROUP} completions per step, greedy eval on {len(env.validation_seeds())} problems "
           f"every {a.eval_every:g} s", flush=True)
-    res: dict = {"seconds": a.seconds, "seed": a.seed, "target": a.target}
+    res: dict = {"seconds": a.seconds, "seed": a.seed, "target": a.target, "reward": a.reward}
     if "ours" in sides:
         res["ours"] = run_ours(model.path, **kw)
         print_curve("ours", res["ours"])

@@ -40,7 +40,7 @@ class DemoConfig:
         entropy_coef: entropy bonus (0: over the whole vocabulary it pushed mass onto
             unparseable tokens).
         loss_agg: "task-token-mean" (default: each task's share of the gradient is its share of
-            the batch; under "token-mean" a FrozenLake episode's ~20 trained tokens outweighed a
+            the trained trajectories; under "token-mean" a FrozenLake episode's ~20 trained tokens outweighed a
             sum's 3), "token-mean" or "seq-mean".
         scale_by_std: divide group advantages by the group's reward std (GRPO) or not (Dr. GRPO);
             per task by default: FrozenLake scales, math does not (with it, math collapsed onto
@@ -164,6 +164,9 @@ def run_demo(cfg: DemoConfig, *, quiet: bool = False) -> dict[str, Any]:
                 _print_row(rep, t0)
         last = pipe.validate()
         say(f"validation after training: {last}")
+        for task, res in pipe.last_validation.items():  # a collapse onto one answer shows here
+            top = ", ".join(f"{a!r} x{n}" for a, n in res["top_actions"])
+            say(f"  {task}: {res['distinct_actions']} distinct final actions over {res['n']}; commonest: {top}")
         wall = time.monotonic() - t_start
         out = Path(cfg.out)
         out.mkdir(parents=True, exist_ok=True)

@@ -144,6 +144,8 @@ class SessionBase:
         else:
             spec = {"fn": fn}
         spec.update(timeout_s=timeout_s, retries=retries)
+        if validate_with is None:  # keep the task's validation scorer for pipelines built later too
+            validate_with = self._rewards.get(task, {}).get("validate_with")
         if validate_with is not None:
             if not callable(validate_with):
                 raise ConfigError(f"sess.reward({task!r}, ...): validate_with must be callable, "

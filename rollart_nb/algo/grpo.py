@@ -47,9 +47,10 @@ class GRPO:
     """"token-mean": every trained token weighs the same across the batch;
     "seq-mean": every trajectory weighs the same (mean over its tokens, then over trajectories);
     "task-token-mean": token-mean within each task, and each task weighs by its share of the
-    batch's trajectories. In a multi-task batch under "token-mean", a task with long responses
+    trained trajectories. In a multi-task batch under "token-mean", a task with long responses
     (many-turn FrozenLake) outweighs a short one (a sum's 3 answer tokens) by its length; here
-    the batch's task mix alone sets each task's share of the gradient."""
+    the task mix alone sets each task's share of the gradient. (Trained trajectories: those
+    left after ``skip_zero_advantage``, so a task whose groups are mostly flat weighs less.)"""
     adv_eps: float = 1e-6
     """Added to the group reward std before dividing."""
     scale_by_std: bool | Mapping[str, bool] = True
@@ -256,7 +257,8 @@ def grpo_loss(
         old_logprobs: shape [B, T], behaviour logprobs (no grad).
         advantages: shape [B] (one per sequence) or [B, T].
         loss_mask: shape [B, T].
-        weights: shape [B, T] from :func:`loss_weights`; default computed from this batch.
+        weights: shape [B, T] from :func:`loss_weights`; default computed from this batch
+            (not possible for "task-token-mean", which needs each row's task: pass weights).
         ref_logprobs: shape [B, T] under the reference policy (needed when ``kl_coef > 0``).
         entropy: shape [B, T] per-token entropy (needed when ``entropy_coef > 0``).
 

@@ -78,6 +78,7 @@ class Pipeline:
         self.validate_every = validate_every
         self.state = "idle"
         self.validation_seeds = validation_seeds or tasks.validation_seeds()
+        self.last_validation: dict[str, dict[str, Any]] = {}
         self.step_timeout_s = step_timeout_s
         # task -> preferred hardware: the generator's @hw_mapping, else the env's shape hint
         self.affinity = {t: gen.affinity("generate", t) or shape_affinity(getattr(env, "shape", None))
@@ -304,11 +305,14 @@ class Pipeline:
         return self.rollout.reward_history()
 
     def validate(self, tasks: list[str] | None = None) -> dict[str, float]:
-        """Greedy validation score per task over its validation seeds."""
+        """Greedy validation score per task over its validation seeds. Each task's full result
+        (``score``, ``n``, ``failed``, ``distinct_actions``, ``top_actions``) is kept in
+        :attr:`last_validation`."""
         self._check_open()
         out = {}
         for task in tasks or list(self.tasks.envs):
             res = self.rollout.evaluate(task, self.validation_seeds[task])
+            self.last_validation[task] = res
             out[task] = res["score"]
         return out
 

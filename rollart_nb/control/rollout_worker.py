@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+from collections import Counter
 from typing import Any
 
 from rollart_nb.control.env_manager import EnvManager
@@ -114,7 +115,8 @@ class RolloutWorker(Worker):
         """Greedy validation rollouts of ``task`` over ``seeds``; not buffered or trained on. They are
         scored by the task's ``validate_with`` scorer if it has one, else by its reward.
 
-        Returns mean ``score`` (reward), ``n`` and ``failed``.
+        Returns mean ``score`` (reward), ``n``, ``failed``, and the final actions' spread:
+        ``distinct_actions`` and ``top_actions`` (the 3 commonest, with counts).
         """
         s = self._s()
         template = next(m.template for m in s.managers if m.task == task)
@@ -136,7 +138,10 @@ class RolloutWorker(Worker):
 
         done = await asyncio.gather(*(one(sd) for sd in seeds))
         ok = [t.reward for t in done if t.status is Status.COMPLETED]
-        return {"score": sum(ok) / len(ok) if ok else float("nan"), "n": len(done), "failed": len(done) - len(ok)}
+        # The final actions show a collapse (one answer everywhere) that a score alone can hide.
+        last = Counter(t.turns[-1].action.strip() for t in done if t.status is Status.COMPLETED and t.turns)
+        return {"score": sum(ok) / len(ok) if ok else float("nan"), "n": len(done), "failed": len(done) - len(ok),
+                "distinct_actions": len(last), "top_actions": last.most_common(3)}
 
     @register("one")
     async def shutdown(self) -> dict[str, int]:

@@ -57,7 +57,8 @@ def exact_answer(trajectory: Trajectory) -> float:
 
 def close_answer(trajectory: Trajectory, partial: float = 0.5, scale: float = 18.0) -> float:
     """A shaped integer reward: 1.0 for the exact answer, ``partial * max(0, 1 - |d| / scale)``
-    for a well-formed integer ``d`` away from it, 0.0 for no integer.
+    for an integer ``d`` away from it (the answer's integer as :func:`exact_answer` reads it:
+    the last one in the answer part), 0.0 for no integer.
 
     Exact match gives a sparse signal: a policy that cannot read the operands yet hits 1 of 19
     single-digit-sum answers by chance, and most GRPO groups carry no signal. Partial credit
@@ -73,8 +74,8 @@ def close_answer(trajectory: Trajectory, partial: float = 0.5, scale: float = 18
         >>> close_answer(t)
         0.4166666666666667
     """
-    if not (math.isfinite(partial) and math.isfinite(scale) and scale > 0):
-        raise RewardError(f"close_answer needs a finite partial and scale > 0, got {partial!r}, {scale!r}")
+    if not (0.0 <= partial <= 1.0 and math.isfinite(scale) and scale > 0):
+        raise RewardError(f"close_answer needs 0 <= partial <= 1 and a finite scale > 0, got {partial!r}, {scale!r}")
     if exact_answer(trajectory) == 1.0:
         return 1.0
     expected = str(trajectory.info["answer"]).strip()

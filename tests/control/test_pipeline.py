@@ -80,6 +80,9 @@ def test_validation_scores_with_validate_with_and_keeps_it_across_swaps(parts):
     pipe = sess.pipeline(train, gen, tasks, batch_size=8, group_size=4, name="valwith")
     assert pipe.step().reward["math"] == 0.25
     assert pipe.validate(["math"]) == {"math": 0.5}
+    res = pipe.last_validation["math"]  # the full result, with the final actions' spread
+    assert res["n"] == 100 and res["failed"] == 0 and 1 <= res["distinct_actions"] <= 100
+    assert 0 < sum(n for _, n in res["top_actions"]) <= 100
     pipe.swap_reward("math", lambda t: 0.75)
     assert pipe.validate(["math"]) == {"math": 0.5}
     pipe.swap_reward("math", lambda t: 0.75, validate_with=lambda t: 1.0)
@@ -87,6 +90,11 @@ def test_validation_scores_with_validate_with_and_keeps_it_across_swaps(parts):
     assert {h["version"] for h in pipe.reward_history() if h["task"] == "math"} == {0, 1, 2}
     with pytest.raises(ConfigError, match="validate_with"):
         sess.reward("math", lambda t: 0.0, validate_with="exact")
+    pipe.close()
+    # A later sess.reward without validate_with keeps the scorer for pipelines built after it.
+    sess.reward("math", lambda t: 0.25)
+    pipe = sess.pipeline(train, gen, tasks, batch_size=8, group_size=4, name="valwith")
+    assert pipe.validate(["math"]) == {"math": 0.5}
     pipe.close()
     sess._rewards.pop("math")
 

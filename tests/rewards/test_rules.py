@@ -80,5 +80,7 @@ def test_close_answer_gives_partial_credit_by_distance():
     assert close_answer(traj("Rome", answer="paris")) == 0.0
     with pytest.raises(RewardError, match="scale"):
         close_answer(traj("1"), scale=0)
+    with pytest.raises(RewardError, match="partial"):
+        close_answer(traj("1"), partial=1.5)  # a near miss must not beat the right answer
     with pytest.raises(RewardError, match="no info"):
         close_answer(traj("1", answer=None))
