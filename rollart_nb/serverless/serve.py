@@ -172,6 +172,12 @@ class _Deployed:
     deployed_at: float
 
 
+# Ray Serve's RequestRouterConfig() registers and then unregisters a module in cloudpickle's
+# global pickle-by-value set, so two threads building one at once (deploy() here, serve.status()
+# in the replica sampler) can make the second unregister raise ValueError. Serialise them.
+_SERVE_CONFIG_LOCK = threading.Lock()
+
+
 def _free_port(host: str) -> int:
     with socket.socket() as s:
         s.bind((host, 0))
@@ -371,12 +377,13 @@ class ServeManager:
             "metrics_interval_s": 0.5,
             "look_back_period_s": max(1.0, min(5.0, downscale_delay_s)),
         }
-        app = serve.deployment(_RewardReplica).options(
-            name=name,
-            ray_actor_options={"num_cpus": num_cpus, "num_gpus": num_gpus},
-            max_ongoing_requests=max_ongoing_requests,
-            autoscaling_config=autoscaling,
-        ).bind(fn, name, version, digest, batched, max_batch_size, batch_wait_s, self._stats)
+        with _SERVE_CONFIG_LOCK:
+            app = serve.deployment(_RewardReplica).options(
+                name=name,
+                ray_actor_options={"num_cpus": num_cpus, "num_gpus": num_gpus},
+                max_ongoing_requests=max_ongoing_requests,
+                autoscaling_config=autoscaling,
+            ).bind(fn, name, version, digest, batched, max_batch_size, batch_wait_s, self._stats)
         t0 = time.perf_counter()
         try:
             serve.run(app, name=name, route_prefix=f"/{name}")
@@ -436,7 +443,8 @@ class ServeManager:
         from ray import serve
 
         out: dict[str, dict[str, int]] = {}
-        apps = serve.status().applications
+        with _SERVE_CONFIG_LOCK:
+            apps = serve.status().applications
         for n in [name] if name else list(self.deployments):
             dep = apps.get(n).deployments.get(n) if n in apps else None
             out[n] = {str(getattr(k, "value", k)): int(v) for k, v in (dep.replica_states if dep else {}).items()}
