@@ -65,6 +65,7 @@ def _bench(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``rollart-nb`` script."""
     from rollart_nb.algo.grpo import LOSS_AGGS
+    from rollart_nb.demo import MATH_REWARDS
 
     p = argparse.ArgumentParser(prog="rollart-nb", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -82,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--kl", type=float, help="k3 KL coefficient to the warm start")
     d.add_argument("--loss-agg", choices=LOSS_AGGS,
                    help="how token losses average over the batch (see GRPO.loss_agg)")
-    d.add_argument("--math-reward", choices=["close", "exact"],
+    d.add_argument("--math-reward", choices=MATH_REWARDS,
                    help="math's training reward: partial credit by distance (default) or exact match; "
                         "validation is exact match either way")
     d.add_argument("--no-std", action="store_true",

@@ -19,6 +19,7 @@ from typing import Any
 __all__ = ["TASKS", "DemoConfig", "run_demo"]
 
 TASKS = ("frozenlake", "math")
+MATH_REWARDS = ("close", "exact")  # DemoConfig.math_reward: rewards.close_answer or exact_answer
 
 
 @dataclass
@@ -94,10 +95,10 @@ class DemoConfig:
             from rollart_nb.errors import ConfigError
 
             raise ConfigError(f"demo tasks must be a non-empty subset of {TASKS}, got {self.tasks!r}")
-        if self.math_reward not in ("close", "exact"):
+        if self.math_reward not in MATH_REWARDS:
             from rollart_nb.errors import ConfigError
 
-            raise ConfigError(f"demo math_reward must be 'close' or 'exact', got {self.math_reward!r}")
+            raise ConfigError(f"demo math_reward must be one of {MATH_REWARDS}, got {self.math_reward!r}")
 
 
 def _print_row(rep: Any, t0: float) -> None:

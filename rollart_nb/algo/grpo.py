@@ -227,8 +227,7 @@ def loss_weights(loss_mask: Any, loss_agg: str = "token-mean", seq_index: Any = 
     task_tokens = torch.zeros(len(labels)).index_add_(0, task, m.sum(-1))
     # Trajectories (with trained tokens) per task: a trajectory's rows all carry its task.
     seq_task = torch.zeros(tokens.shape[0], dtype=torch.long).index_copy_(0, idx, task)
-    task_seqs = torch.zeros(len(labels)).index_add_(0, seq_task[tokens > 0], torch.ones(int((tokens > 0).sum())))
-    share = task_seqs / n_seqs
+    share = torch.bincount(seq_task[tokens > 0], minlength=len(labels)).float() / n_seqs
     return m * (share / task_tokens.clamp(min=1.0))[task][:, None]
 
 

@@ -108,9 +108,9 @@ class RewardDispatcher:
             raise ConfigError(f"reward for {task!r}: give exactly one of a callable or an endpoint")
         if fn is not None and not callable(fn):
             raise ConfigError(f"reward for {task!r} must be callable, got {type(fn).__name__}")
-        if validate_with is not None and not callable(validate_with):
-            raise ConfigError(f"validate_with for {task!r} must be callable, got {type(validate_with).__name__}")
         if validate_with is not None:
+            if not callable(validate_with):
+                raise ConfigError(f"validate_with for {task!r} must be callable, got {type(validate_with).__name__}")
             self.validators[task] = validate_with
         old = self.current.get(task)
         spec = RewardSpec(task, 0 if old is None else old.version + 1, fn, endpoint, timeout_s, retries,
