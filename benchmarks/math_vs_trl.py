@@ -109,7 +109,8 @@ class GreedyEval:
             self.gen.load_weights(state, version)
 
         async def run():
-            reqs = [GenerationRequest(f"val-{i}", "math", p, max_new_tokens=MAX_NEW, temperature=0.0)
+            reqs = [GenerationRequest(f"val-{i}", "math", p, max_new_tokens=MAX_NEW, temperature=0.0,
+                                      last_turn=True)
                     for i, p in enumerate(self.prompts)]
             return await asyncio.gather(*[self.gen.generate(r) for r in reqs])
 
@@ -163,7 +164,7 @@ def run_ours(model_path: str, *, seconds: float, seed: int, eval_every: float, t
 
     async def sample(step: int, prompts: list[list[int]]):
         reqs = [GenerationRequest(f"{step}-{i}", "math", prompts[i // GROUP], max_new_tokens=MAX_NEW,
-                                  temperature=TEMPERATURE, seed=(seed * 10**6 + step) * 64 + i)
+                                  temperature=TEMPERATURE, seed=(seed * 10**6 + step) * 64 + i, last_turn=True)
                 for i in range(GROUP * len(prompts))]
         return await asyncio.gather(*[gen.generate(r) for r in reqs])
 

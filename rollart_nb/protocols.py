@@ -69,6 +69,8 @@ class GenerationRequest:
         temperature: sampling temperature; 0 means greedy.
         seed: per-request sampling seed (reproducible rollouts), or None.
         stop: stop strings (decoded) that end the response.
+        last_turn: no request of this trajectory follows (its env allows no more turns), so a
+            backend need not keep its KV for reuse.
     """
 
     traj_id: str
@@ -78,6 +80,7 @@ class GenerationRequest:
     temperature: float = 1.0
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
+    last_turn: bool = False
 
 
 @dataclass

@@ -269,6 +269,8 @@ class HFBackend:
             out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True, **kw)
             t_prefill = time.perf_counter() - t0
             gens = [self._generator(s.request) for s in slots]
+            temps = torch.tensor([max(s.request.temperature, 0.0) for s in slots])
+            greedy = [s.request.temperature <= 0 for s in slots]
             budgets = [min(s.request.max_new_tokens, self.max_len - len(s.request.prompt_ids)) for s in slots]
             reasons: list[str | None] = [None] * b
             forwards = 0  # decode forwards so far: a row's first `forwards` tokens went through the model
@@ -278,23 +280,32 @@ class HFBackend:
                 elif budgets[i] <= 0:
                     reasons[i] = "length"
             while any(r is None for r in reasons):
-                logits = out.logits[:, -1].float()
+                # One op per decode step for the whole batch; only the draw is per row (each request
+                # has its own generator, so its samples do not depend on its batch mates).
+                logits = out.logits[:, -1].float().cpu()
                 logp = torch.log_softmax(logits, -1)
-                nxt = torch.full((b,), self.pad_id, dtype=torch.long)
+                probs = torch.softmax(logits / temps.clamp_min(1e-6)[:, None], -1)
+                nxt = torch.argmax(logits, -1)
+                for i, s in enumerate(slots):
+                    if reasons[i] is None and not greedy[i] and not s.aborted:
+                        nxt[i] = torch.multinomial(probs[i], 1, generator=gens[i])[0]
+                toks, lps = nxt.tolist(), logp.gather(-1, nxt[:, None])[:, 0].tolist()
                 for i, s in enumerate(slots):
                     if reasons[i] is not None:
+                        toks[i] = self.pad_id
                         continue
                     if s.aborted:
                         reasons[i] = "abort"
+                        toks[i] = self.pad_id
                         continue
-                    tok = self._sample(logits[i], s.request.temperature, gens[i])
+                    tok = toks[i]
                     s.tokens.append(tok)
-                    s.logprobs.append(float(logp[i, tok]))
-                    nxt[i] = tok
+                    s.logprobs.append(lps[i])
                     if tok == self.eos_id or self._hit_stop(s):
                         reasons[i] = "stop"
                     elif len(s.tokens) >= budgets[i]:
                         reasons[i] = "length"
+                nxt = torch.tensor(toks, dtype=torch.long)
                 if all(r is not None for r in reasons):
                     break
                 forwards += 1
@@ -374,18 +385,25 @@ class HFBackend:
             self.kv_reuse = False  # a cache layout this code does not know (sliding window, ...)
             log.warning("%s: KV reuse off: the model's cache is not one full-length tensor per layer", self.name)
             return
+        # Rows whose kept positions are the same share one gather per layer (a batch of single-turn
+        # prompts is a handful of groups, not one gather per row).
+        groups: dict[tuple[int, int, int], list[int]] = {}
         for i, s in enumerate(slots):
-            if s.aborted:
-                continue
-            p = s.request.prompt_ids
-            n, fed = len(p) - reuse[i], min(len(s.tokens), forwards)  # a row's last token may be unfed
-            idx = torch.cat([torch.arange(p_max - reuse[i], p_max),
+            if not s.aborted and not s.request.last_turn:
+                n, fed = len(s.request.prompt_ids) - reuse[i], min(len(s.tokens), forwards)  # last token may be unfed
+                groups.setdefault((reuse[i], n, fed), []).append(i)
+        for (r, n, fed), rows in groups.items():
+            idx = torch.cat([torch.arange(p_max - r, p_max),
                              torch.arange(p_max + s_max - n, p_max + s_max + fed)]).to(self.device)
-            kv = _KV(list(p) + s.tokens[:fed],
-                     [(la.keys[i].index_select(-2, idx), la.values[i].index_select(-2, idx)) for la in layers])
-            self._forget(s.request.traj_id)  # two requests of one trajectory in a batch: keep the last
-            self._kv[s.request.traj_id] = kv
-            self._kv_held += len(kv.ids)
+            sel = torch.tensor(rows, device=self.device)
+            kept = [(la.keys.index_select(0, sel).index_select(-2, idx),
+                     la.values.index_select(0, sel).index_select(-2, idx)) for la in layers]
+            for j, i in enumerate(rows):
+                s = slots[i]
+                kv = _KV(list(s.request.prompt_ids) + s.tokens[:fed], [(k[j], v[j]) for k, v in kept])
+                self._forget(s.request.traj_id)  # two requests of one trajectory in a batch: keep the last
+                self._kv[s.request.traj_id] = kv
+                self._kv_held += len(kv.ids)
         while self._kv_held > self.kv_cache_tokens and self._kv:
             self._forget(next(iter(self._kv)))
 
@@ -398,15 +416,6 @@ class HFBackend:
         if seed is None:
             seed = int(torch.randint(0, 2**62, (1,), generator=self._seed_rng))
         return torch.Generator(device="cpu").manual_seed(int(seed))
-
-    @staticmethod
-    def _sample(logits: Any, temperature: float, gen: Any) -> int:
-        import torch
-
-        if temperature <= 0:
-            return int(torch.argmax(logits))
-        probs = torch.softmax(logits.cpu() / temperature, -1)
-        return int(torch.multinomial(probs, 1, generator=gen))
 
     def _hit_stop(self, slot: _Slot) -> bool:
         if not slot.request.stop:

@@ -139,7 +139,7 @@ class EnvManager:
         for k in range(self.max_turns):
             t1, wall = clock(), time.time()
             req = GenerationRequest(traj.id, self.task, list(prompt), self.cfg.max_new_tokens, temp,
-                                    seed=request_seed(traj, k))
+                                    seed=request_seed(traj, k), last_turn=k == self.max_turns - 1)
             res = await self.proxy.generate(req)
             t2 = clock()
             action = res.text or self.tok.decode(res.token_ids)

@@ -259,3 +259,20 @@ def test_kv_reuse_across_turns_matches_fresh_prefill(ref):
     small = HFBackend(ref, kv_cache_tokens=len(first["a"]) + 10)
     asyncio.run(turn(small, first))
     assert small._kv_held <= small.kv_cache_tokens and list(small._kv) == ["b"]  # least recent out
+
+
+def test_last_turn_keeps_no_kv_and_samples_the_same(ref):
+    """A request marked ``last_turn`` leaves no KV behind (nothing would reuse it); its sample and
+    logprobs are those of a backend without KV reuse, and a batch mate's KV is still kept."""
+    be, plain = HFBackend(ref, batch_wait_s=0.02), HFBackend(ref, batch_wait_s=0.02, kv_reuse=False)
+    prompts = {"a": encode(be, ("go left", None)), "b": encode(be, ("what is 2+3 ?", None))}
+
+    async def go(backend):
+        return await asyncio.gather(*[backend.generate(req(t, p, max_new_tokens=5, seed=3, last_turn=t == "a"))
+                                      for t, p in prompts.items()])
+
+    got, want = asyncio.run(go(be)), asyncio.run(go(plain))
+    assert be.stats["batches"] == 1
+    assert "a" not in be._kv and "b" in be._kv and be._kv_held == len(be._kv["b"].ids)
+    for g, w in zip(got, want, strict=True):
+        assert g.token_ids == w.token_ids and g.logprobs == pytest.approx(w.logprobs, abs=1e-6)

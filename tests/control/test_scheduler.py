@@ -264,3 +264,29 @@ def test_evicted_samples_move_counts_but_events_only_grow():
         await s.close()
 
     run(go())
+
+
+def test_only_the_last_allowed_turn_is_marked_last_turn():
+    """The env manager tells the generator when no request of a trajectory can follow (so an HF
+    backend keeps no KV for it): on turn ``max_turns - 1`` and no other."""
+
+    async def go():
+        s, backends = make({"math": [Arithmetic(max_turns=3) for _ in range(8)]}, batch=8, group=4)
+        seen: dict[str, list[bool]] = {}
+        for b in backends:
+            inner = b.generate
+
+            async def generate(req, inner=inner):
+                seen.setdefault(req.traj_id, []).append(req.last_turn)
+                return await inner(req)
+
+            b.generate = generate
+        batch = await s.get_batch(8, timeout_s=30)
+        await s.close()
+        for t in batch:
+            flags = seen[t.id]
+            assert len(flags) == len(t.turns)
+            assert flags == [k == 2 for k in range(len(flags))], (t.id, flags)
+        assert any(len(t.turns) == 3 for t in batch)  # the sim policy rarely answers a sum right
+
+    run(go())
