@@ -151,8 +151,9 @@ def summary(curve: list[tuple[float, int, float]], steps: int, target: float) ->
 
 # -- ours ------------------------------------------------------------------------------------
 def run_ours(model_path: str, *, seconds: float, seed: int, eval_every: float, target: float,
-             reward_kind: str) -> dict:
+             reward_kind: str, curriculum: float | None = None) -> dict:
     from rollart_nb.backends.torch_train import TorchTrainBackend
+    from rollart_nb.control.curriculum import PromptCurriculum
     from rollart_nb.trajectory import Trajectory, Turn
 
     env = Arithmetic()
@@ -161,6 +162,10 @@ def run_ours(model_path: str, *, seconds: float, seed: int, eval_every: float, t
     gen = HFBackend(model_path, device="cpu", batch_wait_s=0.001, max_batch_size=GROUP * PROMPTS, seed=seed)
     evaluate = GreedyEval(model_path, env)
     seeds = train_seeds(seed)
+    # --curriculum U: the prompts come from a PromptCurriculum over the 100 problems instead, U of
+    # them uniformly (U = 1: uniform over problems, the control for the learnability weighting)
+    cur = PromptCurriculum(env.validation_seeds(), uniform=curriculum) if curriculum is not None else None
+    cur_rng = random.Random(seed)
 
     async def sample(step: int, prompts: list[list[int]]):
         reqs = [GenerationRequest(f"{step}-{i}", "math", prompts[i // GROUP], max_new_tokens=MAX_NEW,
@@ -171,7 +176,8 @@ def run_ours(model_path: str, *, seconds: float, seed: int, eval_every: float, t
     clock = Clock(seconds, eval_every, evaluate)
     step = 0
     while not clock.tick(step, trainer.state_dict):
-        probs = [(s, *problem(env, s)) for s in (next(seeds) for _ in range(PROMPTS))]
+        draw = (lambda: cur.next_seed(cur_rng)) if cur is not None else (lambda: next(seeds))
+        probs = [(s, *problem(env, s)) for s in (draw() for _ in range(PROMPTS))]
         prompts = [gen.tokenizer.encode(p) for _, p, _ in probs]
         batch = []
         for i, r in enumerate(asyncio.run(sample(step, prompts))):
@@ -180,13 +186,18 @@ def run_ours(model_path: str, *, seconds: float, seed: int, eval_every: float, t
             t.turns.append(Turn(text, r.text, prompts[i // GROUP], r.token_ids, r.logprobs,
                                 [1] * len(r.token_ids), r.version))
             t.reward = train_reward(reward_kind, r.text, answer)
+            if cur is not None:
+                cur.update(s, t.reward)
             batch.append(t)
         trainer.train_step(batch)
         gen.load_weights(trainer.state_dict(), trainer.version)
         step += 1
     if clock.curve[-1][1] != step:
         clock.tick(step, trainer.state_dict, force=True)
-    return summary(clock.curve, step, target)
+    out = summary(clock.curve, step, target)
+    if cur is not None:
+        out["curriculum"] = cur.summary()
+    return out
 
 
 # -- TRL (runs in the --trl-python interpreter) ------------------------------------------------
@@ -292,6 +303,9 @@ def main() -> None:
     ap.add_argument("--sides", default="ours,trl")
     ap.add_argument("--reward", choices=["exact", "close"], default="exact",
                     help="training reward on both sides (evaluation is exact match either way)")
+    ap.add_argument("--curriculum", type=float, default=None, metavar="UNIFORM",
+                    help="ours draws its prompts from a PromptCurriculum with this uniform share (1.0: uniform "
+                         "over the problems); TRL keeps the fixed order (it has no curriculum)")
     ap.add_argument("--child", choices=["trl"], help=argparse.SUPPRESS)
     ap.add_argument("--model-path", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -317,9 +331,10 @@ def main() -> None:
     print(f"model {model.path} ({model.params} params); {a.seconds:g} s per side, seed {a.seed}, "
           f"{PROMPTS}x{GROUP} completions per step, greedy eval on {len(env.validation_seeds())} problems "
           f"every {a.eval_every:g} s", flush=True)
-    res: dict = {"seconds": a.seconds, "seed": a.seed, "target": a.target, "reward": a.reward}
+    res: dict = {"seconds": a.seconds, "seed": a.seed, "target": a.target, "reward": a.reward,
+                 "curriculum": a.curriculum}
     if "ours" in sides:
-        res["ours"] = run_ours(model.path, **kw)
+        res["ours"] = run_ours(model.path, **kw, curriculum=a.curriculum)
         print_curve("ours", res["ours"])
     if "trl" in sides:
         res["trl"] = trl_side(a.trl_python, model.path, a)

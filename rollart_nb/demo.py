@@ -54,6 +54,8 @@ class DemoConfig:
         math_reward: "close" (default: :func:`~rollart_nb.rewards.close_answer`, partial credit
             by distance) or "exact" (:func:`~rollart_nb.rewards.exact_answer`) for training;
             math's validation is exact match either way.
+        math_curriculum: math's prompts come from a :class:`~rollart_nb.PromptCurriculum` over the
+            100 problems with this uniform share (None: random training seeds, answer-balanced).
         max_new_tokens: response budget per turn (a move or a sum needs at most 4 tokens).
         validate_every: steps between greedy validations.
         seed: everything derives from it.
@@ -80,6 +82,7 @@ class DemoConfig:
     kl_coef: float = 0.1
     task_weights: dict[str, float] | None = field(default_factory=lambda: {"frozenlake": 1.0, "math": 3.0})
     math_reward: str = "close"
+    math_curriculum: float | None = None
     max_new_tokens: int = 4
     validate_every: int = 5
     seed: int = 0
@@ -90,15 +93,15 @@ class DemoConfig:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        from rollart_nb.errors import ConfigError
+
         self.tasks = tuple(self.tasks)
         if not self.tasks or set(self.tasks) - set(TASKS):
-            from rollart_nb.errors import ConfigError
-
             raise ConfigError(f"demo tasks must be a non-empty subset of {TASKS}, got {self.tasks!r}")
         if self.math_reward not in MATH_REWARDS:
-            from rollart_nb.errors import ConfigError
-
             raise ConfigError(f"demo math_reward must be one of {MATH_REWARDS}, got {self.math_reward!r}")
+        if self.math_curriculum is not None and not 0.0 <= self.math_curriculum <= 1.0:
+            raise ConfigError(f"demo math_curriculum (the uniform share) must be in [0, 1], got {self.math_curriculum}")
 
 
 def _print_row(rep: Any, t0: float) -> None:
@@ -143,7 +146,10 @@ def run_demo(cfg: DemoConfig, *, quiet: bool = False) -> dict[str, Any]:
         for b in sess.bindings():
             say(f"  {b.worker:<22} -> {b.pool:<6} ({b.hardware}{', fell back: ' + b.reason if b.fell_back else ''})")
         weights = {t: w for t, w in cfg.task_weights.items() if t in envs} if cfg.task_weights else None
-        tasks = sess.tasks(envs, envs_per_task=cfg.envs_per_task, weights=weights or None)
+        curriculum = None
+        if "math" in envs and cfg.math_curriculum is not None:
+            curriculum = {"math": rn.PromptCurriculum(envs["math"].validation_seeds(), uniform=cfg.math_curriculum)}
+        tasks = sess.tasks(envs, envs_per_task=cfg.envs_per_task, weights=weights or None, curriculum=curriculum)
         if "math" in envs:  # validation scores exact match whatever the training reward
             sess.reward("math", close_answer if cfg.math_reward == "close" else exact_answer,
                         validate_with=exact_answer)

@@ -99,17 +99,25 @@ class SessionBase:
 
     # -- tasks, rewards, pipelines -----------------------------------------------------
     def tasks(self, envs: dict[str, Any], envs_per_task: int | dict[str, int] = 8,
-              weights: dict[str, float] | None = None) -> TaskSet:
+              weights: dict[str, float] | None = None, curriculum: dict[str, Any] | None = None) -> TaskSet:
         """Declare the tasks of a run.
 
         Args:
             envs: task name -> env (gymnasium-style text env; copied per env instance).
             envs_per_task: concurrent env instances per task (an int, or per task).
             weights: task -> share of each training batch (default uniform).
+            curriculum: task -> :class:`~rollart_nb.PromptCurriculum`: that task's prompts (env
+                seeds) are drawn by learnability instead of at random; ``pipe.stats()["curriculum"]``
+                shows its state.
+
+        Example:
+            >>> math = rn.envs.Arithmetic()
+            >>> tasks = sess.tasks({"math": math}, curriculum={"math": rn.PromptCurriculum(math.validation_seeds())})
+            ...                                                                   # doctest: +SKIP
         """
         self._check()
         per = envs_per_task if isinstance(envs_per_task, dict) else dict.fromkeys(envs, envs_per_task)
-        return TaskSet(dict(envs), dict(per), weights)
+        return TaskSet(dict(envs), dict(per), weights, dict(curriculum or {}))
 
     def reward(self, task: str, fn: Any = None, *, serverless: bool = False, url: str | None = None,
                token_env: str | None = None, timeout_s: float = 30.0, retries: int = 1,

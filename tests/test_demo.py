@@ -47,3 +47,14 @@ def test_weights_flag_parses_task_shares_and_rejects_junk():
     for bad in ("math", "math=lots", "math=inf", "=3", "math=1,math=2"):
         with pytest.raises(ConfigError, match="task=number"):
             _parse_weights(bad)
+
+
+def test_demo_config_rejects_a_curriculum_share_outside_0_1():
+    import pytest
+
+    from rollart_nb.demo import DemoConfig
+    from rollart_nb.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="math_curriculum"):
+        DemoConfig(math_curriculum=1.5)
+    assert DemoConfig(math_curriculum=0.25).math_curriculum == 0.25

@@ -74,7 +74,8 @@ class Pipeline:
         self.session, self.train, self.gen, self.tasks, self.name = session, train, gen, tasks, name
         self.cfg = SchedulerConfig(batch_size=batch_size, group_size=group_size, alpha=alpha, mode=self.mode,
                                    redundancy=redundancy, seed=session.seed if seed is None else seed,
-                                   task_weights=tasks.weights, rollout=rollout or RolloutConfig())
+                                   task_weights=tasks.weights, rollout=rollout or RolloutConfig(),
+                                   curricula=tasks.curricula or None)
         self.validate_every = validate_every
         self.state = "idle"
         self.validation_seeds = validation_seeds or tasks.validation_seeds()

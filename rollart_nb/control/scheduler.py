@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import copy
 import logging
 import random
 import time
@@ -47,6 +48,10 @@ class SchedulerConfig:
         task_weights: task -> weight in each batch (default uniform).
         max_group_failures: failures after which a group is abandoned (its env keeps failing).
         rollout: EnvManager settings.
+        curricula: task -> :class:`~rollart_nb.control.curriculum.PromptCurriculum` (or anything
+            with ``next_seed(rng)`` and ``update(seed, reward)``): that task's groups draw their
+            seeds from it, and every scored trajectory updates it. The scheduler works on its
+            own copy.
     """
 
     batch_size: int
@@ -58,9 +63,13 @@ class SchedulerConfig:
     task_weights: dict[str, float] | None = None
     max_group_failures: int = 16
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    curricula: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         p = []
+        for task, cur in (self.curricula or {}).items():
+            if not (callable(getattr(cur, "next_seed", None)) and callable(getattr(cur, "update", None))):
+                p.append(f"curriculum of {task!r}: {type(cur).__name__} has no next_seed(rng) and update(seed, reward)")
         if self.group_size < 1:
             p.append(f"group_size={self.group_size} must be >= 1")
         if self.batch_size < 1 or (self.group_size >= 1 and self.batch_size % self.group_size):
@@ -125,6 +134,10 @@ class RolloutScheduler:
         # salt (the rollout worker's role, i.e. the pipeline's name) keeps two pipelines with one
         # seed from sharing ids on the generators they share.
         self._ids = random.Random(f"ids/{config.seed}/{id_salt}")
+        unknown = sorted(set(config.curricula or {}) - set(envs))
+        if unknown:
+            raise ConfigError(f"curriculum for unknown task(s) {unknown}; tasks are {sorted(envs)}")
+        self.curricula = {t: copy.deepcopy(c) for t, c in (config.curricula or {}).items()}
         self._batch_quota = split_quota(config.batch_groups, self.weights)
         # The admission rules below keep each task under (alpha+1) * its share + its envs; the
         # hard cap sits above that sum so it only ever acts as a safety net.
@@ -182,8 +195,9 @@ class RolloutScheduler:
             self.quota[task] -= 1
         self.started_groups += 1
         self.started_by_task[task] += 1
-        g = GroupState(f"{self._ids.getrandbits(40):010x}", task, self.rng.randrange(2**31),
-                       self.cfg.group_size + self.cfg.redundancy)
+        cur = self.curricula.get(task)
+        seed = int(cur.next_seed(self.rng)) if cur is not None else self.rng.randrange(2**31)
+        g = GroupState(f"{self._ids.getrandbits(40):010x}", task, seed, self.cfg.group_size + self.cfg.redundancy)
         self.groups[g.id] = g
         return g
 
@@ -285,6 +299,9 @@ class RolloutScheduler:
             self._end(traj, g)
             return
         traj.status, traj.finished_s = Status.COMPLETED, time.time()
+        cur = self.curricula.get(traj.task)
+        if cur is not None:
+            cur.update(traj.seed, traj.reward)
         rejected = self.buffer.put(traj)
         if traj not in rejected:
             g.buffered.add(traj.id)
@@ -458,6 +475,7 @@ class RolloutScheduler:
             "busy_envs": sum(m.busy for m in self.managers),
             "failures": list(self.failure_reasons)[-8:],
             "proxy": self.proxy.stats() if hasattr(self.proxy, "stats") else {},
+            "curriculum": {t: c.summary() for t, c in self.curricula.items() if hasattr(c, "summary")},
         }
 
     def trajectories(self, task: str | None = None, status: str | None = None, last: int | None = None,

@@ -19,11 +19,13 @@ class TaskSet:
         envs: task name -> env template (deep-copied per EnvManager).
         envs_per_task: task name -> number of concurrent env instances.
         weights: task name -> share of each training batch (None: uniform).
+        curricula: task name -> prompt curriculum (see :class:`~rollart_nb.PromptCurriculum`).
     """
 
     envs: dict[str, Any]
     envs_per_task: dict[str, int] = field(default_factory=dict)
     weights: dict[str, float] | None = None
+    curricula: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         p = []
@@ -40,6 +42,11 @@ class TaskSet:
                 p.append(f"weight for unknown task {name!r}")
             elif w < 0:
                 p.append(f"weight of {name!r} must be >= 0")
+        for name, cur in self.curricula.items():
+            if name not in self.envs:
+                p.append(f"curriculum for unknown task {name!r}")
+            elif not (callable(getattr(cur, "next_seed", None)) and callable(getattr(cur, "update", None))):
+                p.append(f"curriculum of {name!r}: {type(cur).__name__} has no next_seed(rng) and update(seed, reward)")
         if p:
             raise ConfigError(p, where="sess.tasks(...)")
 

@@ -147,3 +147,16 @@ def test_bad_pipeline_config_is_clear(parts):
         sess.pipeline(train, gen, tasks, mode="async", name="bad")
     with pytest.raises(ConfigError, match="is not an env"):
         sess.tasks({"x": object()})
+
+
+def test_a_prompt_curriculum_reaches_the_rollout_worker(parts):
+    sess, gen, train, _ = parts
+    import rollart_nb as rn
+
+    tasks = sess.tasks({"math": Arithmetic()}, envs_per_task=8, curriculum={"math": rn.PromptCurriculum(range(5))})
+    pipe = sess.pipeline(train, gen, tasks, batch_size=8, group_size=4, name="curriculum")
+    pipe.step()
+    assert {t.seed for t in pipe.trajectories(task="math")} <= set(range(5))
+    cur = pipe.stats()["curriculum"]["math"]
+    assert cur["seeds"] == 5 and cur["draws"] >= 2 and cur["updates"] >= 8
+    pipe.close()

@@ -5,6 +5,7 @@ import time
 
 import pytest
 
+from rollart_nb.control.curriculum import PromptCurriculum
 from rollart_nb.control.env_manager import RolloutConfig, request_seed
 from rollart_nb.control.local import LocalGenerator, LocalHandle
 from rollart_nb.control.modes import MODES
@@ -23,13 +24,13 @@ M = spec("qwen3-0.6b")
 
 
 def make(envs, *, mode="rollart", batch=8, group=4, alpha=1, redundancy=0, n_workers=2, time_scale=1e-4,
-         max_turns=4, rewards=None, timeout=60.0, weights=None, dispatch="direct"):
+         max_turns=4, rewards=None, timeout=60.0, weights=None, dispatch="direct", curricula=None):
     backends = [SimBackend(M, PROFILES["H20"], time_scale=time_scale, mean_response_tokens=8, name=f"g{i}")
                 for i in range(n_workers)]
     targets = [GenTarget(LocalHandle(LocalGenerator(b)), f"gen/{i}", "H20", "H20") for i, b in enumerate(backends)]
     proxy = LLMProxy(targets, {}, dispatch=dispatch)
     cfg = SchedulerConfig(batch_size=batch, group_size=group, alpha=alpha, mode=MODES[mode], redundancy=redundancy,
-                          task_weights=weights,
+                          task_weights=weights, curricula=curricula,
                           rollout=RolloutConfig(max_turns=max_turns, max_new_tokens=8, env_timeout_s=timeout))
     return RolloutScheduler(envs, SimTokenizer(), proxy, rewards or RewardDispatcher(), cfg), backends
 
@@ -290,3 +291,23 @@ def test_only_the_last_allowed_turn_is_marked_last_turn():
         assert any(len(t.turns) == 3 for t in batch)  # the sim policy rarely answers a sum right
 
     run(go())
+
+
+def test_group_seeds_come_from_the_schedulers_copy_of_the_curriculum():
+    """With a curriculum, every group's seed is one of its prompts; the scheduler draws from and
+    updates its own copy (one draw per group, one update per scored trajectory) and reports it."""
+    template = PromptCurriculum(range(7, 17))
+
+    async def go():
+        s, _ = make(arith(8), batch=16, group=4, curricula={"math": template})
+        batch = await s.get_batch(16, timeout_s=30)
+        stats = s.stats()
+        await s.close()
+        return s, batch, stats
+
+    s, batch, stats = run(go())
+    assert {t.seed for t in batch} <= set(range(7, 17))
+    cur = s.curricula["math"]
+    assert cur is not template and template.draws == template.updates == 0
+    assert cur.draws == s.started_groups and cur.updates == s.events["completed"] >= len(batch)
+    assert stats["curriculum"]["math"]["updates"] == cur.updates
