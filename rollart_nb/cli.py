@@ -25,15 +25,14 @@ def _demo(args: argparse.Namespace) -> int:
         given["task_weights"] = _parse_weights(given.pop("weights"))
     if args.no_std:
         given["scale_by_std"] = False
-    if args.no_curriculum:
-        given["math_curriculum"] = None
     result = run_demo(DemoConfig(**given), quiet=args.quiet)
     print("RESULT " + json.dumps(result), flush=True)
     return 0
 
 
 _DEMO_FLAGS = ("steps", "minutes", "mode", "alpha", "generator", "batch_size", "group_size", "envs_per_task",
-               "lr", "entropy", "kl", "loss_agg", "math_reward", "math_curriculum", "tasks", "weights", "validate_every", "seed", "out")
+               "lr", "entropy", "kl", "loss_agg", "math_reward", "math_curriculum", "tasks", "weights",
+               "validate_every", "seed", "out")
 
 
 def _parse_weights(text: str) -> dict[str, float]:
@@ -90,7 +89,6 @@ def main(argv: list[str] | None = None) -> int:
                         "validation is exact match either way")
     d.add_argument("--math-curriculum", type=float, metavar="UNIFORM",
                    help="draw math's prompts by learnability (PromptCurriculum), this share uniformly")
-    d.add_argument("--no-curriculum", action="store_true", help="math's prompts at random (no curriculum)")
     d.add_argument("--no-std", action="store_true",
                    help="mean-only group baseline (Dr. GRPO) for every task (default: math only)")
     d.add_argument("--tasks", help="comma-separated subset of frozenlake,math (default: both)")

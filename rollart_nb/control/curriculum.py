@@ -21,7 +21,20 @@ from typing import Any
 
 from rollart_nb.errors import ConfigError
 
-__all__ = ["PromptCurriculum"]
+__all__ = ["PromptCurriculum", "curriculum_problems"]
+
+
+def curriculum_problems(curricula: dict[str, Any], tasks: Iterable[str] | None = None) -> list[str]:
+    """What is wrong with task -> curriculum ``curricula`` (empty when nothing): a task not among
+    ``tasks`` (when given), or an object without ``next_seed(rng)`` and ``update(seed, reward)``."""
+    known = None if tasks is None else set(tasks)
+    p = []
+    for name, cur in curricula.items():
+        if known is not None and name not in known:
+            p.append(f"curriculum for unknown task {name!r}; tasks are {sorted(known)}")
+        elif not (callable(getattr(cur, "next_seed", None)) and callable(getattr(cur, "update", None))):
+            p.append(f"curriculum of {name!r}: {type(cur).__name__} has no next_seed(rng) and update(seed, reward)")
+    return p
 
 
 class PromptCurriculum:
@@ -67,12 +80,18 @@ class PromptCurriculum:
     def p(self, seed: int) -> float:
         """Success estimate of ``seed``: decayed hits over decayed trials, with one pseudo-trial
         at 0.5 (so an unseen seed is 0.5 and one outcome does not make it 0 or 1)."""
-        i = self._index[seed]
+        return self._estimate(self._index[seed])
+
+    def _estimate(self, i: int) -> float:
         return (self._hits[i] + 0.5) / (self._trials[i] + 1.0)
+
+    def _learnability(self) -> list[float]:
+        """p * (1 - p) of each seed, in ``seeds`` order."""
+        return [x * (1.0 - x) for x in map(self._estimate, range(len(self.seeds)))]
 
     def weights(self) -> list[float]:
         """Sampling weight of each seed (sums to 1)."""
-        learn = [self.p(s) * (1.0 - self.p(s)) for s in self.seeds]
+        learn = self._learnability()
         total = sum(learn)
         n = len(self.seeds)
         return [self.uniform / n + (1.0 - self.uniform) * w / total for w in learn]
@@ -82,8 +101,7 @@ class PromptCurriculum:
         self.draws += 1
         if rng.random() < self.uniform:
             return self.seeds[rng.randrange(len(self.seeds))]
-        learn = [self.p(s) * (1.0 - self.p(s)) for s in self.seeds]
-        return rng.choices(self.seeds, weights=learn)[0]
+        return rng.choices(self.seeds, weights=self._learnability())[0]
 
     def update(self, seed: int, reward: float) -> None:
         """Record one scored trajectory of ``seed`` (seeds outside the set are ignored)."""

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rollart_nb.control.buffer import SampleBuffer, split_quota
+from rollart_nb.control.curriculum import curriculum_problems
 from rollart_nb.control.env_manager import EnvManager, RolloutConfig, TurnBarrier
 from rollart_nb.control.modes import Mode
 from rollart_nb.control.reward import RewardDispatcher
@@ -66,10 +67,7 @@ class SchedulerConfig:
     curricula: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
-        p = []
-        for task, cur in (self.curricula or {}).items():
-            if not (callable(getattr(cur, "next_seed", None)) and callable(getattr(cur, "update", None))):
-                p.append(f"curriculum of {task!r}: {type(cur).__name__} has no next_seed(rng) and update(seed, reward)")
+        p = curriculum_problems(self.curricula or {})
         if self.group_size < 1:
             p.append(f"group_size={self.group_size} must be >= 1")
         if self.batch_size < 1 or (self.group_size >= 1 and self.batch_size % self.group_size):
@@ -134,9 +132,9 @@ class RolloutScheduler:
         # salt (the rollout worker's role, i.e. the pipeline's name) keeps two pipelines with one
         # seed from sharing ids on the generators they share.
         self._ids = random.Random(f"ids/{config.seed}/{id_salt}")
-        unknown = sorted(set(config.curricula or {}) - set(envs))
-        if unknown:
-            raise ConfigError(f"curriculum for unknown task(s) {unknown}; tasks are {sorted(envs)}")
+        problems = curriculum_problems(config.curricula or {}, envs)
+        if problems:  # the config checked the objects; only here are the task names known
+            raise ConfigError(problems, where="pipeline config")
         self.curricula = {t: copy.deepcopy(c) for t, c in (config.curricula or {}).items()}
         self._batch_quota = split_quota(config.batch_groups, self.weights)
         # The admission rules below keep each task under (alpha+1) * its share + its envs; the

@@ -6,6 +6,7 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
+from rollart_nb.control.curriculum import curriculum_problems
 from rollart_nb.errors import ConfigError
 
 __all__ = ["TaskSet"]
@@ -42,11 +43,7 @@ class TaskSet:
                 p.append(f"weight for unknown task {name!r}")
             elif w < 0:
                 p.append(f"weight of {name!r} must be >= 0")
-        for name, cur in self.curricula.items():
-            if name not in self.envs:
-                p.append(f"curriculum for unknown task {name!r}")
-            elif not (callable(getattr(cur, "next_seed", None)) and callable(getattr(cur, "update", None))):
-                p.append(f"curriculum of {name!r}: {type(cur).__name__} has no next_seed(rng) and update(seed, reward)")
+        p += curriculum_problems(self.curricula, self.envs)
         if p:
             raise ConfigError(p, where="sess.tasks(...)")
 
