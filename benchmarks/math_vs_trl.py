@@ -3,14 +3,14 @@
 Both sides start from the same tiny model: ``tiny_qwen`` (word-level tokenizer, ~1M parameters)
 warm-started on the answer format with :func:`format_warm_start` (random content, so it knows how
 to answer but not the sums). Both train on the same prompts in the same order (``Arithmetic()``,
-balanced answers: 8 training seeds per step drawn from ``random.Random(seed)``), with the same
+balanced answers: ``--prompts`` training seeds per step drawn from ``random.Random(seed)``), with the same
 training reward (``--reward exact``: 1.0 when :func:`parse_int` of the completion equals the sum;
 ``--reward close``: :func:`~rollart_nb.rewards.close_answer`, partial credit by distance), the
 same GRPO settings and the same wall budget, one after the other on the CPU (never concurrently):
 
 - ours: :class:`HFBackend` samples, :class:`TorchTrainBackend` trains
-  (``GRPO(group_size=8, lr=1e-3, kl_coef=0.1, scale_by_std=False, micro_batch_size=64)``),
-  weights published to the sampler after every step; no Ray, no scheduler.
+  (``GRPO(group_size=8, lr=1e-3, kl_coef=0.1, scale_by_std=False, micro_batch_size=64)`` by
+  default), weights published to the sampler after every step; no Ray, no scheduler.
 - TRL: ``GRPOTrainer`` in a subprocess run by ``--trl-python`` (TRL lives in its own venv), with
   the options that mirror ours: ``num_generations=8``, 64 completions per optimizer step (one
   forward/backward, no accumulation), ``learning_rate=1e-3`` (constant), ``beta=0.1`` (k3 KL to
@@ -18,6 +18,10 @@ same GRPO settings and the same wall budget, one after the other on the CPU (nev
   ``scale_by_std=False``), ``loss_type="dapo"`` (token-level: every completion token of the batch
   weighs the same, as our ``loss_agg="token-mean"``), temperature 1.0, 4 new tokens, float32,
   no gradient checkpointing (TRL's default is on), ``use_cpu=True``.
+
+``--group`` (completions per prompt), ``--prompts`` (prompts per step), ``--lr`` and ``--kl``
+change those settings on both sides. ``--curriculum`` and ``--skip-flat`` are ours only: TRL has
+neither a prompt curriculum nor a way to skip the rows of groups that all scored the same.
 
 Measured: greedy accuracy over all 100 problems (``env.validation_seeds()``), decoded by the same
 code on both sides (an :class:`HFBackend` fed the current weights, ``temperature=0``, 4 new
@@ -61,6 +65,7 @@ from rollart_nb.envs.arithmetic import parse_int  # noqa: E402
 from rollart_nb.models.tiny import format_history  # noqa: E402
 from rollart_nb.protocols import GenerationRequest  # noqa: E402
 
+# Defaults of the shared GRPO settings; --group, --prompts, --lr and --kl change them on both sides.
 GROUP = 8  # completions per prompt
 PROMPTS = 8  # prompts per optimizer step (64 completions)
 MAX_NEW = 4
@@ -139,6 +144,7 @@ class Clock:
             acc = self.evaluate(state_fn(), step)
             self.paused += time.monotonic() - e0
             self.curve.append((round(t, 2), step, acc))
+            print(f"  {t:7.1f} s  step {step:>5}  greedy acc {acc:.2f}", file=sys.stderr, flush=True)
             self.next_eval = t + self.eval_every
         return t >= self.seconds
 
@@ -151,13 +157,16 @@ def summary(curve: list[tuple[float, int, float]], steps: int, target: float) ->
 
 # -- ours ------------------------------------------------------------------------------------
 def run_ours(model_path: str, *, seconds: float, seed: int, eval_every: float, target: float,
-             reward_kind: str, curriculum: float | None = None) -> dict:
+             reward_kind: str, curriculum: float | None = None, skip_flat: bool = False) -> dict:
     from rollart_nb.backends.torch_train import TorchTrainBackend
     from rollart_nb.control.curriculum import PromptCurriculum
     from rollart_nb.trajectory import Trajectory, Turn
 
     env = Arithmetic()
-    algo = GRPO(group_size=GROUP, lr=LR, kl_coef=KL, scale_by_std=False, micro_batch_size=GROUP * PROMPTS)
+    # --skip-flat: groups whose samples all scored the same get no forward/backward at all (TRL
+    # always trains every row, as ours does by default when a KL term acts on them)
+    algo = GRPO(group_size=GROUP, lr=LR, kl_coef=KL, scale_by_std=False, micro_batch_size=GROUP * PROMPTS,
+                regularize_all_rows=not skip_flat)
     trainer = TorchTrainBackend(model_path, algo, seed=seed, device="cpu")
     gen = HFBackend(model_path, device="cpu", batch_wait_s=0.001, max_batch_size=GROUP * PROMPTS, seed=seed)
     evaluate = GreedyEval(model_path, env)
@@ -174,13 +183,17 @@ def run_ours(model_path: str, *, seconds: float, seed: int, eval_every: float, t
         return await asyncio.gather(*[gen.generate(r) for r in reqs])
 
     clock = Clock(seconds, eval_every, evaluate)
-    step = 0
+    step, trained_rows = 0, 0.0
+    phase_s = dict.fromkeys(("sample", "score", "train", "sync"), 0.0)  # seconds per phase, all steps
     while not clock.tick(step, trainer.state_dict):
         draw = (lambda: cur.next_seed(cur_rng)) if cur is not None else (lambda: next(seeds))
         probs = [(s, *problem(env, s)) for s in (draw() for _ in range(PROMPTS))]
         prompts = [gen.tokenizer.encode(p) for _, p, _ in probs]
         batch = []
-        for i, r in enumerate(asyncio.run(sample(step, prompts))):
+        t0 = time.perf_counter()
+        results = asyncio.run(sample(step, prompts))
+        t1 = time.perf_counter()
+        for i, r in enumerate(results):
             s, text, answer = probs[i // GROUP]
             t = Trajectory(task="math", seed=s, group_id=f"{step}-{i // GROUP}", info={"answer": str(answer)})
             t.turns.append(Turn(text, r.text, prompts[i // GROUP], r.token_ids, r.logprobs,
@@ -189,12 +202,19 @@ def run_ours(model_path: str, *, seconds: float, seed: int, eval_every: float, t
             if cur is not None:
                 cur.update(s, t.reward)
             batch.append(t)
-        trainer.train_step(batch)
+        t2 = time.perf_counter()
+        trained_rows += trainer.train_step(batch).get("trained_rows", len(batch))
+        t3 = time.perf_counter()
         gen.load_weights(trainer.state_dict(), trainer.version)
+        t4 = time.perf_counter()
+        for k, v in (("sample", t1 - t0), ("score", t2 - t1), ("train", t3 - t2), ("sync", t4 - t3)):
+            phase_s[k] += v
         step += 1
     if clock.curve[-1][1] != step:
         clock.tick(step, trainer.state_dict, force=True)
     out = summary(clock.curve, step, target)
+    out["trained_rows_per_step"] = round(trained_rows / max(step, 1), 1)
+    out["ms_per_step"] = {k: round(1000 * v / max(step, 1), 1) for k, v in phase_s.items()}
     if cur is not None:
         out["curriculum"] = cur.summary()
     return out
@@ -268,7 +288,8 @@ def trl_side(python: str, model_path: str, a: argparse.Namespace) -> dict:
         return {"skipped": f"{python}: {reason}"}
     cmd = [python, str(Path(__file__).resolve()), "--child", "trl", "--model-path", model_path,
            "--seconds", str(a.seconds), "--seed", str(a.seed), "--eval-every", str(a.eval_every),
-           "--target", str(a.target), "--threads", str(a.threads), "--reward", a.reward]
+           "--target", str(a.target), "--threads", str(a.threads), "--reward", a.reward,
+           "--group", str(a.group), "--prompts", str(a.prompts), "--lr", str(a.lr), "--kl", str(a.kl)]
     env = {**os.environ, "OMP_NUM_THREADS": str(a.threads), "TOKENIZERS_PARALLELISM": "false"}
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=a.seconds * 3 + 600)
@@ -293,6 +314,7 @@ def print_curve(name: str, res: dict) -> None:
 
 
 def main() -> None:
+    global GROUP, PROMPTS, LR, KL
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=float, default=300, help="training seconds per side")
     ap.add_argument("--seed", type=int, default=0)
@@ -303,12 +325,23 @@ def main() -> None:
     ap.add_argument("--sides", default="ours,trl")
     ap.add_argument("--reward", choices=["exact", "close"], default="exact",
                     help="training reward on both sides (evaluation is exact match either way)")
+    ap.add_argument("--group", type=int, default=GROUP, help="completions per prompt (both sides)")
+    ap.add_argument("--prompts", type=int, default=PROMPTS, help="prompts per optimizer step (both sides)")
+    ap.add_argument("--lr", type=float, default=LR, help="learning rate (both sides)")
+    ap.add_argument("--kl", type=float, default=KL, help="KL coefficient to the start policy (both sides; 0: "
+                                                        "no reference model)")
     ap.add_argument("--curriculum", type=float, default=None, metavar="UNIFORM",
                     help="ours draws its prompts from a PromptCurriculum with this uniform share (1.0: uniform "
                          "over the problems); TRL keeps the fixed order (it has no curriculum)")
+    ap.add_argument("--skip-flat", action="store_true",
+                    help="ours skips the forward/backward of groups whose samples all scored the same, KL "
+                         "term included (GRPO(regularize_all_rows=False)); TRL trains every row")
     ap.add_argument("--child", choices=["trl"], help=argparse.SUPPRESS)
     ap.add_argument("--model-path", help=argparse.SUPPRESS)
     a = ap.parse_args()
+    GROUP, PROMPTS, LR, KL = a.group, a.prompts, a.lr, a.kl
+    if GROUP < 2 or PROMPTS < 1 or LR <= 0 or KL < 0:
+        ap.error("need --group >= 2, --prompts >= 1, --lr > 0 and --kl >= 0")
 
     import torch
 
@@ -332,9 +365,10 @@ def main() -> None:
           f"{PROMPTS}x{GROUP} completions per step, greedy eval on {len(env.validation_seeds())} problems "
           f"every {a.eval_every:g} s", flush=True)
     res: dict = {"seconds": a.seconds, "seed": a.seed, "target": a.target, "reward": a.reward,
-                 "curriculum": a.curriculum}
+                 "curriculum": a.curriculum, "skip_flat": a.skip_flat, "group": GROUP, "prompts": PROMPTS,
+                 "lr": LR, "kl": KL}
     if "ours" in sides:
-        res["ours"] = run_ours(model.path, **kw, curriculum=a.curriculum)
+        res["ours"] = run_ours(model.path, **kw, curriculum=a.curriculum, skip_flat=a.skip_flat)
         print_curve("ours", res["ours"])
     if "trl" in sides:
         res["trl"] = trl_side(a.trl_python, model.path, a)
