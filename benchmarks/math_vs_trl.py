@@ -203,7 +203,7 @@ def run_ours(model_path: str, *, seconds: float, seed: int, eval_every: float, t
                 cur.update(s, t.reward)
             batch.append(t)
         t2 = time.perf_counter()
-        trained_rows += trainer.train_step(batch).get("trained_rows", len(batch))
+        trained_rows += trainer.train_step(batch)["trained_rows"]
         t3 = time.perf_counter()
         gen.load_weights(trainer.state_dict(), trainer.version)
         t4 = time.perf_counter()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,8 +13,7 @@ SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "math_vs_trl.py"
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, str(SCRIPT), "--sides", "ours", *args], capture_output=True, text=True,
-                          timeout=600, env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin",
-                                            "HOME": str(Path.home())})
+                          timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
 def test_ours_side_reports_its_settings_and_trained_rows():
