@@ -40,7 +40,7 @@ from rollart_nb.errors import GenerationError, WeightSyncError
 from rollart_nb.models.tiny import ModelRef, from_pretrained
 from rollart_nb.protocols import GenerationRequest, GenerationResult
 
-__all__ = ["HFBackend"]
+__all__ = ["HFBackend", "sample_rows"]
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +62,28 @@ class _Slot:
     aborted: bool = False
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+
+
+def sample_rows(logits: Any, temperatures: Any, generators: list[Any]) -> Any:
+    """One token per row of ``logits`` [B, V], drawn from ``softmax(logits / temperature)``.
+
+    Inverse-CDF sampling: one uniform per row from that row's own ``torch.Generator`` (so a row's
+    sample depends only on its generator and its logits, never on its batch mates), then one
+    batched search over the cumulative probabilities: ~10x cheaper than a ``torch.multinomial``
+    call per row. A zero-probability token (logit ``-inf``) is never drawn: the first cdf entry
+    above the uniform never belongs to a token that adds nothing to it.
+
+    Returns:
+        long tensor [B] of token ids.
+    """
+    import torch
+
+    probs = torch.softmax(logits.float() / temperatures.float().clamp_min(1e-6)[:, None], -1)
+    cdf = probs.cumsum(-1)
+    u = torch.stack([torch.rand((), generator=g) for g in generators]) * cdf[:, -1]
+    picked = torch.searchsorted(cdf, u[:, None], right=True)[:, 0]
+    last = cdf.shape[-1] - 1 - (probs.flip(-1) > 0).int().argmax(-1)  # in case u rounded up to the total
+    return torch.minimum(picked, last)
 
 
 class HFBackend:
@@ -284,11 +306,11 @@ class HFBackend:
                 # has its own generator, so its samples do not depend on its batch mates).
                 logits = out.logits[:, -1].float().cpu()
                 logp = torch.log_softmax(logits, -1)
-                probs = torch.softmax(logits / temps.clamp_min(1e-6)[:, None], -1)
                 nxt = torch.argmax(logits, -1)
-                for i, s in enumerate(slots):
-                    if reasons[i] is None and not greedy[i] and not s.aborted:
-                        nxt[i] = torch.multinomial(probs[i], 1, generator=gens[i])[0]
+                draw = [i for i, s in enumerate(slots) if reasons[i] is None and not greedy[i] and not s.aborted]
+                if draw:
+                    rows = torch.tensor(draw)
+                    nxt[rows] = sample_rows(logits[rows], temps[rows], [gens[i] for i in draw])
                 toks, lps = nxt.tolist(), logp.gather(-1, nxt[:, None])[:, 0].tolist()
                 for i, s in enumerate(slots):
                     if reasons[i] is not None:

@@ -140,8 +140,13 @@ class TorchTrainBackend:
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         # The KL reference is the policy we start from; kept only when it is used.
         self.reference = copy.deepcopy(self.model).requires_grad_(False) if self.algo.kl_coef > 0 else None
+        # The fused kernel (CPU and CUDA, float32/16) is ~3x faster than the per-tensor loop;
+        # same update up to float rounding.
+        fused = self.device.type in ("cpu", "cuda") and all(
+            p.dtype in (torch.float32, torch.float16, torch.bfloat16) for p in self.model.parameters()
+        )
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=self.algo.lr, weight_decay=self.algo.weight_decay
+            self.model.parameters(), lr=self.algo.lr, weight_decay=self.algo.weight_decay, fused=fused or None
         )
         self.version = 0
 
