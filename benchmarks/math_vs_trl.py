@@ -19,8 +19,9 @@ same GRPO settings and the same wall budget, one after the other on the CPU (nev
   weighs the same, as our ``loss_agg="token-mean"``), temperature 1.0, 4 new tokens, float32,
   no gradient checkpointing (TRL's default is on), ``use_cpu=True``.
 
-``--group`` (completions per prompt), ``--prompts`` (prompts per step), ``--lr`` and ``--kl``
-change those settings on both sides. ``--curriculum`` and ``--skip-flat`` are ours only: TRL has
+``--group`` (completions per prompt), ``--prompts`` (prompts per step), ``--lr``, ``--kl`` and
+``--epochs`` (optimizer steps per sampled batch; TRL's ``num_iterations``) change those settings on
+both sides. ``--curriculum`` and ``--skip-flat`` are ours only: TRL has
 neither a prompt curriculum nor a way to skip the rows of groups that all scored the same.
 
 Measured: greedy accuracy over all 100 problems (``env.validation_seeds()``), decoded by the same
@@ -29,7 +30,16 @@ tokens), every ``--eval-every`` seconds of training. The clock is training time:
 the first step starts (TRL: ``on_train_begin``) and stops while evaluating, so evaluation costs
 neither side. Reported per side: the accuracy curve, ``t_to_0.3`` (training seconds to the first
 evaluation at >= 0.3 accuracy, or null), ``best``, ``last`` and ``steps``; and the ratio
-``trl t_to_0.3 / ours t_to_0.3`` when both got there.
+``trl t_to_0.3 / ours t_to_0.3`` when both got there. Also per side: ``ms_per_step`` (ours:
+sample / score / train / sync, where train includes the reference pass; TRL: its sampling phase,
+which includes rewards and the reference pass, and the rest of its step) and ``response_tokens``
+(mean completion length). ``steps`` counts optimizer steps on both sides.
+
+``--seeds 0-7`` runs several seeds one after the other (each: ours, then TRL) and ends with a table
+and a RESULT holding every seed's figures, their medians (a side that never reached the target
+counts as slower than any time, so a median that lands on it is null) and how often each side
+reached the target first. The machine's speed drifts by ~20% over minutes here, and the two sides
+run minutes apart, so compare over several seeds rather than one.
 
 Run (TRL in its own venv, so that it cannot change this environment's torch/transformers)::
 
@@ -46,8 +56,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import random
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -70,6 +82,7 @@ GROUP = 8  # completions per prompt
 PROMPTS = 8  # prompts per optimizer step (64 completions)
 MAX_NEW = 4
 LR, KL, TEMPERATURE = 1e-3, 0.1, 1.0
+EPOCHS = 1  # optimizer steps per sampled batch (TRL: num_iterations)
 
 
 # -- shared by both sides --------------------------------------------------------------------
@@ -157,7 +170,8 @@ def summary(curve: list[tuple[float, int, float]], steps: int, target: float) ->
 
 # -- ours ------------------------------------------------------------------------------------
 def run_ours(model_path: str, *, seconds: float, seed: int, eval_every: float, target: float,
-             reward_kind: str, curriculum: float | None = None, skip_flat: bool = False) -> dict:
+             reward_kind: str, curriculum: float | None = None, skip_flat: bool = False,
+             epochs: int = 1) -> dict:
     from rollart_nb.backends.torch_train import TorchTrainBackend
     from rollart_nb.control.curriculum import PromptCurriculum
     from rollart_nb.trajectory import Trajectory, Turn
@@ -166,7 +180,7 @@ def run_ours(model_path: str, *, seconds: float, seed: int, eval_every: float, t
     # --skip-flat: groups whose samples all scored the same get no forward/backward at all (TRL
     # always trains every row, as ours does by default when a KL term acts on them)
     algo = GRPO(group_size=GROUP, lr=LR, kl_coef=KL, scale_by_std=False, micro_batch_size=GROUP * PROMPTS,
-                regularize_all_rows=not skip_flat)
+                regularize_all_rows=not skip_flat, epochs=epochs)
     trainer = TorchTrainBackend(model_path, algo, seed=seed, device="cpu")
     gen = HFBackend(model_path, device="cpu", batch_wait_s=0.001, max_batch_size=GROUP * PROMPTS, seed=seed)
     evaluate = GreedyEval(model_path, env)
@@ -183,7 +197,7 @@ def run_ours(model_path: str, *, seconds: float, seed: int, eval_every: float, t
         return await asyncio.gather(*[gen.generate(r) for r in reqs])
 
     clock = Clock(seconds, eval_every, evaluate)
-    step, trained_rows = 0, 0.0
+    step, batches, trained_rows, tokens = 0, 0, 0.0, 0  # step: optimizer steps (`epochs` per batch)
     phase_s = dict.fromkeys(("sample", "score", "train", "sync"), 0.0)  # seconds per phase, all steps
     while not clock.tick(step, trainer.state_dict):
         draw = (lambda: cur.next_seed(cur_rng)) if cur is not None else (lambda: next(seeds))
@@ -191,11 +205,11 @@ def run_ours(model_path: str, *, seconds: float, seed: int, eval_every: float, t
         prompts = [gen.tokenizer.encode(p) for _, p, _ in probs]
         batch = []
         t0 = time.perf_counter()
-        results = asyncio.run(sample(step, prompts))
+        results = asyncio.run(sample(batches, prompts))
         t1 = time.perf_counter()
         for i, r in enumerate(results):
             s, text, answer = probs[i // GROUP]
-            t = Trajectory(task="math", seed=s, group_id=f"{step}-{i // GROUP}", info={"answer": str(answer)})
+            t = Trajectory(task="math", seed=s, group_id=f"{batches}-{i // GROUP}", info={"answer": str(answer)})
             t.turns.append(Turn(text, r.text, prompts[i // GROUP], r.token_ids, r.logprobs,
                                 [1] * len(r.token_ids), r.version))
             t.reward = train_reward(reward_kind, r.text, answer)
@@ -203,17 +217,20 @@ def run_ours(model_path: str, *, seconds: float, seed: int, eval_every: float, t
                 cur.update(s, t.reward)
             batch.append(t)
         t2 = time.perf_counter()
-        trained_rows += trainer.train_step(batch)["trained_rows"]
+        trained_rows += trainer.train_step(batch)["trained_rows"]  # `epochs` optimizer steps
+        tokens += sum(len(r.token_ids) for r in results)
         t3 = time.perf_counter()
         gen.load_weights(trainer.state_dict(), trainer.version)
         t4 = time.perf_counter()
         for k, v in (("sample", t1 - t0), ("score", t2 - t1), ("train", t3 - t2), ("sync", t4 - t3)):
             phase_s[k] += v
-        step += 1
+        step += epochs
+        batches += 1
     if clock.curve[-1][1] != step:
         clock.tick(step, trainer.state_dict, force=True)
     out = summary(clock.curve, step, target)
-    out["trained_rows_per_step"] = round(trained_rows / max(step, 1), 1)
+    out["trained_rows_per_step"] = round(trained_rows / max(batches, 1), 1)
+    out["response_tokens"] = round(tokens / max(batches * GROUP * PROMPTS, 1), 2)
     out["ms_per_step"] = {k: round(1000 * v / max(step, 1), 1) for k, v in phase_s.items()}
     if cur is not None:
         out["curriculum"] = cur.summary()
@@ -235,7 +252,12 @@ def run_trl(model_path: str, *, seconds: float, seed: int, eval_every: float, ta
     rows = [problem(env, s) for s in islice(train_seeds(seed), n_steps * PROMPTS)]
     data = Dataset.from_dict({"prompt": [p for p, _ in rows], "answer": [a for _, a in rows]})
 
-    def math_reward(prompts, completions, answer, **_):
+    lengths = [0, 0]  # completion tokens, completions
+
+    def math_reward(prompts, completions, answer, completion_ids=None, **_):
+        if completion_ids is not None:
+            lengths[0] += sum(len(c) for c in completion_ids)
+            lengths[1] += len(completion_ids)
         return [train_reward(reward_kind, c, a) for c, a in zip(completions, answer, strict=True)]
 
     out = tempfile.mkdtemp(prefix="math_vs_trl-")
@@ -245,7 +267,7 @@ def run_trl(model_path: str, *, seconds: float, seed: int, eval_every: float, ta
         disable_tqdm=True, dataloader_num_workers=0,
         learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0,
         per_device_train_batch_size=GROUP * PROMPTS, gradient_accumulation_steps=1, steps_per_generation=1,
-        num_generations=GROUP, num_iterations=1, max_steps=n_steps, shuffle_dataset=False,
+        num_generations=GROUP, num_iterations=EPOCHS, max_steps=n_steps, shuffle_dataset=False,
         max_completion_length=MAX_NEW, temperature=TEMPERATURE, top_p=1.0, top_k=0,
         beta=KL, epsilon=0.2, scale_rewards="none", loss_type="dapo",
     )
@@ -272,12 +294,31 @@ def run_trl(model_path: str, *, seconds: float, seed: int, eval_every: float, ta
     timer = Timer()
     trainer = GRPOTrainer(model=model, reward_funcs=math_reward, args=cfg, train_dataset=data,
                           processing_class=tok, callbacks=[timer])
+    # Time TRL's sampling phase (generation, rewards, reference logprobs) apart from the rest of
+    # its step (policy pass, backward, optimizer), for comparison with ours' ms_per_step.
+    sampling = trainer._generate_and_score_completions
+    spent = [0.0]
+
+    def timed(*args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return sampling(*args, **kwargs)
+        finally:
+            spent[0] += time.perf_counter() - t0
+
+    trainer._generate_and_score_completions = timed
     trainer.train()
     clock = timer.clock
     steps = trainer.state.global_step
     if clock.curve[-1][1] != steps:
         clock.tick(steps, weights_of(trainer.model), force=True)
-    return {**summary(clock.curve, steps, target), "trl": trl.__version__}
+    res = {**summary(clock.curve, steps, target), "trl": trl.__version__}
+    step_ms = 1000 * clock.now() / max(steps, 1)
+    res["ms_per_step"] = {"sample_score_ref": round(1000 * spent[0] / max(steps, 1), 1),
+                          "rest": round(step_ms - 1000 * spent[0] / max(steps, 1), 1)}
+    if lengths[1]:
+        res["response_tokens"] = round(lengths[0] / lengths[1], 2)
+    return res
 
 
 def trl_side(python: str, model_path: str, a: argparse.Namespace) -> dict:
@@ -289,7 +330,8 @@ def trl_side(python: str, model_path: str, a: argparse.Namespace) -> dict:
     cmd = [python, str(Path(__file__).resolve()), "--child", "trl", "--model-path", model_path,
            "--seconds", str(a.seconds), "--seed", str(a.seed), "--eval-every", str(a.eval_every),
            "--target", str(a.target), "--threads", str(a.threads), "--reward", a.reward,
-           "--group", str(a.group), "--prompts", str(a.prompts), "--lr", str(a.lr), "--kl", str(a.kl)]
+           "--group", str(a.group), "--prompts", str(a.prompts), "--lr", str(a.lr), "--kl", str(a.kl),
+           "--epochs", str(a.epochs)]
     env = {**os.environ, "OMP_NUM_THREADS": str(a.threads), "TOKENIZERS_PARALLELISM": "false"}
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=a.seconds * 3 + 600)
@@ -313,11 +355,81 @@ def print_curve(name: str, res: dict) -> None:
         print(f"{t:>8.1f} {step:>6} {acc:>6.2f}")
 
 
+def parse_seeds(spec: str) -> list[int]:
+    """``"0-3"`` -> [0, 1, 2, 3]; ``"0,2,5"`` -> [0, 2, 5]; ranges and lists mix (``"0-2,7"``)."""
+    out: list[int] = []
+    for part in spec.split(","):
+        lo, sep, hi = part.strip().partition("-")
+        if not lo.isdigit() or (sep and not hi.isdigit()) or (sep and int(hi) < int(lo)):
+            raise ValueError(f"bad seed list {spec!r}: use e.g. 0-3 or 0,2,5")
+        out.extend(range(int(lo), int(hi) + 1) if sep else [int(lo)])
+    if len(set(out)) != len(out):
+        raise ValueError(f"seed list {spec!r} names a seed twice")
+    return out
+
+
+def across_seeds(runs: list[dict], key: str, seconds: float) -> dict:
+    """Medians and who-got-there-first over seeds. A side that never reached the target counts as
+    slower than any time (a censored value): a median that lands on one is null."""
+    summary: dict = {}
+    for side in ("ours", "trl"):
+        done = [r[side] for r in runs if key in r.get(side, {})]  # not the skipped or failed
+        if not done:
+            continue
+        times = sorted(math.inf if d.get(key) is None else d[key] for d in done)
+        med = statistics.median(times)
+        summary[side] = {"seeds": len(done), "reached": sum(t != math.inf for t in times),
+                         f"median_{key}": None if math.isinf(med) else round(med, 1),
+                         "median_best": round(statistics.median(d["best"] for d in done), 3),
+                         "median_last": round(statistics.median(d["last"] for d in done), 3),
+                         "median_steps_per_s": round(statistics.median(d["steps"] / seconds for d in done), 2)}
+    if "ours" in summary and "trl" in summary:
+        first = dict.fromkeys(("ours", "trl", "tie", "neither"), 0)
+        for r in (r for r in runs if key in r.get("ours", {}) and key in r.get("trl", {})):
+            o, t = r["ours"][key], r["trl"][key]
+            first["neither" if o is None and t is None else "trl" if o is None else "ours" if t is None
+                  else "ours" if o < t else "trl" if t < o else "tie"] += 1
+        summary["first_to_target"] = first
+    return summary
+
+
+def run_seed(a: argparse.Namespace, seed: int) -> dict:
+    """Both sides on one seed (ours, then TRL); the per-side summaries without their curves."""
+    from rollart_nb.models import tiny_qwen
+    from rollart_nb.models.warmstart import format_warm_start
+
+    a.seed = seed  # the TRL child gets it from here
+    kw = dict(seconds=a.seconds, seed=seed, eval_every=a.eval_every, target=a.target, reward_kind=a.reward)
+    env = Arithmetic()
+    base = tiny_qwen(task_vocab=env.vocab, seed=seed)
+    model = format_warm_start(base, {"math": env}, steps=60, seed=seed)
+    sides = a.sides.split(",")
+    print(f"model {model.path} ({model.params} params); {a.seconds:g} s per side, seed {seed}, "
+          f"{PROMPTS}x{GROUP} completions per step, greedy eval on {len(env.validation_seeds())} problems "
+          f"every {a.eval_every:g} s", flush=True)
+    res: dict = {"seed": seed}
+    if "ours" in sides:
+        res["ours"] = run_ours(model.path, **kw, curriculum=a.curriculum, skip_flat=a.skip_flat, epochs=EPOCHS)
+        print_curve("ours", res["ours"])
+    if "trl" in sides:
+        res["trl"] = trl_side(a.trl_python, model.path, a)
+        print_curve("trl", res["trl"])
+    key = f"t_to_{a.target:g}"
+    ours_t, trl_t = (res.get(s, {}).get(key) for s in ("ours", "trl"))
+    res["trl_over_ours"] = round(trl_t / ours_t, 3) if ours_t and trl_t is not None else None
+    for s in ("ours", "trl"):
+        res.get(s, {}).pop("curve", None)
+    return res
+
+
 def main() -> None:
-    global GROUP, PROMPTS, LR, KL
+    global GROUP, PROMPTS, LR, KL, EPOCHS
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=float, default=300, help="training seconds per side")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seeds", default=None, metavar="LIST",
+                    help="several seeds, one after the other (e.g. 0-7 or 0,2,5); RESULT then holds every "
+                         "seed's figures and their medians, and counts which side reached --target first")
     ap.add_argument("--eval-every", type=float, default=10, help="training seconds between evaluations")
     ap.add_argument("--target", type=float, default=0.3, help="accuracy for the time-to-accuracy figure")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (each side)")
@@ -330,6 +442,9 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=LR, help="learning rate (both sides)")
     ap.add_argument("--kl", type=float, default=KL, help="KL coefficient to the start policy (both sides; 0: "
                                                         "no reference model)")
+    ap.add_argument("--epochs", type=int, default=EPOCHS,
+                    help="optimizer steps per sampled batch, both sides (TRL: num_iterations); the later ones "
+                         "are off-policy, corrected by the clipped ratio to the behaviour logprobs")
     ap.add_argument("--curriculum", type=float, default=None, metavar="UNIFORM",
                     help="ours draws its prompts from a PromptCurriculum with this uniform share (1.0: uniform "
                          "over the problems); TRL keeps the fixed order (it has no curriculum)")
@@ -339,9 +454,13 @@ def main() -> None:
     ap.add_argument("--child", choices=["trl"], help=argparse.SUPPRESS)
     ap.add_argument("--model-path", help=argparse.SUPPRESS)
     a = ap.parse_args()
-    GROUP, PROMPTS, LR, KL = a.group, a.prompts, a.lr, a.kl
-    if GROUP < 2 or PROMPTS < 1 or LR <= 0 or KL < 0:
-        ap.error("need --group >= 2, --prompts >= 1, --lr > 0 and --kl >= 0")
+    GROUP, PROMPTS, LR, KL, EPOCHS = a.group, a.prompts, a.lr, a.kl, a.epochs
+    if GROUP < 2 or PROMPTS < 1 or LR <= 0 or KL < 0 or EPOCHS < 1:
+        ap.error("need --group >= 2, --prompts >= 1, --lr > 0, --kl >= 0 and --epochs >= 1")
+    try:
+        seeds = parse_seeds(a.seeds) if a.seeds is not None else [a.seed]
+    except ValueError as e:
+        ap.error(str(e))
 
     import torch
 
@@ -349,36 +468,26 @@ def main() -> None:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-    kw = dict(seconds=a.seconds, seed=a.seed, eval_every=a.eval_every, target=a.target, reward_kind=a.reward)
     if a.child == "trl":
+        kw = dict(seconds=a.seconds, seed=a.seed, eval_every=a.eval_every, target=a.target, reward_kind=a.reward)
         print("CHILD " + json.dumps(run_trl(a.model_path, **kw)), flush=True)
         return
 
-    from rollart_nb.models import tiny_qwen
-    from rollart_nb.models.warmstart import format_warm_start
-
-    env = Arithmetic()
-    base = tiny_qwen(task_vocab=env.vocab, seed=a.seed)
-    model = format_warm_start(base, {"math": env}, steps=60, seed=a.seed)
-    sides = a.sides.split(",")
-    print(f"model {model.path} ({model.params} params); {a.seconds:g} s per side, seed {a.seed}, "
-          f"{PROMPTS}x{GROUP} completions per step, greedy eval on {len(env.validation_seeds())} problems "
-          f"every {a.eval_every:g} s", flush=True)
-    res: dict = {"seconds": a.seconds, "seed": a.seed, "target": a.target, "reward": a.reward,
-                 "curriculum": a.curriculum, "skip_flat": a.skip_flat, "group": GROUP, "prompts": PROMPTS,
-                 "lr": LR, "kl": KL}
-    if "ours" in sides:
-        res["ours"] = run_ours(model.path, **kw, curriculum=a.curriculum, skip_flat=a.skip_flat)
-        print_curve("ours", res["ours"])
-    if "trl" in sides:
-        res["trl"] = trl_side(a.trl_python, model.path, a)
-        print_curve("trl", res["trl"])
+    settings = {"seconds": a.seconds, "target": a.target, "reward": a.reward, "curriculum": a.curriculum,
+                "skip_flat": a.skip_flat, "group": GROUP, "prompts": PROMPTS, "lr": LR, "kl": KL,
+                "epochs": EPOCHS}
+    runs = [run_seed(a, s) for s in seeds]
+    if a.seeds is None:  # one seed: its figures at the top level, as before
+        print("RESULT " + json.dumps({**settings, **runs[0]}))
+        return
     key = f"t_to_{a.target:g}"
-    ours_t, trl_t = (res.get(s, {}).get(key) for s in ("ours", "trl"))
-    res["trl_over_ours"] = round(trl_t / ours_t, 3) if ours_t and trl_t is not None else None
-    for s in ("ours", "trl"):
-        res.get(s, {}).pop("curve", None)
-    print("RESULT " + json.dumps(res))
+    print(f"\n{'seed':>4} {'ours ' + key:>14} {'trl ' + key:>14} {'ours best':>10} {'trl best':>9}")
+    for r in runs:
+        o, t = r.get("ours", {}), r.get("trl", {})
+        print(f"{r['seed']:>4} {o.get(key, '-')!s:>14} {t.get(key, '-')!s:>14} {o.get('best', '-')!s:>10} "
+              f"{t.get('best', '-')!s:>9}")
+    print("RESULT " + json.dumps({**settings, "seeds": seeds, "summary": across_seeds(runs, key, a.seconds),
+                                  "per_seed": runs}))
 
 
 if __name__ == "__main__":

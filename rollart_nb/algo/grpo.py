@@ -70,6 +70,11 @@ class GRPO:
     """With ``kl_coef`` or ``entropy_coef`` > 0, still train the zero-advantage rows (those terms
     act on them). False skips them anyway: KL and entropy are then estimated on the rows that
     carry signal, and the trainer's compute drops with the share of flat groups."""
+    epochs: int = 1
+    """Optimizer steps per ``train_step`` on the same batch (PPO epochs; TRL's ``num_iterations``).
+    Later epochs are off-policy, which the clipped ratio to the behaviour logprobs recorded at
+    generation corrects; the reference logprobs are computed once per batch. The trainer still
+    publishes one new version per ``train_step``."""
 
     def __post_init__(self) -> None:
         problems = []
@@ -95,6 +100,8 @@ class GRPO:
             problems.append(f"scale_by_std must be a bool or a task -> bool mapping, got {self.scale_by_std!r}")
         if not (isinstance(self.micro_batch_tokens, int) and self.micro_batch_tokens >= 0):
             problems.append(f"micro_batch_tokens must be an int >= 0, got {self.micro_batch_tokens!r}")
+        if not (isinstance(self.epochs, int) and self.epochs >= 1):
+            problems.append(f"epochs must be an int >= 1, got {self.epochs!r}")
         if not (isinstance(self.micro_batch_size, int) and self.micro_batch_size >= 1):
             problems.append(f"micro_batch_size must be an int >= 1, got {self.micro_batch_size!r}")
         if problems:

@@ -212,6 +212,9 @@ class MegatronTrainBackend:
         import torch
 
         t0 = time.perf_counter()
+        if self.algo.epochs != 1:
+            raise ConfigError(f"GRPO(epochs={self.algo.epochs}): this backend makes one optimizer step per batch; "
+                              "use epochs=1, or the torch backend for several", where="MegatronTrainBackend")
         if not batch:
             raise ConfigError("train_step got an empty batch")
         unscored = [t.id for t in batch if not math.isfinite(t.reward)]

@@ -178,18 +178,23 @@ class TorchTrainBackend:
                                   "approx_kl_old": 0.0}
         grad_norm = 0.0
         if rows:
-            sums, grad_norm = self._optimize(rows, adv, [t.task for t in batch])
+            ref_cache: dict[tuple[int, int], torch.Tensor] = {}  # the reference pass, once per batch
+            for _ in range(self.algo.epochs):
+                sums, grad_norm = self._optimize(rows, adv, [t.task for t in batch], ref_cache)
         # else: no group had a reward spread, so there is no gradient, and no optimizer step either:
         # AdamW would keep moving the weights along its momentum on a zero gradient.
         self.version += 1
         sums["trained_rows"] = float(len(rows))
+        sums["epochs"] = float(self.algo.epochs if rows else 0)
         return step_metrics(sums, grad_norm=grad_norm, rewards=rewards, adv=adv, num_trajectories=len(batch),
                             num_rows=num_rows, num_tokens=sum(sum(r.mask) for r in rows),
                             step_s=time.perf_counter() - t0, version=self.version)
 
-    def _optimize(self, rows: list[Row], adv: torch.Tensor, tasks: list[str]) -> tuple[dict[str, float], float]:
+    def _optimize(self, rows: list[Row], adv: torch.Tensor, tasks: list[str],
+                  ref_cache: dict[tuple[int, int], torch.Tensor]) -> tuple[dict[str, float], float]:
         """Forward/backward over ``rows`` in micro-batches, then one optimizer step (``tasks``: per
-        trajectory of the batch, for ``loss_agg="task-token-mean"``)."""
+        trajectory of the batch, for ``loss_agg="task-token-mean"``; ``ref_cache``: the reference
+        logprobs per micro-batch, filled on the first call for a batch and reused by later epochs)."""
         # Similar lengths share a micro-batch: less padding when tasks of very different lengths mix.
         rows = sorted(rows, key=lambda r: len(r.ids))
         width = max(len(r.ids) for r in rows)
@@ -210,8 +215,10 @@ class TorchTrainBackend:
             old = torch.where(torch.isnan(old), new_lp.detach(), old)
             ref_lp = None
             if self.reference is not None:
-                with torch.no_grad():
-                    ref_lp = self._token_logprobs(self.reference, ids, attn)[0]
+                ref_lp = ref_cache.get((lo, hi))
+                if ref_lp is None:
+                    with torch.no_grad():
+                        ref_lp = ref_cache[lo, hi] = self._token_logprobs(self.reference, ids, attn)[0]
             loss, metrics = grpo_loss(
                 new_lp,
                 old,

@@ -256,3 +256,23 @@ def test_algo_changes_reach_the_optimizer_and_a_checkpoint_restores_them(ref, to
     ra, rb = a.reference.state_dict(), b.reference.state_dict()
     assert all(torch.equal(ra[k], rb[k]) for k in ra)
     assert b.train_step(batch)["loss"] == a.train_step(batch)["loss"]
+
+
+def test_epochs_are_repeated_steps_on_one_batch_with_one_reference_pass(ref, tok):
+    batch = [two_turn(tok, float(i % 2), group=f"g{i // 2}", resp=(w, "up"))
+             for i, w in enumerate(["left", "right", "up", "down"])]
+    two = TorchTrainBackend(ref, GRPO(group_size=2, kl_coef=0.1, epochs=2), seed=0)
+    ref_passes = []
+    two.reference.register_forward_hook(lambda *_: ref_passes.append(1))
+    m = two.train_step(batch)
+    assert m["epochs"] == 2.0 and two.version == 1  # one published version per batch
+    assert len(ref_passes) == 1  # the reference logprobs are reused by the second epoch
+    one = TorchTrainBackend(ref, GRPO(group_size=2, kl_coef=0.1), seed=0)
+    one.train_step(batch)
+    after_one = {k: v.clone() for k, v in one.model.state_dict().items()}
+    one.train_step(batch)
+    s1, s2 = one.model.state_dict(), two.model.state_dict()
+    assert all(torch.allclose(s1[k], s2[k], atol=1e-6) for k in s1)  # = two steps on the same batch
+    assert not all(torch.allclose(after_one[k], s2[k], atol=1e-6) for k in s1)  # not one step
+    with pytest.raises(ConfigError, match="epochs"):
+        GRPO(epochs=0)

@@ -18,12 +18,13 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_ours_side_reports_its_settings_and_trained_rows():
     p = _run("--seconds", "4", "--eval-every", "2", "--group", "4", "--prompts", "4", "--kl", "0.05",
-             "--skip-flat", "--reward", "close")
+             "--skip-flat", "--reward", "close", "--epochs", "2")
     assert p.returncode == 0, p.stderr[-2000:]
     res = json.loads(p.stdout.strip().splitlines()[-1].removeprefix("RESULT "))
     assert (res["group"], res["prompts"], res["kl"], res["skip_flat"]) == (4, 4, 0.05, True)
     ours = res["ours"]
-    assert ours["steps"] > 0
+    assert ours["steps"] > 0 and ours["steps"] % 2 == 0  # two optimizer steps per sampled batch
+    assert res["epochs"] == 2 and 1 <= ours["response_tokens"] <= 4
     # 16 completions per step; with --skip-flat a step trains only the rows of groups with a spread
     assert 0 <= ours["trained_rows_per_step"] <= 16
     assert 0.0 <= ours["best"] <= 1.0
@@ -34,3 +35,54 @@ def test_bad_settings_are_refused():
     p = _run("--group", "1")
     assert p.returncode == 2
     assert "--group >= 2" in p.stderr
+
+
+def _module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("math_vs_trl", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_seed_lists_parse_and_bad_ones_are_refused():
+    mod = _module()
+    assert mod.parse_seeds("0-3") == [0, 1, 2, 3]
+    assert mod.parse_seeds("0-2,7") == [0, 1, 2, 7]
+    for bad in ("3-1", "a", "1,1", "0-"):
+        try:
+            mod.parse_seeds(bad)
+        except ValueError:
+            continue
+        raise AssertionError(f"{bad!r} was accepted")
+    p = _run("--seeds", "2-1")
+    assert p.returncode == 2 and "bad seed list" in p.stderr
+
+
+def test_across_seeds_counts_a_side_that_never_got_there_as_slowest():
+    mod = _module()
+
+    def side(t, best):
+        return {"t_to_0.3": t, "best": best, "last": best, "steps": 600}
+
+    runs = [{"ours": side(100.0, 0.5), "trl": side(150.0, 0.4)},
+            {"ours": side(None, 0.2), "trl": side(120.0, 0.35)},
+            {"ours": side(90.0, 0.6), "trl": side(None, 0.25)},
+            {"ours": side(None, 0.1), "trl": side(None, 0.2)},
+            {"ours": side(80.0, 0.4), "trl": {"error": "rc 1"}}]  # a failed TRL run counts for neither
+    s = mod.across_seeds(runs, "t_to_0.3", 300)
+    assert s["ours"]["seeds"] == 5 and s["ours"]["reached"] == 3
+    assert s["ours"]["median_t_to_0.3"] == 100.0  # 80, 90, 100, never, never
+    assert s["trl"]["seeds"] == 4 and s["trl"]["median_t_to_0.3"] is None  # 120, 150, never, never
+    assert s["trl"]["median_steps_per_s"] == 2.0
+    assert s["first_to_target"] == {"ours": 2, "trl": 1, "tie": 0, "neither": 1}
+
+
+def test_several_seeds_report_each_and_their_medians():
+    p = _run("--seeds", "0,1", "--seconds", "2", "--eval-every", "1", "--group", "4", "--prompts", "4")
+    assert p.returncode == 0, p.stderr[-2000:]
+    res = json.loads(p.stdout.strip().splitlines()[-1].removeprefix("RESULT "))
+    assert res["seeds"] == [0, 1] and [r["seed"] for r in res["per_seed"]] == [0, 1]
+    assert res["summary"]["ours"]["seeds"] == 2 and "trl" not in res["summary"]
+    assert all(r["ours"]["steps"] > 0 for r in res["per_seed"])
