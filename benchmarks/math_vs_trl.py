@@ -170,8 +170,7 @@ def summary(curve: list[tuple[float, int, float]], steps: int, target: float) ->
 
 # -- ours ------------------------------------------------------------------------------------
 def run_ours(model_path: str, *, seconds: float, seed: int, eval_every: float, target: float,
-             reward_kind: str, curriculum: float | None = None, skip_flat: bool = False,
-             epochs: int = 1) -> dict:
+             reward_kind: str, curriculum: float | None = None, skip_flat: bool = False) -> dict:
     from rollart_nb.backends.torch_train import TorchTrainBackend
     from rollart_nb.control.curriculum import PromptCurriculum
     from rollart_nb.trajectory import Trajectory, Turn
@@ -180,7 +179,7 @@ def run_ours(model_path: str, *, seconds: float, seed: int, eval_every: float, t
     # --skip-flat: groups whose samples all scored the same get no forward/backward at all (TRL
     # always trains every row, as ours does by default when a KL term acts on them)
     algo = GRPO(group_size=GROUP, lr=LR, kl_coef=KL, scale_by_std=False, micro_batch_size=GROUP * PROMPTS,
-                regularize_all_rows=not skip_flat, epochs=epochs)
+                regularize_all_rows=not skip_flat, epochs=EPOCHS)
     trainer = TorchTrainBackend(model_path, algo, seed=seed, device="cpu")
     gen = HFBackend(model_path, device="cpu", batch_wait_s=0.001, max_batch_size=GROUP * PROMPTS, seed=seed)
     evaluate = GreedyEval(model_path, env)
@@ -197,7 +196,7 @@ def run_ours(model_path: str, *, seconds: float, seed: int, eval_every: float, t
         return await asyncio.gather(*[gen.generate(r) for r in reqs])
 
     clock = Clock(seconds, eval_every, evaluate)
-    step, batches, trained_rows, tokens = 0, 0, 0.0, 0  # step: optimizer steps (`epochs` per batch)
+    step, batches, trained_rows, tokens = 0, 0, 0.0, 0  # step: optimizer steps (EPOCHS per batch)
     phase_s = dict.fromkeys(("sample", "score", "train", "sync"), 0.0)  # seconds per phase, all steps
     while not clock.tick(step, trainer.state_dict):
         draw = (lambda: cur.next_seed(cur_rng)) if cur is not None else (lambda: next(seeds))
@@ -217,14 +216,14 @@ def run_ours(model_path: str, *, seconds: float, seed: int, eval_every: float, t
                 cur.update(s, t.reward)
             batch.append(t)
         t2 = time.perf_counter()
-        trained_rows += trainer.train_step(batch)["trained_rows"]  # `epochs` optimizer steps
-        tokens += sum(len(r.token_ids) for r in results)
+        trained_rows += trainer.train_step(batch)["trained_rows"]  # EPOCHS optimizer steps
         t3 = time.perf_counter()
         gen.load_weights(trainer.state_dict(), trainer.version)
         t4 = time.perf_counter()
         for k, v in (("sample", t1 - t0), ("score", t2 - t1), ("train", t3 - t2), ("sync", t4 - t3)):
             phase_s[k] += v
-        step += epochs
+        tokens += sum(len(r.token_ids) for r in results)
+        step += EPOCHS
         batches += 1
     if clock.curve[-1][1] != step:
         clock.tick(step, trainer.state_dict, force=True)
@@ -393,13 +392,18 @@ def across_seeds(runs: list[dict], key: str, seconds: float) -> dict:
     return summary
 
 
+def side_kw(a: argparse.Namespace) -> dict:
+    """The arguments both sides' runners take, from the command line."""
+    return {"seconds": a.seconds, "seed": a.seed, "eval_every": a.eval_every, "target": a.target,
+            "reward_kind": a.reward}
+
+
 def run_seed(a: argparse.Namespace, seed: int) -> dict:
     """Both sides on one seed (ours, then TRL); the per-side summaries without their curves."""
     from rollart_nb.models import tiny_qwen
     from rollart_nb.models.warmstart import format_warm_start
 
-    a.seed = seed  # the TRL child gets it from here
-    kw = dict(seconds=a.seconds, seed=seed, eval_every=a.eval_every, target=a.target, reward_kind=a.reward)
+    a.seed = seed  # side_kw and the TRL child read it from here
     env = Arithmetic()
     base = tiny_qwen(task_vocab=env.vocab, seed=seed)
     model = format_warm_start(base, {"math": env}, steps=60, seed=seed)
@@ -409,7 +413,7 @@ def run_seed(a: argparse.Namespace, seed: int) -> dict:
           f"every {a.eval_every:g} s", flush=True)
     res: dict = {"seed": seed}
     if "ours" in sides:
-        res["ours"] = run_ours(model.path, **kw, curriculum=a.curriculum, skip_flat=a.skip_flat, epochs=EPOCHS)
+        res["ours"] = run_ours(model.path, **side_kw(a), curriculum=a.curriculum, skip_flat=a.skip_flat)
         print_curve("ours", res["ours"])
     if "trl" in sides:
         res["trl"] = trl_side(a.trl_python, model.path, a)
@@ -469,8 +473,7 @@ def main() -> None:
 
     hf_logging.disable_progress_bar()
     if a.child == "trl":
-        kw = dict(seconds=a.seconds, seed=a.seed, eval_every=a.eval_every, target=a.target, reward_kind=a.reward)
-        print("CHILD " + json.dumps(run_trl(a.model_path, **kw)), flush=True)
+        print("CHILD " + json.dumps(run_trl(a.model_path, **side_kw(a))), flush=True)
         return
 
     settings = {"seconds": a.seconds, "target": a.target, "reward": a.reward, "curriculum": a.curriculum,
