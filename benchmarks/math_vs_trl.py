@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import json
 import math
 import os
@@ -170,7 +171,8 @@ def summary(curve: list[tuple[float, int, float]], steps: int, target: float) ->
 
 # -- ours ------------------------------------------------------------------------------------
 def run_ours(model_path: str, *, seconds: float, seed: int, eval_every: float, target: float,
-             reward_kind: str, curriculum: float | None = None, skip_flat: bool = False) -> dict:
+             reward_kind: str, curriculum: float | None = None, skip_flat: bool = False,
+             overlap: bool = False) -> dict:
     from rollart_nb.backends.torch_train import TorchTrainBackend
     from rollart_nb.control.curriculum import PromptCurriculum
     from rollart_nb.trajectory import Trajectory, Turn
@@ -195,41 +197,78 @@ def run_ours(model_path: str, *, seconds: float, seed: int, eval_every: float, t
                 for i in range(GROUP * len(prompts))]
         return await asyncio.gather(*[gen.generate(r) for r in reqs])
 
-    clock = Clock(seconds, eval_every, evaluate)
-    step, batches, trained_rows, tokens = 0, 0, 0.0, 0  # step: optimizer steps (EPOCHS per batch)
-    phase_s = dict.fromkeys(("sample", "score", "train", "sync"), 0.0)  # seconds per phase, all steps
-    while not clock.tick(step, trainer.state_dict):
+    def draw_batch(b: int) -> tuple[list, list[list[int]], concurrent.futures.Future]:
+        """Draw batch ``b``'s prompts (on this thread: the curriculum is not shared) and start
+        sampling them: on the sampler thread with --overlap, else right here."""
         draw = (lambda: cur.next_seed(cur_rng)) if cur is not None else (lambda: next(seeds))
         probs = [(s, *problem(env, s)) for s in (draw() for _ in range(PROMPTS))]
         prompts = [gen.tokenizer.encode(p) for _, p, _ in probs]
-        batch = []
-        t0 = time.perf_counter()
-        results = asyncio.run(sample(batches, prompts))
-        t1 = time.perf_counter()
-        for i, r in enumerate(results):
-            s, text, answer = probs[i // GROUP]
-            t = Trajectory(task="math", seed=s, group_id=f"{batches}-{i // GROUP}", info={"answer": str(answer)})
-            t.turns.append(Turn(text, r.text, prompts[i // GROUP], r.token_ids, r.logprobs,
-                                [1] * len(r.token_ids), r.version))
-            t.reward = train_reward(reward_kind, r.text, answer)
-            if cur is not None:
-                cur.update(s, t.reward)
-            batch.append(t)
-        t2 = time.perf_counter()
-        trained_rows += trainer.train_step(batch)["trained_rows"]  # EPOCHS optimizer steps
-        t3 = time.perf_counter()
-        gen.load_weights(trainer.state_dict(), trainer.version)
-        t4 = time.perf_counter()
-        for k, v in (("sample", t1 - t0), ("score", t2 - t1), ("train", t3 - t2), ("sync", t4 - t3)):
-            phase_s[k] += v
-        tokens += sum(len(r.token_ids) for r in results)
-        step += EPOCHS
-        batches += 1
+        timed = lambda: (time.perf_counter(), asyncio.run(sample(b, prompts)), time.perf_counter())  # noqa: E731
+        if sampler is not None:
+            return probs, prompts, sampler.submit(timed)
+        done: concurrent.futures.Future = concurrent.futures.Future()
+        done.set_result(timed())
+        return probs, prompts, done
+
+    # --overlap: batch b+1 is sampled on a second thread (the generator's weights one version
+    # behind) while batch b trains: RollArt's asynchronous rollout at staleness 1, each phase on its
+    # own core. The weights are loaded only while nothing samples, so no batch sees half a version.
+    sampler = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="sampler") if overlap else None
+    clock = Clock(seconds, eval_every, evaluate)
+    step, batches, trained_rows, tokens = 0, 0, 0.0, 0  # step: optimizer steps (EPOCHS per batch)
+    lag = 0.0  # batches the sampling weights were behind the trainer's, summed (--overlap: 1 after the first)
+    # seconds per phase over all steps; with --overlap, "sample" is the time spent waiting for the
+    # sampler thread and "sample_thread" the sampler's own time, which overlaps training
+    phase_s = dict.fromkeys(("sample", "score", "train", "sync", *(("sample_thread",) if overlap else ())), 0.0)
+    pending = draw_batch(0)
+    try:
+        while True:
+            probs, prompts, fut = pending
+            t0 = time.perf_counter()
+            s0, results, s1 = fut.result()
+            t1 = time.perf_counter()
+            if clock.tick(step, trainer.state_dict):  # nothing samples while it evaluates
+                break
+            if overlap:
+                phase_s["sample_thread"] += s1 - s0
+                pending = draw_batch(batches + 1)
+            else:  # sampled in draw_batch, before this loop's clock started
+                t0 = t1 - (s1 - s0)
+            batch = []
+            for i, r in enumerate(results):
+                s, text, answer = probs[i // GROUP]
+                t = Trajectory(task="math", seed=s, group_id=f"{batches}-{i // GROUP}", info={"answer": str(answer)})
+                t.turns.append(Turn(text, r.text, prompts[i // GROUP], r.token_ids, r.logprobs,
+                                    [1] * len(r.token_ids), r.version))
+                t.reward = train_reward(reward_kind, r.text, answer)
+                if cur is not None:
+                    cur.update(s, t.reward)
+                batch.append(t)
+            lag += (trainer.version - min(r.version for r in results)) / EPOCHS
+            t2 = time.perf_counter()
+            trained_rows += trainer.train_step(batch)["trained_rows"]  # EPOCHS optimizer steps
+            t3 = time.perf_counter()
+            if overlap:
+                pending[2].result()  # the next batch is sampled; only now may the weights change
+            t3b = time.perf_counter()
+            gen.load_weights(trainer.state_dict(), trainer.version)
+            t4 = time.perf_counter()
+            for k, v in (("sample", t1 - t0 + t3b - t3), ("score", t2 - t1), ("train", t3 - t2), ("sync", t4 - t3b)):
+                phase_s[k] += v
+            tokens += sum(len(r.token_ids) for r in results)
+            step += EPOCHS
+            batches += 1
+            if not overlap:
+                pending = draw_batch(batches)
+    finally:
+        if sampler is not None:
+            sampler.shutdown(wait=True, cancel_futures=True)
     if clock.curve[-1][1] != step:
         clock.tick(step, trainer.state_dict, force=True)
     out = summary(clock.curve, step, target)
     out["trained_rows_per_step"] = round(trained_rows / max(batches, 1), 1)
     out["response_tokens"] = round(tokens / max(batches * GROUP * PROMPTS, 1), 2)
+    out["behaviour_lag"] = round(lag / max(batches, 1), 3)
     out["ms_per_step"] = {k: round(1000 * v / max(step, 1), 1) for k, v in phase_s.items()}
     if cur is not None:
         out["curriculum"] = cur.summary()
@@ -413,7 +452,8 @@ def run_seed(a: argparse.Namespace, seed: int) -> dict:
           f"every {a.eval_every:g} s", flush=True)
     res: dict = {"seed": seed}
     if "ours" in sides:
-        res["ours"] = run_ours(model.path, **side_kw(a), curriculum=a.curriculum, skip_flat=a.skip_flat)
+        res["ours"] = run_ours(model.path, **side_kw(a), curriculum=a.curriculum, skip_flat=a.skip_flat,
+                               overlap=a.overlap)
         print_curve("ours", res["ours"])
     if "trl" in sides:
         res["trl"] = trl_side(a.trl_python, model.path, a)
@@ -436,7 +476,8 @@ def main() -> None:
                          "seed's figures and their medians, and counts which side reached --target first")
     ap.add_argument("--eval-every", type=float, default=10, help="training seconds between evaluations")
     ap.add_argument("--target", type=float, default=0.3, help="accuracy for the time-to-accuracy figure")
-    ap.add_argument("--threads", type=int, default=1, help="torch threads (each side)")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads (each side; with --overlap, TRL's only: ours then runs one per phase)")
     ap.add_argument("--trl-python", default=sys.executable, help="interpreter that has trl installed")
     ap.add_argument("--sides", default="ours,trl")
     ap.add_argument("--reward", choices=["exact", "close"], default="exact",
@@ -455,6 +496,9 @@ def main() -> None:
     ap.add_argument("--skip-flat", action="store_true",
                     help="ours skips the forward/backward of groups whose samples all scored the same, KL "
                          "term included (GRPO(regularize_all_rows=False)); TRL trains every row")
+    ap.add_argument("--overlap", action="store_true",
+                    help="ours samples the next batch on a second thread while it trains on this one (one "
+                         "step stale, one core each); ours then uses two cores, so give TRL --threads 2")
     ap.add_argument("--child", choices=["trl"], help=argparse.SUPPRESS)
     ap.add_argument("--model-path", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -468,7 +512,8 @@ def main() -> None:
 
     import torch
 
-    torch.set_num_threads(a.threads)
+    # --threads is TRL's; ours with --overlap runs each op on its calling thread (one core per phase)
+    torch.set_num_threads(1 if a.overlap and a.child is None else a.threads)
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
@@ -477,7 +522,8 @@ def main() -> None:
         return
 
     settings = {"seconds": a.seconds, "target": a.target, "reward": a.reward, "curriculum": a.curriculum,
-                "skip_flat": a.skip_flat, "group": GROUP, "prompts": PROMPTS, "lr": LR, "kl": KL,
+                "skip_flat": a.skip_flat, "overlap": a.overlap,
+                "threads": a.threads, "group": GROUP, "prompts": PROMPTS, "lr": LR, "kl": KL,
                 "epochs": EPOCHS}
     runs = [run_seed(a, s) for s in seeds]
     if a.seeds is None:  # one seed: its figures at the top level, as before

@@ -86,3 +86,22 @@ def test_several_seeds_report_each_and_their_medians():
     assert res["seeds"] == [0, 1] and [r["seed"] for r in res["per_seed"]] == [0, 1]
     assert res["summary"]["ours"]["seeds"] == 2 and "trl" not in res["summary"]
     assert all(r["ours"]["steps"] > 0 for r in res["per_seed"])
+
+
+def test_overlap_samples_one_version_behind_on_a_second_thread():
+    p = _run("--seconds", "4", "--eval-every", "2", "--group", "4", "--prompts", "4", "--overlap")
+    assert p.returncode == 0, p.stderr[-2000:]
+    res = json.loads(p.stdout.strip().splitlines()[-1].removeprefix("RESULT "))
+    ours = res["ours"]
+    assert res["overlap"] is True and ours["steps"] > 2
+    # every batch after the first was sampled while the one before it trained: one version behind
+    n = ours["steps"]
+    assert abs(ours["behaviour_lag"] - (n - 1) / n) < 1e-3, ours
+    assert ours["ms_per_step"]["sample_thread"] > 0
+
+
+def test_without_overlap_every_batch_is_sampled_by_the_weights_it_trains():
+    p = _run("--seconds", "2", "--eval-every", "1", "--group", "4", "--prompts", "4")
+    assert p.returncode == 0, p.stderr[-2000:]
+    ours = json.loads(p.stdout.strip().splitlines()[-1].removeprefix("RESULT "))["ours"]
+    assert ours["steps"] > 0 and ours["behaviour_lag"] == 0.0
