@@ -35,6 +35,12 @@ sample / score / train / sync, where train includes the reference pass; TRL: its
 which includes rewards and the reference pass, and the rest of its step) and ``response_tokens``
 (mean completion length). ``steps`` counts optimizer steps on both sides.
 
+``--overlap`` runs ours as RollArt does, asynchronously: a second thread samples batch b+1 (one
+version behind, ``behaviour_lag``) and runs the KL reference pass on it (a ``ReferencePolicy``, as
+TRL's sampling phase does) while the trainer trains on batch b; ``ms_per_step`` then has the
+sampler thread's own sample / score / ref time and the trainer's ``wait`` for it. Each side then
+uses two cores: give TRL ``--threads 2``.
+
 ``--seeds 0-7`` runs several seeds one after the other (each: ours, then TRL) and ends with a table
 and a RESULT holding every seed's figures, their medians (a side that never reached the target
 counts as slower than any time, so a median that lands on it is null) and how often each side
@@ -173,7 +179,7 @@ def summary(curve: list[tuple[float, int, float]], steps: int, target: float) ->
 def run_ours(model_path: str, *, seconds: float, seed: int, eval_every: float, target: float,
              reward_kind: str, curriculum: float | None = None, skip_flat: bool = False,
              overlap: bool = False) -> dict:
-    from rollart_nb.backends.torch_train import TorchTrainBackend
+    from rollart_nb.backends.torch_train import ReferencePolicy, TorchTrainBackend
     from rollart_nb.control.curriculum import PromptCurriculum
     from rollart_nb.trajectory import Trajectory, Turn
 
@@ -197,18 +203,42 @@ def run_ours(model_path: str, *, seconds: float, seed: int, eval_every: float, t
                 for i in range(GROUP * len(prompts))]
         return await asyncio.gather(*[gen.generate(r) for r in reqs])
 
-    def draw_batch(b: int) -> tuple[list, list[list[int]], concurrent.futures.Future]:
+    # --overlap: the sampler thread also runs the KL reference pass (a ReferencePolicy: the
+    # reference role of verl and ROLL, and where TRL computes it too, in its generation phase)
+    refpol = ReferencePolicy(model_path, device="cpu") if overlap and KL > 0 else None
+
+    def make_batch(b: int, probs: list, prompts: list[list[int]]) -> tuple[list, dict[str, float]]:
+        """Sample batch ``b``, score it, and (with a ReferencePolicy) attach its reference
+        logprobs: the trained rows only when flat groups are skipped."""
+        t0 = time.perf_counter()
+        results = asyncio.run(sample(b, prompts))
+        t1 = time.perf_counter()
+        batch = []
+        for i, r in enumerate(results):
+            s, text, answer = probs[i // GROUP]
+            t = Trajectory(task="math", seed=s, group_id=f"{b}-{i // GROUP}", info={"answer": str(answer)})
+            t.turns.append(Turn(text, r.text, prompts[i // GROUP], r.token_ids, r.logprobs,
+                                [1] * len(r.token_ids), r.version))
+            t.reward = train_reward(reward_kind, r.text, answer)
+            batch.append(t)
+        t2 = time.perf_counter()
+        if refpol is not None:
+            spread = {g for g in {t.group_id for t in batch}
+                      if len({t.reward for t in batch if t.group_id == g}) > 1}
+            refpol.score([t for t in batch if t.group_id in spread or not skip_flat])
+        return batch, {"sample": t1 - t0, "score": t2 - t1, "ref": time.perf_counter() - t2}
+
+    def draw_batch(b: int) -> tuple[list, concurrent.futures.Future]:
         """Draw batch ``b``'s prompts (on this thread: the curriculum is not shared) and start
-        sampling them: on the sampler thread with --overlap, else right here."""
+        making it: on the sampler thread with --overlap, else right here."""
         draw = (lambda: cur.next_seed(cur_rng)) if cur is not None else (lambda: next(seeds))
         probs = [(s, *problem(env, s)) for s in (draw() for _ in range(PROMPTS))]
         prompts = [gen.tokenizer.encode(p) for _, p, _ in probs]
-        timed = lambda: (time.perf_counter(), asyncio.run(sample(b, prompts)), time.perf_counter())  # noqa: E731
         if sampler is not None:
-            return probs, prompts, sampler.submit(timed)
+            return probs, sampler.submit(make_batch, b, probs, prompts)
         done: concurrent.futures.Future = concurrent.futures.Future()
-        done.set_result(timed())
-        return probs, prompts, done
+        done.set_result(make_batch(b, probs, prompts))
+        return probs, done
 
     # --overlap: batch b+1 is sampled on a second thread (the generator's weights one version
     # behind) while batch b trains: RollArt's asynchronous rollout at staleness 1, each phase on its
@@ -217,45 +247,43 @@ def run_ours(model_path: str, *, seconds: float, seed: int, eval_every: float, t
     clock = Clock(seconds, eval_every, evaluate)
     step, batches, trained_rows, tokens = 0, 0, 0.0, 0  # step: optimizer steps (EPOCHS per batch)
     lag = 0.0  # batches the sampling weights were behind the trainer's, summed (--overlap: 1 after the first)
-    # seconds per phase over all steps; with --overlap, "sample" is the time spent waiting for the
-    # sampler thread and "sample_thread" the sampler's own time, which overlaps training
-    phase_s = dict.fromkeys(("sample", "score", "train", "sync", *(("sample_thread",) if overlap else ())), 0.0)
+    # seconds per phase over all steps. Without --overlap, "sample" and "score" are the batch's
+    # own phases; with it, "wait" is the time the trainer waited for the sampler thread, and
+    # "sample", "score" and "ref" are the sampler's own time, which overlaps training
+    phases = ("sample", "score", "ref", "wait") if overlap else ("sample", "score")
+    phase_s = dict.fromkeys((*phases, "train", "sync"), 0.0)
     pending = draw_batch(0)
     try:
         while True:
-            probs, prompts, fut = pending
+            probs, fut = pending
             t0 = time.perf_counter()
-            s0, results, s1 = fut.result()
+            batch, made = fut.result()
             t1 = time.perf_counter()
             if clock.tick(step, trainer.state_dict):  # nothing samples while it evaluates
                 break
+            for k, v in made.items():
+                if k in phase_s:
+                    phase_s[k] += v
             if overlap:
-                phase_s["sample_thread"] += s1 - s0
+                phase_s["wait"] += t1 - t0
                 pending = draw_batch(batches + 1)
-            else:  # sampled in draw_batch, before this loop's clock started
-                t0 = t1 - (s1 - s0)
-            batch = []
-            for i, r in enumerate(results):
-                s, text, answer = probs[i // GROUP]
-                t = Trajectory(task="math", seed=s, group_id=f"{batches}-{i // GROUP}", info={"answer": str(answer)})
-                t.turns.append(Turn(text, r.text, prompts[i // GROUP], r.token_ids, r.logprobs,
-                                    [1] * len(r.token_ids), r.version))
-                t.reward = train_reward(reward_kind, r.text, answer)
-                if cur is not None:
-                    cur.update(s, t.reward)
-                batch.append(t)
-            lag += (trainer.version - min(r.version for r in results)) / EPOCHS
+            if cur is not None:
+                for t in batch:
+                    cur.update(t.seed, t.reward)
+            lag += (trainer.version - min(t.turns[0].version for t in batch)) / EPOCHS
             t2 = time.perf_counter()
             trained_rows += trainer.train_step(batch)["trained_rows"]  # EPOCHS optimizer steps
             t3 = time.perf_counter()
             if overlap:
-                pending[2].result()  # the next batch is sampled; only now may the weights change
+                pending[1].result()  # the next batch is sampled; only now may the weights change
             t3b = time.perf_counter()
             gen.load_weights(trainer.state_dict(), trainer.version)
             t4 = time.perf_counter()
-            for k, v in (("sample", t1 - t0 + t3b - t3), ("score", t2 - t1), ("train", t3 - t2), ("sync", t4 - t3b)):
-                phase_s[k] += v
-            tokens += sum(len(r.token_ids) for r in results)
+            phase_s["train"] += t3 - t2
+            phase_s["sync"] += t4 - t3b
+            if overlap:
+                phase_s["wait"] += t3b - t3
+            tokens += sum(len(t.turns[0].response_ids) for t in batch)
             step += EPOCHS
             batches += 1
             if not overlap:

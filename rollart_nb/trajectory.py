@@ -45,6 +45,9 @@ class Turn:
         timings: seconds spent per phase ("generate", "env", "barrier", ...) and the wall-clock
             start of the turn's generation (``"t"``, unix seconds) for timelines.
         worker: the generation worker that produced the response.
+        ref_logprobs: log-probabilities of ``response_ids`` under the KL reference policy, shape
+            [R], when a :class:`~rollart_nb.backends.torch_train.ReferencePolicy` worker computed
+            them (the trainer then skips its own reference pass); empty otherwise.
     """
 
     observation: str
@@ -57,6 +60,7 @@ class Turn:
     env_reward: float = 0.0
     timings: dict[str, float] = field(default_factory=dict)
     worker: str = ""
+    ref_logprobs: list[float] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__all__ = ["HFBackend", "TorchTrainBackend"]
+__all__ = ["HFBackend", "ReferencePolicy", "TorchTrainBackend"]
 
 if TYPE_CHECKING:
     from rollart_nb.backends.hf import HFBackend
-    from rollart_nb.backends.torch_train import TorchTrainBackend
+    from rollart_nb.backends.torch_train import ReferencePolicy, TorchTrainBackend
 
 
 def __getattr__(name: str) -> Any:
@@ -19,8 +19,8 @@ def __getattr__(name: str) -> Any:
         from rollart_nb.backends.hf import HFBackend
 
         return HFBackend
-    if name == "TorchTrainBackend":
-        from rollart_nb.backends.torch_train import TorchTrainBackend
+    if name in ("TorchTrainBackend", "ReferencePolicy"):
+        from rollart_nb.backends import torch_train
 
-        return TorchTrainBackend
+        return getattr(torch_train, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -18,6 +18,12 @@ trajectory are weighed together as one sequence.
 Old (behaviour) logprobs are the turns' ``logprobs`` from the generator, so the importance
 ratio corrects for staleness; where a turn has none, the trainer's own (detached) logprobs
 stand in and the ratio is 1.
+
+Reference logprobs (for the KL term) are the turns' ``ref_logprobs`` when a
+:class:`ReferencePolicy` worker filled them for every trained token of a micro-batch, as the
+separate reference role of verl or ROLL does: the trainer then skips its own reference forward
+pass, and the pass runs on whatever resource the ReferencePolicy lives on (another core, another
+pool, overlapped with training). Otherwise the trainer computes them itself.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ import math
 import os
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,9 +43,9 @@ import torch
 from rollart_nb.algo.grpo import GRPO, batch_advantages, grpo_loss, loss_weights, step_metrics
 from rollart_nb.errors import ConfigError, StateError
 from rollart_nb.models.tiny import ModelRef, from_pretrained
-from rollart_nb.trajectory import Trajectory
+from rollart_nb.trajectory import Trajectory, Turn
 
-__all__ = ["TorchTrainBackend", "build_rows"]
+__all__ = ["ReferencePolicy", "TorchTrainBackend", "build_rows"]
 
 log = logging.getLogger(__name__)
 
@@ -55,12 +61,15 @@ class Row:
         mask: 1.0 on trained tokens, shape [L] (position i is token i).
         old_logprobs: behaviour logprobs, NaN where unknown, shape [L].
         traj: index of the trajectory in the batch.
+        ref_logprobs: reference-policy logprobs from the turns' ``ref_logprobs``, NaN where
+            unknown, shape [L].
     """
 
     ids: list[int]
     mask: list[float]
     old_logprobs: list[float]
     traj: int
+    ref_logprobs: list[float] = field(default_factory=list)
 
 
 def micro_batches(lengths: list[int], max_rows: int, max_tokens: int = 0) -> list[tuple[int, int]]:
@@ -79,8 +88,10 @@ def micro_batches(lengths: list[int], max_rows: int, max_tokens: int = 0) -> lis
     return out
 
 
-def build_rows(traj: Trajectory, index: int = 0) -> list[Row]:
-    """Turn a trajectory into training rows (see the module docstring for the rule)."""
+def row_groups(traj: Trajectory) -> list[tuple[list[int], list[Turn]]]:
+    """The token sequences a trajectory trains on, each with the turns whose responses lie in it:
+    one sequence for the whole trajectory when every turn extends the previous one, else one
+    per turn (see the module docstring)."""
     turns = [t for t in traj.turns if t.response_ids]
     if not turns:
         return []
@@ -89,25 +100,92 @@ def build_rows(traj: Trajectory, index: int = 0) -> list[Row]:
         final[: len(t.prompt_ids) + len(t.response_ids)] == list(t.prompt_ids) + list(t.response_ids)
         for t in turns
     )
-    groups = (
-        [(final, turns)] if consistent else [(list(t.prompt_ids) + list(t.response_ids), [t]) for t in turns]
-    )
+    return [(final, turns)] if consistent else [(list(t.prompt_ids) + list(t.response_ids), [t]) for t in turns]
+
+
+def build_rows(traj: Trajectory, index: int = 0) -> list[Row]:
+    """Turn a trajectory into training rows (see the module docstring for the rule)."""
     rows = []
-    for ids, members in groups:
-        mask, old = [0.0] * len(ids), [math.nan] * len(ids)
+    for ids, members in row_groups(traj):
+        mask, old, ref = [0.0] * len(ids), [math.nan] * len(ids), [math.nan] * len(ids)
         for t in members:
             start, n = len(t.prompt_ids), len(t.response_ids)
             tmask = t.loss_mask if len(t.loss_mask) == n else [1] * n
             tlp = t.logprobs if len(t.logprobs) == n else [math.nan] * n
+            tref = t.ref_logprobs if len(t.ref_logprobs) == n else [math.nan] * n
             for j in range(n):
                 mask[start + j] = float(tmask[j])
                 old[start + j] = float(tlp[j])
+                ref[start + j] = float(tref[j])
         if mask[0]:
             raise ConfigError(
                 f"trajectory {traj.id}: a turn has an empty prompt; the first token has no context"
             )
-        rows.append(Row(ids, mask, old, index))
+        rows.append(Row(ids, mask, old, index, ref))
     return rows
+
+
+def _pad_ids(seqs: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-pad token sequences: real tokens keep positions 0..L-1, exactly as in generation."""
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    attn = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, : len(s)] = torch.tensor(s)
+        attn[i, : len(s)] = 1
+    return ids.to(device), attn.to(device)
+
+
+def _token_logprobs(model: Any, ids: torch.Tensor, attn: torch.Tensor, with_entropy: bool = False):
+    """Logprob of token t given tokens < t, for t = 1..L-1: shape [B, L-1] (and entropy)."""
+    logits = model(input_ids=ids, attention_mask=attn, use_cache=False).logits[:, :-1].float()
+    logp = torch.log_softmax(logits, -1)
+    lp = logp.gather(-1, ids[:, 1:, None])[..., 0]
+    entropy = -(logp.exp() * logp).sum(-1) if with_entropy else None
+    return lp, entropy
+
+
+class ReferencePolicy:
+    """The KL reference as a worker of its own: fills each turn's ``ref_logprobs``, so a
+    :class:`TorchTrainBackend` given those trajectories skips its reference forward pass.
+
+    It must hold the same weights as the trainer's reference (the policy the trainer started
+    from: load both from the same path). Run it where it overlaps training: another thread or
+    core, another Ray actor or pool, as verl's and ROLL's reference role does.
+
+    Args:
+        model: a :class:`ModelRef` or a path to a Hugging Face model directory.
+        device: torch device; default ``cuda`` when available, else ``cpu``.
+        micro_batch_tokens: padded tokens per forward pass (0: one pass for the whole batch).
+
+    Example:
+        >>> ref = ReferencePolicy(model_path)                 # doctest: +SKIP
+        >>> ref.score(trajectories)                           # fills turn.ref_logprobs
+        >>> trainer.train_step(trajectories)                  # doctest: +SKIP
+    """
+
+    def __init__(self, model: ModelRef | str, device: str | None = None, micro_batch_tokens: int = 4096):
+        ref = model if isinstance(model, ModelRef) else from_pretrained(model)
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        tok = ref.load_tokenizer()
+        self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
+        self.model = ref.load_model(dtype=torch.float32, device=self.device).requires_grad_(False).eval()
+        self.micro_batch_tokens = micro_batch_tokens
+
+    def score(self, batch: list[Trajectory]) -> None:
+        """Set ``ref_logprobs`` on every turn of ``batch`` that has a response, in place."""
+        seqs = [(ids, members) for t in batch for ids, members in row_groups(t)]
+        order = sorted(range(len(seqs)), key=lambda i: len(seqs[i][0]))
+        lengths = [len(seqs[i][0]) for i in order]
+        with torch.no_grad():
+            for lo, hi in micro_batches(lengths, len(lengths), self.micro_batch_tokens):
+                part = [seqs[i] for i in order[lo:hi]]
+                ids, attn = _pad_ids([p[0] for p in part], self.pad_id, self.device)
+                lp = _token_logprobs(self.model, ids, attn)[0].cpu()
+                for row, (_, members) in enumerate(part):
+                    for turn in members:
+                        start, n = len(turn.prompt_ids), len(turn.response_ids)
+                        turn.ref_logprobs = lp[row, start - 1 : start - 1 + n].tolist()
 
 
 class TorchTrainBackend:
@@ -217,8 +295,13 @@ class TorchTrainBackend:
             if self.reference is not None:
                 ref_lp = ref_cache.get((lo, hi))
                 if ref_lp is None:
-                    with torch.no_grad():
-                        ref_lp = ref_cache[lo, hi] = self._token_logprobs(self.reference, ids, attn)[0]
+                    given = self._padded([r.ref_logprobs for r in part], new_lp.shape[1] + 1, math.nan)[:, 1:]
+                    if bool(torch.isfinite(given)[m > 0].all()):  # a ReferencePolicy scored every trained token
+                        ref_lp = torch.where(m > 0, given, torch.zeros_like(given))
+                    else:
+                        with torch.no_grad():
+                            ref_lp = self._token_logprobs(self.reference, ids, attn)[0]
+                    ref_cache[lo, hi] = ref_lp
             loss, metrics = grpo_loss(
                 new_lp,
                 old,
@@ -324,22 +407,8 @@ class TorchTrainBackend:
         return out.to(self.device)
 
     def _forward(self, rows: list[Row], *, with_entropy: bool) -> tuple[torch.Tensor, Any, Any, Any]:
-        # Right padding: real tokens keep positions 0..L-1, exactly as in generation.
-        width = max(len(r.ids) for r in rows)
-        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
-        attn = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, r in enumerate(rows):
-            ids[i, : len(r.ids)] = torch.tensor(r.ids)
-            attn[i, : len(r.ids)] = 1
-        ids, attn = ids.to(self.device), attn.to(self.device)
+        ids, attn = _pad_ids([r.ids for r in rows], self.pad_id, self.device)
         lp, entropy = self._token_logprobs(self.model, ids, attn, with_entropy=with_entropy)
         return lp, entropy, ids, attn
 
-    @staticmethod
-    def _token_logprobs(model: Any, ids: torch.Tensor, attn: torch.Tensor, with_entropy: bool = False):
-        """Logprob of token t given tokens < t, for t = 1..L-1: shape [B, L-1] (and entropy)."""
-        logits = model(input_ids=ids, attention_mask=attn, use_cache=False).logits[:, :-1].float()
-        logp = torch.log_softmax(logits, -1)
-        lp = logp.gather(-1, ids[:, 1:, None])[..., 0]
-        entropy = -(logp.exp() * logp).sum(-1) if with_entropy else None
-        return lp, entropy
+    _token_logprobs = staticmethod(_token_logprobs)

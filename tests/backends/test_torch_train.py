@@ -8,7 +8,7 @@ import torch
 
 from rollart_nb.algo import GRPO
 from rollart_nb.backends import HFBackend, TorchTrainBackend
-from rollart_nb.backends.torch_train import build_rows, micro_batches
+from rollart_nb.backends.torch_train import ReferencePolicy, build_rows, micro_batches
 from rollart_nb.errors import ConfigError, StateError
 from rollart_nb.models import format_history, tiny_qwen
 from rollart_nb.protocols import GenerationRequest, TrainBackend
@@ -276,3 +276,58 @@ def test_epochs_are_repeated_steps_on_one_batch_with_one_reference_pass(ref, tok
     assert not all(torch.allclose(after_one[k], s2[k], atol=1e-6) for k in s1)  # not one step
     with pytest.raises(ConfigError, match="epochs"):
         GRPO(epochs=0)
+
+
+def _kl_batch(tok):
+    batch = [two_turn(tok, float(i % 2), group=f"g{i // 2}", resp=(w, "up")) for i, w in enumerate(["left", "right"])]
+    batch += [two_turn(tok, float(i % 2), group=f"h{i // 2}", resp=(w, "down"), consistent=False)
+              for i, w in enumerate(["up", "down"])]  # one row per turn
+    return batch
+
+
+def _second_step(ref, tok, scorer=None, clear=None):
+    """Two KL steps; the second batch scored by ``scorer`` (the model has moved off the reference
+    by then, so the KL term has a gradient). Returns metrics, gradients, reference passes."""
+    trainer = TorchTrainBackend(ref, GRPO(group_size=2, kl_coef=0.5), seed=0)
+    trainer.train_step(_kl_batch(tok))
+    batch = _kl_batch(tok)
+    if scorer is not None:
+        scorer.score(batch)
+    if clear is not None:
+        batch[clear[0]].turns[clear[1]].ref_logprobs = []
+    passes = []
+    trainer.reference.register_forward_hook(lambda *_: passes.append(1))
+    m = trainer.train_step(batch)
+    return m, [p.grad.clone() for p in trainer.model.parameters()], len(passes)
+
+
+def test_reference_policy_scores_every_turn_like_the_trainers_reference(ref, tok):
+    batch = _kl_batch(tok)
+    ReferencePolicy(ref).score(batch)
+    probe = TorchTrainBackend(ref, GRPO(kl_coef=0.1), seed=0)  # untrained: its policy is the reference
+    for t in batch:
+        for turn in t.turns:
+            assert len(turn.ref_logprobs) == len(turn.response_ids)
+            want = probe.logprobs(turn.prompt_ids, turn.response_ids)
+            assert turn.ref_logprobs == pytest.approx(want, abs=1e-5)
+    back = Trajectory.from_dict(batch[0].to_dict())
+    assert back.turns[1].ref_logprobs == batch[0].turns[1].ref_logprobs
+
+
+def test_given_reference_logprobs_replace_the_trainers_reference_pass(ref, tok):
+    base, base_grads, base_passes = _second_step(ref, tok)
+    given, given_grads, given_passes = _second_step(ref, tok, ReferencePolicy(ref, micro_batch_tokens=16))
+    assert base_passes >= 1 and given_passes == 0
+    assert given["loss"] == pytest.approx(base["loss"], abs=1e-6)
+    assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-7) for a, b in zip(given_grads, base_grads, strict=True))
+    # a micro-batch with one unscored turn falls back to the trainer's own pass, same step
+    part, part_grads, part_passes = _second_step(ref, tok, ReferencePolicy(ref), clear=(2, 0))
+    assert part_passes >= 1 and part["loss"] == pytest.approx(base["loss"], abs=1e-6)
+    assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-7) for a, b in zip(part_grads, base_grads, strict=True))
+
+
+def test_reference_logprobs_from_other_weights_change_the_kl_term(ref, tok, tmp_path):
+    other = tiny_qwen(seed=1, path=str(tmp_path / "other"))
+    base, _, _ = _second_step(ref, tok)
+    wrong, _, passes = _second_step(ref, tok, ReferencePolicy(other))
+    assert passes == 0 and wrong["loss"] != pytest.approx(base["loss"], abs=1e-4)
