@@ -179,7 +179,8 @@ def run_demo(cfg: DemoConfig, *, quiet: bool = False) -> dict[str, Any]:
         out.mkdir(parents=True, exist_ok=True)
         (out / "steps.jsonl").write_text("\n".join(json.dumps(r.to_dict(), default=str) for r in reports))
         _write_report(out / "report.html", reports, first, last, cfg)
-        say(f"report: {out / 'report.html'}")
+        (out / "curves.svg").write_text(_curves(reports, first, cfg))
+        say(f"report: {out / 'report.html'} (curves alone: {out / 'curves.svg'})")
         pipe.close()
     finally:
         sess.close()
@@ -188,6 +189,13 @@ def run_demo(cfg: DemoConfig, *, quiet: bool = False) -> dict[str, Any]:
 
 def _clean(d: dict[str, float]) -> dict[str, float | None]:
     return {k: (None if math.isnan(v) else round(v, 4)) for k, v in d.items()}
+
+
+def _curves(reports: list[Any], first: dict[str, float], cfg: DemoConfig) -> str:
+    from rollart_nb.nb.figures import curves_svg
+
+    return curves_svg(reports, before=first, title=f"rollart_nb demo ({cfg.mode}, alpha={cfg.alpha}, seed {cfg.seed}):"
+                      " greedy validation and batch reward")
 
 
 def _write_report(path: Path, reports: list[Any], first: dict[str, float], last: dict[str, float],

@@ -27,6 +27,8 @@ def test_demo_runs_steps_writes_its_report_and_ends_with_result(tmp_path):
     steps = [json.loads(ln) for ln in (tmp_path / "steps.jsonl").read_text().splitlines()]
     assert [s["step"] for s in steps] == [0, 1, 2]
     assert (tmp_path / "report.html").read_text().count("plotly") > 0
+    svg = (tmp_path / "curves.svg").read_text()  # the curves alone, static: validation line per task
+    assert svg.startswith("<svg") and "math validation" in svg and svg.count("<polyline") == 2
     # The per-step table: a header and one row per step.
     assert sum(1 for ln in lines if ln.split()[:1] in (["0"], ["1"], ["2"])) >= 3, p.stdout
 

@@ -66,6 +66,14 @@ class StepReport:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> StepReport:
+        """Inverse of :meth:`to_dict`, also for a line of a run's ``steps.jsonl`` (whose JSON
+        keys are strings), e.g. to redraw a finished run's curves."""
+        d = dict(d)
+        d["staleness"] = {int(k): v for k, v in d.get("staleness", {}).items()}
+        return cls(**d)
+
     def row(self) -> dict[str, Any]:
         """A flat dict for tables / DataFrames."""
         r: dict[str, Any] = {"step": self.step, "version": self.version, "step_s": round(self.step_s, 3)}

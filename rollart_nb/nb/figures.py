@@ -15,6 +15,7 @@ from rollart_nb.control.report import PHASES, StepReport
 from rollart_nb.trajectory import Trajectory
 
 __all__ = [
+    "curves_svg",
     "reward_figure",
     "report_html",
     "staleness_figure",
@@ -205,6 +206,80 @@ def _busy(segs: Sequence[dict[str, Any]], row: str) -> float:
 
 def _fmt(v: float) -> str:
     return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.3f}"
+
+
+_TASK_COLORS = ("#4c78a8", "#e45756", "#54a24b", "#b279a2", "#f58518", "#72b7b2")
+
+
+def curves_svg(reports: Sequence[StepReport], *, before: dict[str, float] | None = None,
+               title: str = "Learning curves", width: int = 760, height: int = 300) -> str:
+    """The learning curves as one standalone SVG (no JavaScript: it renders in a README, a paper
+    or a browser with no network): per task, the greedy validation score (line with dots) and the
+    batch's mean reward (thin, faded), against wall seconds since the first step began.
+
+    Args:
+        reports: step reports, in order (``started_at`` gives the x axis; when no report has
+            one, the step index does).
+        before: validation scores before training, drawn at x = 0.
+        title: the chart's title.
+        width / height: the SVG's size in pixels.
+    """
+    timed = any(r.started_at for r in reports)
+    t0 = reports[0].started_at if timed and reports else 0.0
+
+    def x_of(r: StepReport) -> float:
+        return (r.started_at + r.step_s - t0) if timed else float(r.step + 1)
+
+    tasks = sorted({t for r in reports for t in (*r.reward, *r.validation)} | set(before or {}))
+    x_max = max([x_of(r) for r in reports] + [1e-9])
+    left, right, top, bottom = 44, 160, 28, 36
+    pw, ph = width - left - right, height - top - bottom
+
+    def pt(x: float, y: float) -> str:
+        y = min(max(y, 0.0), 1.0)
+        return f"{left + pw * x / x_max:.1f},{top + ph * (1 - y):.1f}"
+
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+           f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">',
+           f'<rect width="{width}" height="{height}" fill="white"/>',
+           f'<text x="{left}" y="16" font-size="13">{html.escape(title)}</text>']
+    for i in range(6):  # y grid: 0, 0.2, ..., 1
+        y = i / 5
+        out.append(f'<line x1="{left}" x2="{left + pw}" y1="{top + ph * (1 - y):.1f}" y2="{top + ph * (1 - y):.1f}" '
+                   f'stroke="#ddd"/><text x="{left - 6}" y="{top + ph * (1 - y) + 4:.1f}" text-anchor="end">{y:.1f}</text>')
+    step = _nice_step(x_max / 6)
+    for k in range(int(x_max / step) + 1):
+        x = k * step
+        out.append(f'<text x="{left + pw * x / x_max:.1f}" y="{top + ph + 14}" text-anchor="middle">{x:g}</text>')
+    out.append(f'<text x="{left + pw / 2}" y="{height - 6}" text-anchor="middle">'
+               f'{"wall seconds" if timed else "step"}</text>')
+    for i, task in enumerate(tasks):
+        color = _TASK_COLORS[i % len(_TASK_COLORS)]
+        rew = [(x_of(r), r.reward[task]) for r in reports if task in r.reward and math.isfinite(r.reward[task])]
+        if rew:
+            out.append(f'<polyline fill="none" stroke="{color}" stroke-opacity="0.35" stroke-width="1" '
+                       f'points="{" ".join(pt(x, y) for x, y in rew)}"/>')
+        val = ([(0.0, before[task])] if before and task in before and math.isfinite(before[task]) else [])
+        val += [(x_of(r), r.validation[task]) for r in reports
+                if task in r.validation and math.isfinite(r.validation[task])]
+        if val:
+            out.append(f'<polyline fill="none" stroke="{color}" stroke-width="2" '
+                       f'points="{" ".join(pt(x, y) for x, y in val)}"/>')
+            out.extend(f'<circle cx="{pt(x, y).split(",")[0]}" cy="{pt(x, y).split(",")[1]}" r="2.2" fill="{color}"/>'
+                       for x, y in val)
+        ly = top + 14 + 34 * i
+        out.append(f'<line x1="{left + pw + 10}" x2="{left + pw + 28}" y1="{ly}" y2="{ly}" stroke="{color}" '
+                   f'stroke-width="2"/><text x="{left + pw + 32}" y="{ly + 4}">{html.escape(task)} validation</text>')
+        out.append(f'<line x1="{left + pw + 10}" x2="{left + pw + 28}" y1="{ly + 15}" y2="{ly + 15}" stroke="{color}" '
+                   f'stroke-opacity="0.35"/><text x="{left + pw + 32}" y="{ly + 19}">{html.escape(task)} reward</text>')
+    out.append("</svg>")
+    return "\n".join(out)
+
+
+def _nice_step(raw: float) -> float:
+    """1, 2 or 5 times a power of ten, at least ``raw``."""
+    mag = 10 ** math.floor(math.log10(raw)) if raw > 0 else 1.0
+    return next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw)
 
 
 def report_html(reports: Sequence[StepReport], *, title: str = "rollart_nb run",
