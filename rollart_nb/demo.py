@@ -179,7 +179,7 @@ def run_demo(cfg: DemoConfig, *, quiet: bool = False) -> dict[str, Any]:
         out.mkdir(parents=True, exist_ok=True)
         (out / "steps.jsonl").write_text("\n".join(json.dumps(r.to_dict(), default=str) for r in reports))
         _write_report(out / "report.html", reports, first, last, cfg)
-        (out / "curves.svg").write_text(_curves(reports, first, cfg))
+        (out / "curves.svg").write_text(_curves(reports, first, last, cfg))
         say(f"report: {out / 'report.html'} (curves alone: {out / 'curves.svg'})")
         pipe.close()
     finally:
@@ -191,10 +191,10 @@ def _clean(d: dict[str, float]) -> dict[str, float | None]:
     return {k: (None if math.isnan(v) else round(v, 4)) for k, v in d.items()}
 
 
-def _curves(reports: list[Any], first: dict[str, float], cfg: DemoConfig) -> str:
+def _curves(reports: list[Any], first: dict[str, float], last: dict[str, float], cfg: DemoConfig) -> str:
     from rollart_nb.nb.figures import curves_svg
 
-    return curves_svg(reports, before=first, title=f"rollart_nb demo ({cfg.mode}, alpha={cfg.alpha}, seed {cfg.seed}):"
+    return curves_svg(reports, before=first, after=last, title=f"rollart_nb demo ({cfg.mode}, alpha={cfg.alpha}, seed {cfg.seed}):"
                       " greedy validation and batch reward")
 
 

@@ -212,7 +212,8 @@ _TASK_COLORS = ("#4c78a8", "#e45756", "#54a24b", "#b279a2", "#f58518", "#72b7b2"
 
 
 def curves_svg(reports: Sequence[StepReport], *, before: dict[str, float] | None = None,
-               title: str = "Learning curves", width: int = 760, height: int = 300) -> str:
+               after: dict[str, float] | None = None, title: str = "Learning curves", width: int = 760,
+               height: int = 300) -> str:
     """The learning curves as one standalone SVG (no JavaScript: it renders in a README, a paper
     or a browser with no network): per task, the greedy validation score (line with dots) and the
     batch's mean reward (thin, faded), against wall seconds since the first step began.
@@ -221,6 +222,7 @@ def curves_svg(reports: Sequence[StepReport], *, before: dict[str, float] | None
         reports: step reports, in order (``started_at`` gives the x axis; when no report has
             one, the step index does).
         before: validation scores before training, drawn at x = 0.
+        after: validation scores after the last step, drawn at the end of the x axis.
         title: the chart's title.
         width / height: the SVG's size in pixels.
     """
@@ -230,7 +232,7 @@ def curves_svg(reports: Sequence[StepReport], *, before: dict[str, float] | None
     def x_of(r: StepReport) -> float:
         return (r.started_at + r.step_s - t0) if timed else float(r.step + 1)
 
-    tasks = sorted({t for r in reports for t in (*r.reward, *r.validation)} | set(before or {}))
+    tasks = sorted({t for r in reports for t in (*r.reward, *r.validation)} | set(before or {}) | set(after or {}))
     x_max = max([x_of(r) for r in reports] + [1e-9])
     left, right, top, bottom = 44, 160, 28, 36
     pw, ph = width - left - right, height - top - bottom
@@ -262,6 +264,8 @@ def curves_svg(reports: Sequence[StepReport], *, before: dict[str, float] | None
         val = ([(0.0, before[task])] if before and task in before and math.isfinite(before[task]) else [])
         val += [(x_of(r), r.validation[task]) for r in reports
                 if task in r.validation and math.isfinite(r.validation[task])]
+        if after and task in after and math.isfinite(after[task]):
+            val.append((x_max, after[task]))
         if val:
             out.append(f'<polyline fill="none" stroke="{color}" stroke-width="2" '
                        f'points="{" ".join(pt(x, y) for x, y in val)}"/>')

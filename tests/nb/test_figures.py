@@ -112,6 +112,11 @@ def test_curves_svg_draws_validation_and_reward_per_task_against_wall_seconds():
     assert math_val[2] == pytest.approx((left + plot_w, top), abs=0.06)
     assert math_val[1] == pytest.approx((left + plot_w * 12 / 32, top + plot_h * 0.3), abs=0.06)
     assert "wall seconds" in svg and "run &lt;1&gt;" in svg
+    # the score after training closes the validation line at the right edge
+    after = figures.curves_svg(reps, before={"math": 0.0}, after={"math": 0.5})
+    pts = [p for pl in ET.fromstring(after).iter(f"{ns}polyline") if pl.get("stroke-opacity") is None
+           for p in [pl.get("points").split()]]
+    assert [tuple(map(float, q.split(","))) for q in pts[0]][-1] == pytest.approx((left + plot_w, top + plot_h * 0.5))
 
 
 def test_curves_svg_falls_back_to_steps_without_start_times():
