@@ -77,7 +77,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from rollart_nb.algo.grpo import GRPO  # noqa: E402
+from rollart_nb.algo.grpo import GRPO, batch_advantages  # noqa: E402
 from rollart_nb.backends.hf import HFBackend  # noqa: E402
 from rollart_nb.envs import Arithmetic  # noqa: E402
 from rollart_nb.envs.arithmetic import parse_int  # noqa: E402
@@ -222,23 +222,22 @@ def run_ours(model_path: str, *, seconds: float, seed: int, eval_every: float, t
             t.reward = train_reward(reward_kind, r.text, answer)
             batch.append(t)
         t2 = time.perf_counter()
-        if refpol is not None:
-            spread = {g for g in {t.group_id for t in batch}
-                      if len({t.reward for t in batch if t.group_id == g}) > 1}
-            refpol.score([t for t in batch if t.group_id in spread or not skip_flat])
+        if refpol is not None:  # the trainer's own rule for the rows it trains
+            adv = batch_advantages(algo, batch)[1].tolist()
+            refpol.score([t for t, a in zip(batch, adv, strict=True) if a != 0.0 or not skip_flat])
         return batch, {"sample": t1 - t0, "score": t2 - t1, "ref": time.perf_counter() - t2}
 
-    def draw_batch(b: int) -> tuple[list, concurrent.futures.Future]:
+    def draw_batch(b: int) -> concurrent.futures.Future:
         """Draw batch ``b``'s prompts (on this thread: the curriculum is not shared) and start
         making it: on the sampler thread with --overlap, else right here."""
         draw = (lambda: cur.next_seed(cur_rng)) if cur is not None else (lambda: next(seeds))
         probs = [(s, *problem(env, s)) for s in (draw() for _ in range(PROMPTS))]
         prompts = [gen.tokenizer.encode(p) for _, p, _ in probs]
         if sampler is not None:
-            return probs, sampler.submit(make_batch, b, probs, prompts)
+            return sampler.submit(make_batch, b, probs, prompts)
         done: concurrent.futures.Future = concurrent.futures.Future()
         done.set_result(make_batch(b, probs, prompts))
-        return probs, done
+        return done
 
     # --overlap: batch b+1 is sampled on a second thread (the generator's weights one version
     # behind) while batch b trains: RollArt's asynchronous rollout at staleness 1, each phase on its
@@ -255,9 +254,8 @@ def run_ours(model_path: str, *, seconds: float, seed: int, eval_every: float, t
     pending = draw_batch(0)
     try:
         while True:
-            probs, fut = pending
             t0 = time.perf_counter()
-            batch, made = fut.result()
+            batch, made = pending.result()
             t1 = time.perf_counter()
             if clock.tick(step, trainer.state_dict):  # nothing samples while it evaluates
                 break
@@ -275,7 +273,7 @@ def run_ours(model_path: str, *, seconds: float, seed: int, eval_every: float, t
             trained_rows += trainer.train_step(batch)["trained_rows"]  # EPOCHS optimizer steps
             t3 = time.perf_counter()
             if overlap:
-                pending[1].result()  # the next batch is sampled; only now may the weights change
+                pending.result()  # the next batch is sampled; only now may the weights change
             t3b = time.perf_counter()
             gen.load_weights(trainer.state_dict(), trainer.version)
             t4 = time.perf_counter()

@@ -300,7 +300,7 @@ class TorchTrainBackend:
                         ref_lp = torch.where(m > 0, given, torch.zeros_like(given))
                     else:
                         with torch.no_grad():
-                            ref_lp = self._token_logprobs(self.reference, ids, attn)[0]
+                            ref_lp = _token_logprobs(self.reference, ids, attn)[0]
                     ref_cache[lo, hi] = ref_lp
             loss, metrics = grpo_loss(
                 new_lp,
@@ -337,7 +337,7 @@ class TorchTrainBackend:
         ids = torch.tensor([list(prompt_ids) + list(response_ids)], device=self.device)
         self.model.eval()
         with torch.no_grad():
-            lp, _ = self._token_logprobs(self.model, ids, torch.ones_like(ids))
+            lp, _ = _token_logprobs(self.model, ids, torch.ones_like(ids))
         return lp[0, len(prompt_ids) - 1 :].tolist()
 
     def save_checkpoint(self, directory: str | os.PathLike[str]) -> Path:
@@ -408,7 +408,5 @@ class TorchTrainBackend:
 
     def _forward(self, rows: list[Row], *, with_entropy: bool) -> tuple[torch.Tensor, Any, Any, Any]:
         ids, attn = _pad_ids([r.ids for r in rows], self.pad_id, self.device)
-        lp, entropy = self._token_logprobs(self.model, ids, attn, with_entropy=with_entropy)
+        lp, entropy = _token_logprobs(self.model, ids, attn, with_entropy=with_entropy)
         return lp, entropy, ids, attn
-
-    _token_logprobs = staticmethod(_token_logprobs)

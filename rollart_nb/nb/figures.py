@@ -269,8 +269,8 @@ def curves_svg(reports: Sequence[StepReport], *, before: dict[str, float] | None
         if val:
             out.append(f'<polyline fill="none" stroke="{color}" stroke-width="2" '
                        f'points="{" ".join(pt(x, y) for x, y in val)}"/>')
-            out.extend(f'<circle cx="{pt(x, y).split(",")[0]}" cy="{pt(x, y).split(",")[1]}" r="2.2" fill="{color}"/>'
-                       for x, y in val)
+            for cx, cy in (pt(x, y).split(",") for x, y in val):
+                out.append(f'<circle cx="{cx}" cy="{cy}" r="2.2" fill="{color}"/>')
         ly = top + 14 + 34 * i
         out.append(f'<line x1="{left + pw + 10}" x2="{left + pw + 28}" y1="{ly}" y2="{ly}" stroke="{color}" '
                    f'stroke-width="2"/><text x="{left + pw + 32}" y="{ly + 4}">{html.escape(task)} validation</text>')
