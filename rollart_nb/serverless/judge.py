@@ -19,6 +19,7 @@ import hashlib
 import re
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -121,13 +122,14 @@ class LLMJudge:
         self.sim_latency_s = sim_latency_s
         self._engine: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: weakref.finalize | None = None  # stops the loop thread: close(), GC or exit
         self._lock = threading.Lock()
         self.calls = 0
 
     # Pickled to Serve replicas without the loaded model: each replica loads its own.
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state.update(_engine=None, _loop=None, _lock=None, calls=0)
+        state.update(_engine=None, _loop=None, _stop=None, _lock=None, calls=0)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -147,8 +149,25 @@ class LLMJudge:
             # HFBackend batches concurrent generate() calls on one event loop; a private loop
             # thread lets sync __call__s from many threads share it (and batch together).
             loop = asyncio.new_event_loop()
-            threading.Thread(target=loop.run_forever, name="rollart-judge-loop", daemon=True).start()
+            thread = threading.Thread(target=loop.run_forever, name="rollart-judge-loop", daemon=True)
+            thread.start()
             self._loop = loop
+            # A judge nobody closes still stops its thread when collected or at exit, while
+            # the interpreter is whole, not as a daemon thread torn down with it.
+            self._stop = weakref.finalize(self, _stop_loop_thread, loop, thread)
+
+    def close(self) -> None:
+        """Stop the loop thread and drop the model (idempotent); the next call loads it again."""
+        with self._lock:
+            if self._stop is not None:
+                self._stop()
+            self._engine, self._loop, self._stop = None, None, None
+
+    def __enter__(self) -> LLMJudge:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def render(self, traj: Trajectory) -> str:
         """The prompt the judge sees for ``traj``."""
@@ -194,6 +213,19 @@ class LLMJudge:
     def __repr__(self) -> str:
         name = getattr(self.model, "name", self.model) if self.model is not None else "-"
         return f"LLMJudge(backend={self.backend!r}, model={name!r}, loaded={self._engine is not None})"
+
+
+def _stop_loop_thread(loop: asyncio.AbstractEventLoop, thread: threading.Thread, timeout: float = 10.0) -> None:
+    """Let ``loop``'s executor threads finish, stop the loop, join its thread, close the loop."""
+    async def drain() -> None:
+        await loop.shutdown_default_executor()
+        loop.stop()
+
+    if thread.is_alive() and not loop.is_closed():
+        asyncio.run_coroutine_threadsafe(drain(), loop)
+        thread.join(timeout)
+    if not thread.is_alive() and not loop.is_closed():
+        loop.close()
 
 
 def _fields(traj: Trajectory) -> dict[str, Any]:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import functools
+import gc
 import pickle
+import threading
 
 import pytest
 
@@ -91,7 +93,18 @@ def test_hf_judge_greedy_is_deterministic_and_loads_once(tiny):
     assert judge._engine is engine  # loaded once, reused
     assert isinstance(judge.answer(traj("7")), str)
     clone = pickle.loads(pickle.dumps(judge))  # what Serve ships: the recipe, not the weights
-    assert clone._engine is None and clone(traj("7")) == a
+    with clone:
+        assert clone._engine is None and clone(traj("7")) == a
+    judge.close()
+    assert not judge_threads() and judge._engine is None
+    assert judge(traj("7")) == a  # a closed judge loads again on its next call
+    del judge, clone, engine
+    gc.collect()
+    assert not judge_threads()  # dropped without close(): its thread stopped all the same
+
+
+def judge_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "rollart-judge-loop"]
 
 
 def test_hf_judge_through_serve_matches_local(mgr, tiny):
@@ -99,7 +112,8 @@ def test_hf_judge_through_serve_matches_local(mgr, tiny):
     ep = mgr.deploy("judge", judge, num_cpus=0.5, timeout_s=180, retries=0, downscale_delay_s=5)
     t = traj("7")
     served = [call(ep, [t.to_dict()], {}) for _ in range(3)]
-    assert served[0] == served[1] == served[2] == judge(t)  # same frozen model, greedy: same score
+    with judge:
+        assert served[0] == served[1] == served[2] == judge(t)  # same frozen model, greedy: same score
     u = mgr.utilization("judge")
     assert u["replica_starts"] == 1 and u["init_s_mean"] > 0.05  # the model loaded in setup(), once
     mgr.delete("judge")
