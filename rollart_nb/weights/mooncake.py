@@ -18,9 +18,11 @@ buckets are stored. Needs the ``mooncake`` extra (``mooncake-transfer-engine-non
 
 from __future__ import annotations
 
+import atexit
 import logging
 import socket
 import time
+import weakref
 from typing import Any
 
 import numpy as np
@@ -40,6 +42,21 @@ _CODES = {-704: "object not found", -706: "object leased by a reader", -707: "le
 
 def _code(rc: int) -> str:
     return f"{rc} ({_CODES[rc]})" if rc in _CODES else str(rc)
+
+
+# Clients still open when the interpreter exits are closed by an atexit hook, while Python is
+# whole: a store left to its C++ destructor during interpreter teardown still has engine
+# threads talking to the master, and can crash the exit.
+_open: weakref.WeakSet[MooncakeTransport] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_clients() -> None:
+    for t in list(_open):
+        try:
+            t.close()
+        except Exception:  # exiting anyway; one bad client must not keep the others open
+            logger.debug("closing a Mooncake client at exit failed", exc_info=True)
 
 
 class MooncakeTransport:
@@ -137,6 +154,7 @@ class MooncakeTransport:
                 "start one with MooncakeMaster().start() or check the address"
             )
         self._store = store
+        _open.add(self)
         return self
 
     @property
@@ -147,8 +165,9 @@ class MooncakeTransport:
     def close(self) -> None:
         """Close the client (its contributed segment, and buckets stored in it, go away)."""
         if self._store is not None:
-            self._store.close()
-            self._store = None
+            store, self._store = self._store, None
+            _open.discard(self)
+            store.close()
 
     def __enter__(self) -> MooncakeTransport:
         return self.connect()

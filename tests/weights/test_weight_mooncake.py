@@ -148,8 +148,10 @@ def _overwrite_bucket(t: MooncakeTransport, version: int, i: int) -> None:
 
 def test_corrupt_bucket_is_detected_and_puller_keeps_old_version(publisher, reader, caplog):
     publisher.publish(20, state(20))
-    # A long poll interval: the puller looks again only when kicked (or waited on).
-    with WeightPuller(MooncakeTransport(reader.master_address, prefix="test"), poll_interval_s=60) as p:
+    # A long poll interval: the puller looks again only when kicked (or waited on). The puller
+    # does not own its transport: the test closes the client it opened.
+    with (MooncakeTransport(reader.master_address, prefix="test") as own,
+          WeightPuller(own, poll_interval_s=60) as p):
         got = p.wait_for(20, timeout=30)
         assert same(got, state(20))
         time.sleep(0.3)  # let the thread's post-pull latest() check finish before v21 appears
@@ -176,23 +178,21 @@ def test_missing_bucket_is_a_partial_version(publisher, reader):
 
 
 def test_gc_keeps_the_last_n_versions(master):
-    t = MooncakeTransport(master, prefix="gc", bucket_bytes=BUCKET, segment_bytes=32 << 20).connect()
-    r = MooncakeTransport(master.address, prefix="gc").connect()
-    for v in range(1, 5):
-        t.publish(v, state(v))
-    r.pull(2)  # a fresh read lease on v2's buckets: gc must wait for it, not break it
-    t.gc(keep=2)
-    for v in (1, 2):
-        with pytest.raises(WeightSyncError, match="not in the Mooncake store"):
-            r.pull(v)
-    assert same(r.pull(3), state(3)) and same(r.pull(4), state(4))
-    time.sleep(LEASE_MS / 1000 + 0.3)
-    t.gc(keep=2)  # retries the buckets that were leased
-    old = [t.bucket_key(v, i) for v in (1, 2) for i in range(4)]
-    assert t.store.batch_is_exist(old) == [0] * len(old)
-    assert t._pending_gc == []
-    r.close()
-    t.close()
+    with (MooncakeTransport(master, prefix="gc", bucket_bytes=BUCKET, segment_bytes=32 << 20) as t,
+          MooncakeTransport(master.address, prefix="gc") as r):
+        for v in range(1, 5):
+            t.publish(v, state(v))
+        r.pull(2)  # a fresh read lease on v2's buckets: gc must wait for it, not break it
+        t.gc(keep=2)
+        for v in (1, 2):
+            with pytest.raises(WeightSyncError, match="not in the Mooncake store"):
+                r.pull(v)
+        assert same(r.pull(3), state(3)) and same(r.pull(4), state(4))
+        time.sleep(LEASE_MS / 1000 + 0.3)
+        t.gc(keep=2)  # retries the buckets that were leased
+        old = [t.bucket_key(v, i) for v in (1, 2) for i in range(4)]
+        assert t.store.batch_is_exist(old) == [0] * len(old)
+        assert t._pending_gc == []
 
 
 def test_missing_master_is_a_connect_error():
@@ -201,3 +201,15 @@ def test_missing_master_is_a_connect_error():
 
     with pytest.raises(ConnectError):
         MooncakeTransport(f"127.0.0.1:{_free_port('127.0.0.1')}").connect()
+
+
+def test_clients_left_open_are_closed_at_exit(master):
+    from rollart_nb.weights import mooncake
+
+    t = MooncakeTransport(master.address, prefix="exit").connect()
+    closed = MooncakeTransport(master.address, prefix="exit").connect()
+    closed.close()
+    assert t in mooncake._open and closed not in mooncake._open
+    mooncake._close_open_clients()  # what the atexit hook runs, before interpreter teardown
+    assert t._store is None and t not in mooncake._open
+    t.close()  # idempotent
