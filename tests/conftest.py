@@ -30,8 +30,13 @@ def pytest_collection_modifyitems(config, items):
 _EXIT_STATUS = pytest.StashKey[int]()
 
 
+@pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_sessionfinish(session, exitstatus):
-    session.config.stash[_EXIT_STATUS] = int(exitstatus)
+    """Record the final status once every other sessionfinish hook is done. If one of them
+    raised, nothing is recorded, and the process exits the normal way with pytest's error."""
+    result = yield
+    session.config.stash[_EXIT_STATUS] = int(session.exitstatus)
+    return result
 
 
 @pytest.hookimpl(trylast=True)
@@ -45,14 +50,25 @@ def pytest_unconfigure(config):
     stack of a crash in one. A crash here is ours, and fails the run.
 
     Then the process ends with pytest's own status, skipping module teardown and the C++ static
-    destructors of the native libraries the tests loaded (grpc, torch, Mooncake, megatron):
-    after a green run, one CI run in about a dozen segfaulted in there, with nothing of ours
-    left running. A program of ours that crashes at exit is still caught: the demo's test runs
-    it as a subprocess and checks its exit status.
+    destructors of the native libraries the tests loaded (grpc, torch, Mooncake, megatron). One
+    CI run in about ten segfaulted after a green summary, with no traceback. Three of
+    LLMJudge's loop threads were still alive then (now stopped), and they are the likely cause.
+    A program of ours that crashes at exit is still caught: the demo's test runs it as a
+    subprocess and checks its exit status.
+
+    pytest's faulthandler plugin is off by now, so a crash in these steps prints a stack only
+    under PYTHONFAULTHANDLER=1 (.ci/run sets it).
     """
     import atexit
     import gc
     import sys
+    import threading
+
+    # pytest's unraisable-exception and thread-exception plugins report what they catch in
+    # config cleanups, which os._exit skips: print errors from finalizers, atexit hooks and
+    # threads directly instead.
+    sys.unraisablehook = sys.__unraisablehook__
+    threading.excepthook = threading.__excepthook__
 
     def step(what, fn):
         sys.stderr.write(f"conftest: {what}\n")
@@ -72,7 +88,8 @@ def pytest_unconfigure(config):
         return
     step("running the atexit hooks", atexit._run_exitfuncs)
     step(f"exiting with pytest's status {status}, without interpreter teardown", lambda: None)
-    sys.stdout.flush()
+    for f in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        f.flush()
     os._exit(status)
 
 

@@ -15,6 +15,7 @@ from a hash of the prompt, so plumbing, parsing and latency can be exercised che
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import hashlib
 import re
 import threading
@@ -138,23 +139,28 @@ class LLMJudge:
 
     def setup(self) -> None:
         """Load the judge model now (idempotent); Serve replicas call this at start."""
-        if self.backend != "hf":
-            return
-        with self._lock:
-            if self._engine is not None:
-                return
-            from rollart_nb.backends.hf import HFBackend
+        if self.backend == "hf":
+            self._started()
 
-            self._engine = HFBackend(self.model, device=self.device, name="judge", kv_reuse=False)  # one turn per request
-            # HFBackend batches concurrent generate() calls on one event loop; a private loop
-            # thread lets sync __call__s from many threads share it (and batch together).
-            loop = asyncio.new_event_loop()
-            thread = threading.Thread(target=loop.run_forever, name="rollart-judge-loop", daemon=True)
-            thread.start()
-            self._loop = loop
-            # A judge nobody closes still stops its thread when collected or at exit, while
-            # the interpreter is whole, not as a daemon thread torn down with it.
-            self._stop = weakref.finalize(self, _stop_loop_thread, loop, thread)
+    def _started(self) -> tuple[Any, asyncio.AbstractEventLoop]:
+        """The loaded engine and its loop, read together under the lock (so a concurrent
+        close() cannot hand back one without the other); loads them first if needed."""
+        with self._lock:
+            if self._engine is None:
+                from rollart_nb.backends.hf import HFBackend
+
+                # one turn per request: no KV reuse
+                self._engine = HFBackend(self.model, device=self.device, name="judge", kv_reuse=False)
+                # HFBackend batches concurrent generate() calls on one event loop; a private loop
+                # thread lets sync __call__s from many threads share it (and batch together).
+                loop = asyncio.new_event_loop()
+                thread = threading.Thread(target=loop.run_forever, name="rollart-judge-loop", daemon=True)
+                thread.start()
+                self._loop = loop
+                # A judge nobody closes still stops its thread when collected or at exit, while
+                # the interpreter is whole, not as a daemon thread torn down with it.
+                self._stop = weakref.finalize(self, _stop_loop_thread, loop, thread)
+            return self._engine, self._loop
 
     def close(self) -> None:
         """Stop the loop thread and drop the model (idempotent); the next call loads it again."""
@@ -181,16 +187,22 @@ class LLMJudge:
                 time.sleep(self.sim_latency_s)
             h = int.from_bytes(hashlib.sha256(prompt.encode()).digest()[:8], "big")
             return f"{h % 101 / 100:.2f}"
-        self.setup()
         from rollart_nb.protocols import GenerationRequest
 
-        engine = self._engine
+        engine, loop = self._started()
         ids = engine.tokenizer.encode(prompt)
         # Keep the end of a long prompt: the question to grade sits there.
         ids = ids[-max(1, engine.max_len - self.max_new_tokens - 1):]
         req = GenerationRequest(traj.id, traj.task, ids, max_new_tokens=self.max_new_tokens, temperature=0.0)
-        fut = asyncio.run_coroutine_threadsafe(engine.generate(req), self._loop)  # type: ignore[arg-type]
-        return fut.result().text
+        try:
+            fut = asyncio.run_coroutine_threadsafe(engine.generate(req), loop)
+            return fut.result().text
+        except concurrent.futures.CancelledError as e:  # only close() cancels these
+            raise RewardError(f"the judge was closed while scoring trajectory {traj.id}") from e
+        except RuntimeError as e:
+            if loop.is_closed():
+                raise RewardError(f"the judge was closed while scoring trajectory {traj.id}") from e
+            raise
 
     def __call__(self, traj: Trajectory) -> float:
         """Score ``traj`` in [0, 1].
@@ -216,13 +228,28 @@ class LLMJudge:
 
 
 def _stop_loop_thread(loop: asyncio.AbstractEventLoop, thread: threading.Thread, timeout: float = 10.0) -> None:
-    """Let ``loop``'s executor threads finish, stop the loop, join its thread, close the loop."""
+    """Cancel what ``loop`` still runs (its callers get a clear error), let its executor threads
+    finish, stop it, join its thread and close it."""
+    if loop.is_closed():
+        return
+    if threading.current_thread() is thread:  # collected on the loop thread itself: just stop
+        loop.stop()
+        return
+
     async def drain() -> None:
+        others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in others:
+            task.cancel()
+        await asyncio.gather(*others, return_exceptions=True)
+        await asyncio.sleep(0)  # their done callbacks tell the callers' futures
         await loop.shutdown_default_executor()
         loop.stop()
 
-    if thread.is_alive() and not loop.is_closed():
-        asyncio.run_coroutine_threadsafe(drain(), loop)
+    if thread.is_alive():
+        try:
+            asyncio.run_coroutine_threadsafe(drain(), loop)
+        except RuntimeError:  # closed meanwhile
+            return
         thread.join(timeout)
     if not thread.is_alive() and not loop.is_closed():
         loop.close()

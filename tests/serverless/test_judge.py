@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import gc
 import pickle
@@ -101,6 +102,35 @@ def test_hf_judge_greedy_is_deterministic_and_loads_once(tiny):
     del judge, clone, engine
     gc.collect()
     assert not judge_threads()  # dropped without close(): its thread stopped all the same
+
+
+def test_closing_a_judge_mid_request_fails_the_caller_clearly(tiny):
+    judge = LLMJudge(tiny, parse=digest_parse)
+    engine, _ = judge._started()
+    started = threading.Event()
+
+    async def never_done(request):  # a generation still running when close() comes
+        started.set()
+        await asyncio.sleep(3600)
+
+    engine.generate = never_done
+    errors: list[Exception] = []
+
+    def score():
+        try:
+            judge(traj())
+        except Exception as e:  # noqa: BLE001 - the test looks at what came out
+            errors.append(e)
+
+    caller = threading.Thread(target=score)
+    caller.start()
+    assert started.wait(30)
+    judge.close()
+    caller.join(30)
+    assert not caller.is_alive()  # not left waiting on a loop that is gone
+    assert len(errors) == 1 and isinstance(errors[0], RewardError)
+    assert "closed while scoring" in str(errors[0])
+    assert not judge_threads()
 
 
 def judge_threads() -> list[threading.Thread]:
