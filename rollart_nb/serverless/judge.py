@@ -197,12 +197,11 @@ class LLMJudge:
         try:
             fut = asyncio.run_coroutine_threadsafe(engine.generate(req), loop)
             return fut.result().text
-        except concurrent.futures.CancelledError as e:  # only close() cancels these
+        except (concurrent.futures.CancelledError, RuntimeError) as e:
+            # only close() cancels these requests or closes the loop under them
+            if isinstance(e, RuntimeError) and not loop.is_closed():
+                raise
             raise RewardError(f"the judge was closed while scoring trajectory {traj.id}") from e
-        except RuntimeError as e:
-            if loop.is_closed():
-                raise RewardError(f"the judge was closed while scoring trajectory {traj.id}") from e
-            raise
 
     def __call__(self, traj: Trajectory) -> float:
         """Score ``traj`` in [0, 1].
