@@ -15,6 +15,7 @@ worker / env / trajectory, and what to do next. The tree::
     ├── ServerlessError        an HTTP endpoint answered non-2xx or timed out
     ├── RewardError            a reward function raised, timed out or returned NaN/inf
     ├── EnvError               an env raised or hung (the trajectory ends failed)
+    │   └── SandboxError       the OS sandbox cannot start (bubblewrap missing, user namespaces off)
     ├── GenerationError        a generation backend failed or the request was aborted
     ├── RolloutStalledError    every recent trajectory failed: a batch cannot form
     ├── WeightSyncError        a weight version is missing, partial or corrupt
@@ -34,6 +35,7 @@ __all__ = [
     "RewardError",
     "RollartError",
     "RolloutStalledError",
+    "SandboxError",
     "ServerlessError",
     "StateError",
     "StoreError",
@@ -111,6 +113,10 @@ class RewardError(RollartError):
 
 class EnvError(RollartError):
     """An environment raised or hung; the trajectory ends failed with this reason."""
+
+
+class SandboxError(EnvError):
+    """The OS sandbox for model-written code cannot start here; the message says how to fix it."""
 
 
 class GenerationError(RollartError):

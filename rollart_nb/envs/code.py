@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from rollart_nb.envs.sandbox import SandboxResult, arun_sandboxed, run_sandboxed
+from rollart_nb.envs.sandbox import ISOLATION_MODES, SandboxResult, arun_sandboxed, run_sandboxed
 from rollart_nb.errors import ConfigError
 
 __all__ = ["PROBLEMS", "CodeProblem", "CodeTask", "extract_code"]
@@ -114,6 +114,8 @@ class CodeTask:
         problems: the problem set (default :data:`PROBLEMS`).
         timeout_s: wall-clock limit per sandboxed run.
         memory_mb: address-space limit per sandboxed run.
+        isolation: ``"bwrap"`` (OS isolation, the default) or ``"none"`` (warns on every run);
+            see :func:`~rollart_nb.envs.run_sandboxed`.
 
     Example:
         >>> env = CodeTask()
@@ -126,12 +128,22 @@ class CodeTask:
     max_turns = 1
 
     def __init__(
-        self, problems: tuple[CodeProblem, ...] = PROBLEMS, timeout_s: float = 5.0, memory_mb: int = 256
+        self, problems: tuple[CodeProblem, ...] = PROBLEMS, timeout_s: float = 5.0, memory_mb: int = 256,
+        isolation: str = "bwrap",
     ) -> None:
+        bad = []
         if not problems:
-            raise ConfigError("problems must not be empty", where="CodeTask")
+            bad.append("problems must not be empty")
+        if not (isinstance(timeout_s, int | float) and timeout_s > 0):
+            bad.append(f"timeout_s must be > 0, got {timeout_s!r}")
+        if not (isinstance(memory_mb, int) and memory_mb >= 32):
+            bad.append(f"memory_mb must be an int >= 32, got {memory_mb!r}")
+        if isolation not in ISOLATION_MODES:
+            bad.append(f"isolation must be one of {ISOLATION_MODES}, got {isolation!r}")
+        if bad:
+            raise ConfigError(bad, where="CodeTask")
         self.problems = tuple(problems)
-        self.timeout_s, self.memory_mb = timeout_s, memory_mb
+        self.timeout_s, self.memory_mb, self.isolation = timeout_s, memory_mb, isolation
         self._problem: CodeProblem | None = None
 
     @property
@@ -161,12 +173,14 @@ class CodeTask:
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         p = self._current()
-        return self._finish(run_sandboxed(extract_code(action), p.tests, self.timeout_s, self.memory_mb))
+        return self._finish(run_sandboxed(extract_code(action), p.tests, self.timeout_s, self.memory_mb,
+                                          isolation=self.isolation))
 
     async def astep(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         p = self._current()
         return self._finish(
-            await arun_sandboxed(extract_code(action), p.tests, self.timeout_s, self.memory_mb)
+            await arun_sandboxed(extract_code(action), p.tests, self.timeout_s, self.memory_mb,
+                                 isolation=self.isolation)
         )
 
     async def areset(self, seed: int | None = None) -> tuple[str, dict[str, Any]]:

@@ -1,26 +1,35 @@
-"""Run model-written code against hidden tests in a locked-down subprocess.
+"""Run model-written code against hidden tests, with the isolation below Python.
 
-Layers, outermost first (each one is cheap and catches a different accident):
+Model-written code is hostile, including code that targets its own grader. A run uses two
+processes, each in its own bubblewrap sandbox (see :mod:`rollart_nb.envs.isolation`: new
+user/PID/network/IPC/UTS/cgroup namespaces, an unprivileged uid, a read-only runtime, a
+size-capped tmpfs work directory, an empty environment):
 
-* a fresh temporary directory as the working directory, deleted afterwards;
-* ``python -I -S``: no user site, no site-packages, no ``PYTHON*`` variables, no script
-  directory on ``sys.path``; an **empty environment**, so no secret of the parent leaks;
-* its own session / process group, killed as a whole at the wall-clock timeout;
-* resource limits (address space, CPU seconds, open files, file size, no core dumps),
-  set by the trusted bootstrap before any user code runs. (Not via ``preexec_fn``: that
-  is unsafe when the parent has threads, and Ray workers and ``asyncio.to_thread`` do.)
-* an audit hook (:pep:`578`, cannot be removed once added) installed by the bootstrap that
-  refuses sockets, process creation (fork/exec/spawn/system/Popen), signals to other
-  processes, ``ctypes``, and any file outside the temp directory and the standard library.
+* the **solution** process runs the code, then serves calls to its top-level functions;
+* the **grader** process runs the trusted tests. It never holds the code, and the code never
+  holds the tests: the solution's functions appear to the tests as stubs that send their
+  arguments over a socket and get the results back **as plain data** (None, bool, int, float,
+  str, bytes, list, tuple, dict, set, frozenset), decoded by the grader. An object with a
+  rigged ``__eq__`` cannot cross; ``==`` and ``!=`` in the tests compare exact types and values,
+  recursively (``True`` is not ``1``, ``3.0`` is not ``3``). The verdicts travel on the
+  grader's stdout, which only this process reads.
 
-This is best effort: it keeps honest mistakes and casual escapes (infinite loops, memory
-bombs, network calls, reading ``/proc/<parent>/environ``) away from the host, but a
-determined adversary inside CPython can tamper with its own interpreter. Untrusted code at
-scale belongs in a container or gVisor pod (the k8s env runtime).
+Before any user code runs, the solution's bootstrap sets resource limits: address space
+(``memory_mb``), CPU seconds, file size, processes, open files, no core dumps; and adds a
+:pep:`578` audit hook refusing sockets, process creation, signals to others and ``ctypes``, as
+a second layer (the boundary is the OS). At the wall-clock deadline both sandboxes are killed,
+and everything in their PID namespaces dies with them. Output is read as it comes: the first
+``max_output`` characters of each stream are kept, and a program that writes more than
+``_MAX_DRAIN`` bytes is stopped.
 
-Test format: ``tests`` is Python source. Each top-level ``assert`` is one test; each
-top-level ``def test_*()`` is one test (called after all top-level statements); other
-statements (imports, helpers) are setup run in order. Tests see the solution's globals.
+Test format: ``tests`` is Python source. Each top-level ``assert`` is one test; each top-level
+``def test_*()`` is one test (called after all top-level statements); other statements
+(imports, helpers) are setup run in order. Tests see the solution's top-level functions (called
+across the boundary with data arguments; mutations of arguments do not come back) and its
+top-level plain-data values.
+
+``isolation="none"`` runs both processes without bubblewrap (audit hook, rlimits, empty
+environment and process groups only). It warns every time: use it only where the code is yours.
 """
 
 from __future__ import annotations
@@ -28,30 +37,123 @@ from __future__ import annotations
 import ast
 import asyncio
 import json
+import logging
 import math
 import os
-import secrets
+import shutil
 import signal
-import subprocess
-import sys
+import socket
 import tempfile
+import threading
+import time
+import warnings
 from dataclasses import dataclass, field
-from pathlib import Path
 
-__all__ = ["SandboxResult", "arun_sandboxed", "run_sandboxed"]
+from rollart_nb.envs import isolation as iso
+from rollart_nb.errors import ConfigError
 
-_MAX_OUTPUT = 10_000  # characters of stdout/stderr kept; model code can print a lot
+__all__ = ["ISOLATION_MODES", "SandboxResult", "arun_sandboxed", "run_sandboxed"]
 
-_BOOTSTRAP = r"""
-import os, sys, resource, json
+log = logging.getLogger(__name__)
 
-def _limits(mem, cpu, fsize, nofile):
-    for lim, val in ((resource.RLIMIT_AS, mem), (resource.RLIMIT_CPU, cpu),
-                     (resource.RLIMIT_FSIZE, fsize), (resource.RLIMIT_NOFILE, nofile),
-                     (resource.RLIMIT_CORE, 0)):
+ISOLATION_MODES = ("bwrap", "none")
+_MAX_OUTPUT = 10_000  # characters of stdout/stderr kept per stream
+_MAX_DRAIN = 4 * 1024 * 1024  # bytes of output after which the program is stopped
+_GRACE_S = 0.2  # how long the solution may take to exit after the grader is done
+_TAG = "@@"  # verdict lines of the grader (only the parent reads its stdout)
+
+# Runs in both processes: limits and a length-prefixed JSON codec of plain data.
+_COMMON = r'''
+import json, os, resource, struct, sys, base64
+
+_MAX_MSG = 1 << 20
+
+def _limits(cfg):
+    for lim, val in ((resource.RLIMIT_AS, cfg["mem"]), (resource.RLIMIT_CPU, cfg["cpu"]),
+                     (resource.RLIMIT_FSIZE, cfg["fsize"]), (resource.RLIMIT_NOFILE, cfg["nofile"]),
+                     (resource.RLIMIT_NPROC, cfg["nproc"]), (resource.RLIMIT_CORE, 0)):
         resource.setrlimit(lim, (val, val))
 
-def _hook_factory(cwd, roots):
+def _enc(v, depth=0):
+    if depth > 64:
+        raise ValueError("value nested too deeply")
+    t = type(v)
+    if v is None:
+        return ["N"]
+    if t is bool:
+        return ["B", v]
+    if t is int:
+        return ["I", str(v)]
+    if t is float:
+        return ["F", repr(v)]
+    if t is str:
+        return ["S", v]
+    if t is bytes:
+        return ["Y", base64.b64encode(v).decode()]
+    if t in (list, tuple, set, frozenset):
+        tag = {list: "L", tuple: "T", set: "E", frozenset: "Z"}[t]
+        return [tag, [_enc(x, depth + 1) for x in v]]
+    if t is dict:
+        return ["D", [[_enc(k, depth + 1), _enc(x, depth + 1)] for k, x in v.items()]]
+    raise TypeError(f"returned a {t.__name__}, which is not plain data")
+
+def _dec(m, depth=0):
+    if depth > 64 or type(m) is not list or not m or type(m[0]) is not str:
+        raise ValueError("malformed value")
+    tag, rest = m[0], m[1:]
+    if tag == "N" and not rest:
+        return None
+    if len(rest) != 1:
+        raise ValueError("malformed value")
+    x = rest[0]
+    if tag == "B" and type(x) is bool:
+        return x
+    if tag == "I" and type(x) is str and len(x) < 4300:
+        return int(x)
+    if tag == "F" and type(x) is str and len(x) < 64:
+        return float(x)
+    if tag == "S" and type(x) is str:
+        return x
+    if tag == "Y" and type(x) is str:
+        return base64.b64decode(x, validate=True)
+    if tag in "LTEZ" and type(x) is list:
+        items = [_dec(y, depth + 1) for y in x]
+        return {"L": list, "T": tuple, "E": set, "Z": frozenset}[tag](items)
+    if tag == "D" and type(x) is list:
+        out = {}
+        for pair in x:
+            if type(pair) is not list or len(pair) != 2:
+                raise ValueError("malformed value")
+            out[_dec(pair[0], depth + 1)] = _dec(pair[1], depth + 1)
+        return out
+    raise ValueError("malformed value")
+
+def _send(fd, obj):
+    data = json.dumps(obj).encode()
+    if len(data) > _MAX_MSG:
+        data = json.dumps({"err": f"ValueError: message of {len(data)} bytes is over the {_MAX_MSG}-byte limit"}).encode()
+    data = struct.pack(">I", len(data)) + data
+    while data:
+        data = data[os.write(fd, data):]
+
+def _read(fd, n):
+    buf = b""
+    while len(buf) < n:
+        chunk = os.read(fd, n - len(buf))
+        if not chunk:
+            raise EOFError("channel closed")
+        buf += chunk
+    return buf
+
+def _recv(fd):
+    (n,) = struct.unpack(">I", _read(fd, 4))
+    if n > _MAX_MSG:
+        raise ValueError(f"message of {n} bytes is over the limit")
+    return json.loads(_read(fd, n))
+'''
+
+_SOLUTION = _COMMON + r'''
+def _hook_factory():
     blocked = frozenset(("socket.__new__", "socket.connect", "socket.bind", "socket.getaddrinfo",
         "socket.sendto", "os.fork", "os.forkpty", "os.exec", "os.posix_spawn", "os.spawn",
         "os.system", "subprocess.Popen", "pty.spawn", "os.kill", "os.killpg", "ctypes.dlopen",
@@ -59,57 +161,112 @@ def _hook_factory(cwd, roots):
     blocked_imports = frozenset(("ctypes", "_ctypes", "_posixsubprocess", "socket", "_socket",
         "subprocess", "multiprocessing", "ssl", "urllib.request", "http.client"))
     mypid = os.getpid()
-    def allowed(path, write):
-        if isinstance(path, int):
-            return True
-        path = os.path.realpath(os.fsdecode(path))
-        if path == cwd or path.startswith(cwd + os.sep):
-            return True
-        if write:
-            return path == "/dev/null"
-        return path in ("/dev/null", "/dev/urandom") or any(
-            path == r or path.startswith(r + os.sep) for r in roots)
     def hook(event, args):
         if event in blocked:
             if event in ("os.kill", "os.killpg") and args[0] in (0, mypid):
                 return
             raise PermissionError(f"sandbox: {event} is not allowed")
-        if event == "import" and (args[0] in blocked_imports):
+        if event == "import" and args[0] in blocked_imports:
             raise ImportError(f"sandbox: import of {args[0]} is not allowed")
-        if event == "open":
-            flags = args[2] if len(args) > 2 and isinstance(args[2], int) else 0
-            mode = args[1] if isinstance(args[1], str) else ""
-            write = bool(flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC)) or any(
-                c in mode for c in "wax+")
-            if not allowed(args[0], write):
-                raise PermissionError(f"sandbox: cannot open {args[0]!r}")
-        elif event in ("os.listdir", "os.scandir") and args and not allowed(args[0] or ".", False):
-            raise PermissionError(f"sandbox: cannot list {args[0]!r}")
     return hook
 
 def _main():
-    nonce = sys.stdin.readline().strip()
     cfg = json.loads(sys.stdin.readline())
-    _limits(cfg["mem"], cfg["cpu"], cfg["fsize"], cfg["nofile"])
-    out = sys.stdout
-    def report(*parts):
-        out.write(nonce + " " + " ".join(str(p) for p in parts).replace("\n", " ") + "\n")
-        out.flush()
-    with open("solution.py") as f:
-        code = f.read()
-    with open("tests.json") as f:
-        steps = json.load(f)
-    # The hidden tests must not be readable by the code under test.
-    for name in ("solution.py", "tests.json", "_bootstrap.py"):
-        os.unlink(name)
-    roots = tuple(os.path.realpath(p) for p in sys.path if p and os.path.isdir(p))
-    sys.addaudithook(_hook_factory(os.path.realpath(os.getcwd()), roots))
+    code = sys.stdin.read()
+    fd = cfg["fd"]
+    _limits(cfg)
+    if cfg["hook"]:
+        sys.addaudithook(_hook_factory())
     ns = {"__name__": "solution", "__builtins__": __builtins__}
     try:
         exec(compile(code, "solution.py", "exec"), ns)
     except BaseException as e:
-        report("ERROR", f"solution failed to load: {type(e).__name__}: {e}")
+        _send(fd, {"load_error": f"{type(e).__name__}: {e}"[:500]})
         return
+    names = {}
+    for k, v in list(ns.items()):
+        if k.startswith("__") or not k.isidentifier():
+            continue
+        try:
+            names[k] = ["fn"] if callable(v) else ["val", _enc(v)]
+        except BaseException:
+            pass
+    _send(fd, {"loaded": names})
+    while True:
+        try:
+            req = _recv(fd)
+        except EOFError:
+            return
+        try:
+            fn = ns[req["call"]]
+            args = [_dec(a) for a in req["args"]]
+            out = {"ok": _enc(fn(*args))}
+        except BaseException as e:
+            out = {"err": f"{type(e).__name__}: {e}"[:500]}
+        _send(fd, out)
+
+_main()
+'''
+
+_GRADER = _COMMON + r'''
+class SolutionError(Exception):
+    pass
+
+class _Remote:
+    def __init__(self, name, fd):
+        self.name, self.fd = name, fd
+    def __call__(self, *args):
+        _send(self.fd, {"call": self.name, "args": [_enc(a) for a in args]})
+        try:
+            reply = _recv(self.fd)
+        except (EOFError, OSError):
+            raise SolutionError(f"the solution's process ended while running {self.name}()") from None
+        if type(reply) is dict and "ok" in reply:
+            return _dec(reply["ok"])
+        if type(reply) is dict and type(reply.get("err")) is str:
+            raise SolutionError(reply["err"][:500])
+        raise SolutionError("the solution sent a malformed reply")
+    def __repr__(self):
+        return f"<solution function {self.name}>"
+
+def _strict_eq(a, b):
+    if type(a) is not type(b):
+        return False
+    if type(a) in (list, tuple):
+        return len(a) == len(b) and all(_strict_eq(x, y) for x, y in zip(a, b))
+    if type(a) is dict:
+        return a.keys() == b.keys() and all(_strict_eq(a[k], b[k]) for k in a)
+    return a == b
+
+def _main():
+    cfg = json.loads(sys.stdin.readline())
+    steps = json.loads(sys.stdin.readline())
+    fd = cfg["fd"]
+    _limits(cfg)
+    out = sys.stdout
+    def report(*parts):
+        out.write("@@ " + " ".join(str(p) for p in parts).replace("\n", " ")[:600] + "\n")
+        out.flush()
+    try:
+        hello = _recv(fd)
+    except BaseException as e:
+        report("ERROR", f"the solution's process ended before loading ({type(e).__name__})")
+        return
+    if type(hello) is dict and type(hello.get("load_error")) is str:
+        report("ERROR", "solution failed to load: " + hello["load_error"])
+        return
+    ns = {"__name__": "tests", "__strict_eq__": _strict_eq}
+    loaded = hello.get("loaded") if type(hello) is dict else None
+    for name, spec in (loaded.items() if type(loaded) is dict else ()):
+        if type(name) is not str or not name.isidentifier() or name.startswith("__") or type(spec) is not list:
+            continue
+        try:
+            if spec == ["fn"]:
+                ns[name] = _Remote(name, fd)
+            elif len(spec) == 2 and spec[0] == "val":
+                ns[name] = _dec(spec[1])
+        except BaseException:
+            pass
     for i, (kind, src) in enumerate(steps):
         try:
             exec(compile(src, f"test_{i}", "exec"), ns)
@@ -117,9 +274,10 @@ def _main():
                 report("PASS", i)
         except BaseException as e:
             report("FAIL", i, f"{type(e).__name__}: {e}" if str(e) else type(e).__name__)
+    report("DONE")
 
 _main()
-"""
+'''
 
 
 @dataclass
@@ -128,8 +286,8 @@ class SandboxResult:
 
     Attributes:
         passed: tests that passed.
-        total: tests in ``tests`` (counted by the parent, not reported by the child).
-        stdout: the program's own output (bootstrap lines removed), truncated.
+        total: tests in ``tests`` (counted by the parent, not reported by a child).
+        stdout: the program's own output, truncated.
         stderr: its error output, truncated.
         timed_out: the wall-clock timeout killed it.
         error: why the run as a whole failed ("" if it ran to the end).
@@ -150,49 +308,199 @@ class SandboxResult:
         return self.passed / self.total if self.total else 0.0
 
 
+class _StrictCompare(ast.NodeTransformer):
+    """``a == b`` -> ``__strict_eq__(a, b)`` and ``a != b`` -> ``not __strict_eq__(a, b)``."""
+
+    def visit_Compare(self, node: ast.Compare) -> ast.AST:
+        self.generic_visit(node)
+        if len(node.ops) != 1 or not isinstance(node.ops[0], ast.Eq | ast.NotEq):
+            return node
+        call = ast.Call(ast.Name("__strict_eq__", ast.Load()), [node.left, node.comparators[0]], [])
+        out: ast.AST = call if isinstance(node.ops[0], ast.Eq) else ast.UnaryOp(ast.Not(), call)
+        return ast.copy_location(out, node)
+
+
+def _strict(node: ast.AST) -> str:
+    return ast.unparse(ast.fix_missing_locations(_StrictCompare().visit(node)))
+
+
 def _split_tests(tests: str) -> list[tuple[str, str]]:
     """``[(kind, source)]`` with kind "setup" or "test"; see the module docstring."""
     tree = ast.parse(tests)  # tests are trusted; a SyntaxError here is the caller's bug
     steps, calls = [], []
     for node in tree.body:
-        src = ast.get_source_segment(tests, node) or ast.unparse(node)
         if isinstance(node, ast.Assert):
-            steps.append(("test", src))
+            steps.append(("test", _strict(node)))
         else:
-            steps.append(("setup", src))
+            steps.append(("setup", _strict(node)))
             if isinstance(node, ast.FunctionDef) and node.name.startswith("test_"):
                 calls.append(("test", f"{node.name}()"))
     return steps + calls
 
 
-def _prepare(code: str, tests: str, timeout_s: float, memory_mb: int) -> tuple[Path, list[str], str, int]:
+def _check_args(timeout_s: float, memory_mb: int, isolation: str) -> None:
+    problems = []
+    if not timeout_s > 0:
+        problems.append(f"timeout_s must be > 0, got {timeout_s!r}")
+    if not (isinstance(memory_mb, int) and memory_mb >= 32):
+        problems.append(f"memory_mb must be an int >= 32, got {memory_mb!r}")
+    if isolation not in ISOLATION_MODES:
+        problems.append(f"isolation must be one of {ISOLATION_MODES}, got {isolation!r}")
+    if problems:
+        raise ConfigError(problems, where="run_sandboxed")
+
+
+def _warn_unisolated() -> None:
+    msg = ("run_sandboxed(isolation='none'): model-written code runs WITHOUT OS isolation (only an "
+           "audit hook and rlimits, which hostile code can get around); use it only for code you wrote")
+    warnings.warn(msg, RuntimeWarning, stacklevel=3)
+    log.warning(msg)
+
+
+def _argv(isolation: str, boot: str) -> list[str]:
+    if isolation == "none":
+        import sys
+
+        return [sys.executable, "-I", "-S", "-B", "-c", boot]
+    return iso.code_argv([iso.python_runtime().executable, "-I", "-S", "-B", "-c", boot])
+
+
+class _Stream:
+    """Reads one pipe to its end, keeping the first ``keep`` bytes."""
+
+    def __init__(self, reader: asyncio.StreamReader, keep: int, budget: list[int],
+                 over: asyncio.Event | None = None) -> None:
+        self.reader, self.keep, self.budget = reader, keep, budget
+        self.data = bytearray()
+        self.over = over or asyncio.Event()
+
+    async def pump(self) -> None:
+        while chunk := await self.reader.read(65536):
+            if len(self.data) < self.keep:
+                self.data += chunk[: self.keep - len(self.data)]
+            self.budget[0] -= len(chunk)
+            if self.budget[0] < 0:
+                self.over.set()
+                return
+
+    def text(self) -> str:
+        return self.data.decode(errors="replace")
+
+
+async def _spawn(argv: list[str], stdin: bytes, fd: int, cwd: str) -> asyncio.subprocess.Process:
+    # No secret of ours reaches the child: bubblewrap (and setpriv) need PATH only, and the
+    # sandbox itself starts from --clearenv; without bubblewrap the child gets nothing.
+    proc = await asyncio.create_subprocess_exec(
+        *argv, cwd=cwd, env={"PATH": "/usr/bin:/bin"} if cwd == "/" else {},
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        start_new_session=True, pass_fds=(fd,))
+    assert proc.stdin is not None
+    proc.stdin.write(stdin)
+    try:
+        await proc.stdin.drain()
+    except (BrokenPipeError, ConnectionResetError):  # it died at once; its exit status says why
+        pass
+    proc.stdin.close()
+    return proc
+
+
+def _kill(proc: asyncio.subprocess.Process | None) -> None:
+    if proc is None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # it leads its own session, so pgid == pid
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+async def arun_sandboxed(code: str, tests: str, timeout_s: float = 5, memory_mb: int = 256, *,
+                         isolation: str = "bwrap", audit_hook: bool = True,
+                         max_output: int = _MAX_OUTPUT) -> SandboxResult:
+    """:func:`run_sandboxed` for event loops: awaits the sandboxes without blocking the loop."""
+    _check_args(timeout_s, memory_mb, isolation)
+    if isolation == "none":
+        _warn_unisolated()
+    return await _arun(code, tests, timeout_s, memory_mb, isolation, audit_hook, max_output)
+
+
+async def _arun(code: str, tests: str, timeout_s: float, memory_mb: int, isolation: str, audit_hook: bool,
+                max_output: int) -> SandboxResult:
     steps = _split_tests(tests)
-    workdir = Path(tempfile.mkdtemp(prefix="rollart_sandbox_"))
-    (workdir / "solution.py").write_text(code)
-    (workdir / "tests.json").write_text(json.dumps(steps))
-    (workdir / "_bootstrap.py").write_text(_BOOTSTRAP)
-    nonce = secrets.token_hex(16)
-    cfg = {
-        "mem": memory_mb * 1024 * 1024,
-        "cpu": max(1, math.ceil(timeout_s)) + 1,  # backstop; the wall clock normally fires first
-        "fsize": 16 * 1024 * 1024,
-        "nofile": 64,
-    }
-    stdin = f"{nonce}\n{json.dumps(cfg)}\n"
-    argv = [sys.executable, "-I", "-S", "-B", "_bootstrap.py"]
-    return workdir, argv, stdin, sum(kind == "test" for kind, _ in steps)
+    total = sum(kind == "test" for kind, _ in steps)
+    sol_argv, grd_argv = _argv(isolation, _SOLUTION), _argv(isolation, _GRADER)
+    limits = {"mem": memory_mb * 1024 * 1024, "cpu": max(1, math.ceil(timeout_s)) + 1,
+              "fsize": 16 * 1024 * 1024, "nofile": 64, "nproc": 32}
+    a, b = socket.socketpair()
+    workdir = tempfile.mkdtemp(prefix="rollart_sandbox_") if isolation == "none" else "/"
+    sol = grd = None
+    budget = [_MAX_DRAIN]
+    streams: list[_Stream] = []
+    pumps: list[asyncio.Task] = []
+    deadline = time.monotonic() + timeout_s
+    timed_out = killed_for_output = False
+    try:
+        sol = await _spawn(sol_argv, (json.dumps({**limits, "fd": a.fileno(), "hook": audit_hook}) + "\n" + code).encode(),
+                           a.fileno(), workdir)
+        grd = await _spawn(grd_argv, (json.dumps({**limits, "fd": b.fileno()}) + "\n" + json.dumps(steps) + "\n").encode(),
+                           b.fileno(), workdir)
+        a.close()
+        b.close()
+        flooded = asyncio.Event()  # the solution's stdout and stderr share one budget
+        for reader, keep, share, over in ((sol.stdout, max_output, budget, flooded),
+                                          (sol.stderr, max_output, budget, flooded),
+                                          (grd.stdout, 1 << 20, [1 << 22], None), (grd.stderr, max_output, [1 << 22], None)):
+            streams.append(_Stream(reader, keep, share, over))
+            pumps.append(asyncio.create_task(streams[-1].pump()))
+        flood = asyncio.ensure_future(flooded.wait())
+        graded = asyncio.ensure_future(grd.wait())
+        pending: set[asyncio.Future] = {graded, flood}
+        try:
+            while not graded.done():  # the solution may end first (e.g. it failed to load)
+                done, pending = await asyncio.wait(pending, timeout=max(0.0, deadline - time.monotonic()),
+                                                   return_when=asyncio.FIRST_COMPLETED)
+                if not done:
+                    timed_out = True
+                    break
+                if flood in done:
+                    killed_for_output = True
+                    break
+            if graded.done():
+                await asyncio.wait_for(sol.wait(), min(_GRACE_S, max(0.0, deadline - time.monotonic())))
+        except TimeoutError:
+            pass  # the solution outlived the grader: killed below
+        finally:
+            _kill(sol)
+            _kill(grd)
+        await asyncio.wait(pumps, timeout=1.0)  # everything in the sandboxes is dead: pipes close
+        for t in pumps:
+            t.cancel()
+        flood.cancel()
+        for p in (sol, grd):
+            try:
+                await asyncio.wait_for(p.wait(), 1.0)
+            except TimeoutError:
+                pass
+    finally:
+        for p in (sol, grd):  # close the pipes now, not when the loop is gone
+            transport = getattr(p, "_transport", None)
+            if transport is not None:
+                transport.close()
+        _kill(sol)
+        _kill(grd)
+        a.close()
+        b.close()
+        if isolation == "none":
+            shutil.rmtree(workdir, ignore_errors=True)
+    return _collect(streams, total, sol, timed_out, killed_for_output, timeout_s)
 
 
-def _collect(
-    nonce: str, total: int, out: str, err: str, returncode: int | None, timed_out: bool, timeout_s: float
-) -> SandboxResult:
+def _collect(streams: list[_Stream], total: int, sol: asyncio.subprocess.Process | None, timed_out: bool,
+             killed_for_output: bool, timeout_s: float) -> SandboxResult:
     passed: set[int] = set()
-    failures, user_lines, error = [], [], ""
-    for line in out.splitlines():
-        if not line.startswith(nonce + " "):
-            user_lines.append(line)
-            continue
-        kind, _, rest = line[len(nonce) + 1 :].partition(" ")
+    failures: list[str] = []
+    error, done = "", False
+    for line in streams[2].text().splitlines():
+        kind, _, rest = line.removeprefix(_TAG + " ").partition(" ") if line.startswith(_TAG + " ") else ("", "", "")
         if kind == "PASS" and rest.strip().isdigit():
             passed.add(int(rest))
         elif kind == "FAIL":
@@ -200,120 +508,66 @@ def _collect(
             failures.append(f"{idx}: {why}")
         elif kind == "ERROR":
             error = rest
+        elif kind == "DONE":
+            done = True
     if timed_out:
         error = f"timed out after {timeout_s:g}s"
-    elif not error and returncode not in (0, None):
-        if returncode < 0:
-            error = f"killed by signal {signal.Signals(-returncode).name} (CPU or memory limit?)"
-        else:
-            error = f"exited with status {returncode}"
-    return SandboxResult(
-        passed=min(len(passed), total),
-        total=total,
-        stdout="\n".join(user_lines)[:_MAX_OUTPUT],
-        stderr=err[:_MAX_OUTPUT],
-        timed_out=timed_out,
-        error=error,
-        failures=failures,
-    )
+    elif killed_for_output:
+        error = f"wrote more than {_MAX_DRAIN // 2**20} MiB of output; stopped"
+    elif not done and not error:
+        error = "the grader did not finish: " + (streams[3].text().strip()[-300:] or "no output")
+    rc = sol.returncode if sol is not None else None
+    if rc is not None and not done and not timed_out and rc not in (0, -signal.SIGKILL, 128 + signal.SIGKILL):
+        sig = -rc if rc < 0 else rc - 128 if rc > 128 else 0
+        if sig:
+            error += f" (solution killed by signal {signal.Signals(sig).name}: CPU or memory limit?)"
+    return SandboxResult(passed=min(len(passed), total), total=total, stdout=streams[0].text(),
+                         stderr=streams[1].text(), timed_out=timed_out, error=error, failures=failures)
 
 
-def _kill_group(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)  # the child leads its own session, so pgid == pid
-    except (ProcessLookupError, PermissionError):  # already gone (pid not ours any more)
-        pass
+def run_sandboxed(code: str, tests: str, timeout_s: float = 5, memory_mb: int = 256, *,
+                  isolation: str = "bwrap", audit_hook: bool = True, max_output: int = _MAX_OUTPUT) -> SandboxResult:
+    """Run ``code`` then ``tests`` in two sandboxes; see the module docstring.
 
-
-def _cleanup(workdir: Path) -> None:
-    for p in workdir.iterdir():
-        if p.is_file():
-            p.unlink()
-    try:
-        workdir.rmdir()
-    except OSError:  # user code made subdirectories; remove them too
-        import shutil
-
-        shutil.rmtree(workdir, ignore_errors=True)
-
-
-def run_sandboxed(code: str, tests: str, timeout_s: float = 5, memory_mb: int = 256) -> SandboxResult:
-    """Run ``code`` then ``tests`` in a locked-down subprocess; see the module docstring.
+    Safe to call from any thread, including one whose event loop is running (a notebook cell):
+    the sandboxes are driven on a private loop in a helper thread.
 
     Args:
         code: the untrusted program (e.g. a model's function definition).
         tests: trusted test source: top-level asserts and/or ``def test_*()`` functions.
-        timeout_s: wall-clock limit; the whole process group is killed when it passes.
-        memory_mb: address-space limit of the child.
+        timeout_s: wall-clock limit of the whole run; everything in the sandboxes is killed then.
+        memory_mb: address-space limit of each process.
+        isolation: ``"bwrap"`` (default; OS isolation) or ``"none"`` (no OS isolation; warns).
+        audit_hook: add the in-process audit hook as a second layer (turn off only to test the
+            OS boundary alone).
+        max_output: characters of the program's stdout and of its stderr kept.
 
     Returns:
         A :class:`SandboxResult`; it never raises for anything the code does.
+
+    Raises:
+        ConfigError: a bad argument.
+        SandboxError: bubblewrap cannot run here (the message says how to fix it).
 
     Example:
         >>> r = run_sandboxed("def add(a, b):\\n    return a + b", "assert add(1, 2) == 3")
         >>> (r.passed, r.total)
         (1, 1)
     """
-    workdir, argv, stdin, total = _prepare(code, tests, timeout_s, memory_mb)
-    nonce = stdin.split("\n", 1)[0]
-    try:
-        proc = subprocess.Popen(
-            argv,
-            cwd=workdir,
-            env={},
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-            text=True,
-            errors="replace",
-        )
-        timed_out = False
-        try:
-            out, err = proc.communicate(stdin, timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            _kill_group(proc.pid)
-            out, err = proc.communicate()
-        _kill_group(proc.pid)  # anything the code left behind in its group goes too
-        return _collect(nonce, total, out, err, proc.returncode, timed_out, timeout_s)
-    finally:
-        _cleanup(workdir)
+    _check_args(timeout_s, memory_mb, isolation)
+    if isolation == "none":
+        _warn_unisolated()
+    box: dict[str, object] = {}
 
-
-async def arun_sandboxed(code: str, tests: str, timeout_s: float = 5, memory_mb: int = 256) -> SandboxResult:
-    """:func:`run_sandboxed` for event loops: same sandbox, awaits the child without a thread."""
-    workdir, argv, stdin, total = _prepare(code, tests, timeout_s, memory_mb)
-    nonce = stdin.split("\n", 1)[0]
-    try:
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
-            cwd=workdir,
-            env={},
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            start_new_session=True,
-        )
-        timed_out = False
+    def main() -> None:
         try:
-            out, err = await asyncio.wait_for(proc.communicate(stdin.encode()), timeout_s)
-        except TimeoutError:
-            timed_out = True
-            _kill_group(proc.pid)
-            out, err = await proc.communicate()
-        finally:
-            if proc.returncode is None:  # cancelled from outside: never leave it running
-                _kill_group(proc.pid)
-        _kill_group(proc.pid)
-        return _collect(
-            nonce,
-            total,
-            out.decode(errors="replace"),
-            err.decode(errors="replace"),
-            proc.returncode,
-            timed_out,
-            timeout_s,
-        )
-    finally:
-        _cleanup(workdir)
+            box["result"] = asyncio.run(_arun(code, tests, timeout_s, memory_mb, isolation, audit_hook, max_output))
+        except BaseException as e:  # handed to the caller's thread
+            box["error"] = e
+
+    t = threading.Thread(target=main, name="rollart-sandbox", daemon=True)
+    t.start()
+    t.join()
+    if "error" in box:
+        raise box["error"]  # type: ignore[misc]
+    return box["result"]  # type: ignore[return-value]

@@ -44,3 +44,19 @@ def test_async_step_and_validation_seeds():
 
     _, reward, terminated, _, info = asyncio.run(main())
     assert reward == 0.0 and terminated and "timed out" in info["error"]
+
+
+def test_bad_settings_are_reported_together():
+    from rollart_nb.errors import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        CodeTask(problems=(), timeout_s=-1, memory_mb=0, isolation="chroot")
+    assert len(e.value.problems) == 4
+
+
+def test_a_grader_forgery_scores_nothing():
+    env = CodeTask()
+    env.reset(seed=0)  # add
+    forged = "class Yes(int):\n    def __eq__(self, other):\n        return True\ndef add(a, b):\n    return Yes(0)\n"
+    _, reward, _, _, info = env.step(forged)
+    assert reward == 0.0 and info["passed"] == 0
