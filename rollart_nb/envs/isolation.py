@@ -39,7 +39,7 @@ __all__ = ["PythonRuntime", "code_argv", "python_runtime", "require_bwrap", "ser
 
 _INSTALL_HINT = (
     "install bubblewrap (Debian/Ubuntu: `apt-get install bubblewrap`; Fedora: `dnf install "
-    "bubblewrap`; conda: `conda install -c conda-forge bubblewrap`)"
+    "bubblewrap`)"
 )
 _USERNS_HINT = (
     "enable unprivileged user namespaces (`sysctl -w kernel.unprivileged_userns_clone=1` on "
