@@ -215,8 +215,9 @@ def code_argv(command: Sequence[str], *, work_mb: int = 32, workdir: str = "/wor
         args += ["--tmpfs", site, "--remount-ro", site]
     args += ["--ro-bind", rt.executable, rt.executable,
              "--proc", "/proc", "--dev", "/dev",
-             "--size", str(work_mb * 1024 * 1024), "--perms", "0700", "--tmpfs", workdir, "--chdir", workdir,
-             *command]
+             "--size", str(work_mb * 1024 * 1024), "--perms", "0700", "--tmpfs", workdir,
+             # bubblewrap's root and /dev are tmpfs without a size cap: nothing may write there
+             "--remount-ro", "/dev", "--remount-ro", "/", "--chdir", workdir, *command]
     return args
 
 

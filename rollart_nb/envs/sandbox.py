@@ -25,8 +25,9 @@ and everything in their PID namespaces dies with them. Output is read as it come
 Test format: ``tests`` is Python source. Each top-level ``assert`` is one test; each top-level
 ``def test_*()`` is one test (called after all top-level statements); other statements
 (imports, helpers) are setup run in order. Tests see the solution's top-level functions (called
-across the boundary with data arguments; mutations of arguments do not come back) and its
-top-level plain-data values.
+across the boundary with data arguments; mutations of arguments do not come back; a builtin
+exception type it raises comes back as that type, others as ``SolutionError``) and its top-level
+plain-data values. Names that shadow Python builtins are not handed to the tests.
 
 ``isolation="none"`` runs both processes without bubblewrap (audit hook, rlimits, empty
 environment and process groups only). It warns every time: use it only where the code is yours.
@@ -202,15 +203,28 @@ def _main():
             args = [_dec(a) for a in req["args"]]
             out = {"ok": _enc(fn(*args))}
         except BaseException as e:
-            out = {"err": f"{type(e).__name__}: {e}"[:500]}
+            out = {"err": f"{type(e).__name__}: {e}"[:500], "type": type(e).__name__}
         _send(fd, out)
 
 _main()
 '''
 
 _GRADER = _COMMON + r'''
+import builtins
+
 class SolutionError(Exception):
     pass
+
+def _raised(reply):
+    # The solution's builtin exception types come back as themselves (tests may expect a
+    # ValueError); anything else is a SolutionError. A lying type name only fails the test.
+    cls = getattr(builtins, str(reply.get("type")), None)
+    if isinstance(cls, type) and issubclass(cls, Exception) and cls.__module__ == "builtins":
+        try:
+            return cls(reply["err"][:500])
+        except Exception:
+            pass
+    return SolutionError(reply["err"][:500])
 
 class _Remote:
     def __init__(self, name, fd):
@@ -224,10 +238,21 @@ class _Remote:
         if type(reply) is dict and "ok" in reply:
             return _dec(reply["ok"])
         if type(reply) is dict and type(reply.get("err")) is str:
-            raise SolutionError(reply["err"][:500])
+            raise _raised(reply)
         raise SolutionError("the solution sent a malformed reply")
     def __repr__(self):
         return f"<solution function {self.name}>"
+
+def _typed(v):
+    # A hashable form that keeps types: True and 1, 2.0 and 2 stay apart inside sets and keys.
+    t = type(v)
+    if t in (tuple, list):
+        return (t.__name__, tuple(_typed(x) for x in v))
+    if t in (set, frozenset):
+        return (t.__name__, frozenset(_typed(x) for x in v))
+    if t is dict:
+        return ("dict", frozenset((_typed(k), _typed(x)) for k, x in v.items()))
+    return (t.__name__, v)
 
 def _strict_eq(a, b):
     if type(a) is not type(b):
@@ -235,7 +260,11 @@ def _strict_eq(a, b):
     if type(a) in (list, tuple):
         return len(a) == len(b) and all(_strict_eq(x, y) for x, y in zip(a, b))
     if type(a) is dict:
-        return a.keys() == b.keys() and all(_strict_eq(a[k], b[k]) for k in a)
+        ka = {_typed(k): k for k in a}
+        kb = {_typed(k): k for k in b}
+        return ka.keys() == kb.keys() and all(_strict_eq(a[ka[k]], b[kb[k]]) for k in ka)
+    if type(a) in (set, frozenset):
+        return {_typed(x) for x in a} == {_typed(x) for x in b}
     return a == b
 
 def _main():
@@ -243,9 +272,12 @@ def _main():
     steps = json.loads(sys.stdin.readline())
     fd = cfg["fd"]
     _limits(cfg)
-    out = sys.stdout
-    def report(*parts):
-        out.write("@@ " + " ".join(str(p) for p in parts).replace("\n", " ")[:600] + "\n")
+    # Verdicts go to a private copy of stdout, one JSON array a line (no raw text from the
+    # solution can start a line); whatever the tests print goes to stderr.
+    out = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    def report(kind, *parts):
+        out.write("@@ " + json.dumps([kind, *[str(p)[:600] for p in parts]], ensure_ascii=True) + "\n")
         out.flush()
     try:
         hello = _recv(fd)
@@ -258,7 +290,8 @@ def _main():
     ns = {"__name__": "tests", "__strict_eq__": _strict_eq}
     loaded = hello.get("loaded") if type(hello) is dict else None
     for name, spec in (loaded.items() if type(loaded) is dict else ()):
-        if type(name) is not str or not name.isidentifier() or name.startswith("__") or type(spec) is not list:
+        if (type(name) is not str or not name.isidentifier() or name.startswith("__") or type(spec) is not list
+                or hasattr(builtins, name)):  # the tests' abs() stays the real abs()
             continue
         try:
             if spec == ["fn"]:
@@ -275,6 +308,7 @@ def _main():
         except BaseException as e:
             report("FAIL", i, f"{type(e).__name__}: {e}" if str(e) else type(e).__name__)
     report("DONE")
+    out.close()
 
 _main()
 '''
@@ -426,10 +460,9 @@ async def arun_sandboxed(code: str, tests: str, timeout_s: float = 5, memory_mb:
 async def _arun(code: str, tests: str, timeout_s: float, memory_mb: int, isolation: str, audit_hook: bool,
                 max_output: int) -> SandboxResult:
     steps = _split_tests(tests)
-    total = sum(kind == "test" for kind, _ in steps)
     sol_argv, grd_argv = _argv(isolation, _SOLUTION), _argv(isolation, _GRADER)
     limits = {"mem": memory_mb * 1024 * 1024, "cpu": max(1, math.ceil(timeout_s)) + 1,
-              "fsize": 16 * 1024 * 1024, "nofile": 64, "nproc": 32}
+              "fsize": 8 * 1024 * 1024, "nofile": 32, "nproc": 32}
     a, b = socket.socketpair()
     workdir = tempfile.mkdtemp(prefix="rollart_sandbox_") if isolation == "none" else "/"
     sol = grd = None
@@ -491,23 +524,26 @@ async def _arun(code: str, tests: str, timeout_s: float, memory_mb: int, isolati
         b.close()
         if isolation == "none":
             shutil.rmtree(workdir, ignore_errors=True)
-    return _collect(streams, total, sol, timed_out, killed_for_output, timeout_s)
+    return _collect(streams, {i for i, (kind, _) in enumerate(steps) if kind == "test"}, sol, timed_out,
+                    killed_for_output, timeout_s)
 
 
-def _collect(streams: list[_Stream], total: int, sol: asyncio.subprocess.Process | None, timed_out: bool,
+def _collect(streams: list[_Stream], tests: set[int], sol: asyncio.subprocess.Process | None, timed_out: bool,
              killed_for_output: bool, timeout_s: float) -> SandboxResult:
     passed: set[int] = set()
     failures: list[str] = []
     error, done = "", False
-    for line in streams[2].text().splitlines():
-        kind, _, rest = line.removeprefix(_TAG + " ").partition(" ") if line.startswith(_TAG + " ") else ("", "", "")
-        if kind == "PASS" and rest.strip().isdigit():
-            passed.add(int(rest))
-        elif kind == "FAIL":
-            idx, _, why = rest.partition(" ")
-            failures.append(f"{idx}: {why}")
-        elif kind == "ERROR":
-            error = rest
+    for line in streams[2].text().split("\n"):
+        try:
+            kind, *rest = json.loads(line.removeprefix(_TAG + " ")) if line.startswith(_TAG + " ") else [""]
+        except (ValueError, TypeError):
+            continue
+        if kind == "PASS" and len(rest) == 1 and rest[0].isdigit() and int(rest[0]) in tests:
+            passed.add(int(rest[0]))
+        elif kind == "FAIL" and len(rest) == 2:
+            failures.append(f"{rest[0]}: {rest[1]}")
+        elif kind == "ERROR" and len(rest) == 1:
+            error = rest[0]
         elif kind == "DONE":
             done = True
     if timed_out:
@@ -521,7 +557,7 @@ def _collect(streams: list[_Stream], total: int, sol: asyncio.subprocess.Process
         sig = -rc if rc < 0 else rc - 128 if rc > 128 else 0
         if sig:
             error += f" (solution killed by signal {signal.Signals(sig).name}: CPU or memory limit?)"
-    return SandboxResult(passed=min(len(passed), total), total=total, stdout=streams[0].text(),
+    return SandboxResult(passed=len(passed), total=len(tests), stdout=streams[0].text(),
                          stderr=streams[1].text(), timed_out=timed_out, error=error, failures=failures)
 
 
