@@ -6,8 +6,9 @@ Two policies:
   namespaces (only a loopback interface inside, nothing outside reachable); an unprivileged
   uid (when the caller is root, the sandbox runs as a fresh uid that owns nothing on the host);
   a root filesystem holding only the Python runtime, its standard library and the shared
-  libraries they link, all read-only; a size-capped tmpfs work directory; a minimal ``/dev``;
-  its own ``/proc``; an empty environment; no further user namespaces; ``--die-with-parent``
+  libraries they link, all read-only; a size-capped tmpfs work directory; a minimal, read-only
+  ``/dev``; its own ``/proc`` (none inside an env server's sandbox); a seccomp filter
+  (:mod:`rollart_nb.envs.seccomp`); an empty environment; no further user namespaces; ``--die-with-parent``
   and ``--new-session``. Killing the returned process kills everything in the sandbox: its
   PID namespace dies with bubblewrap's init.
 * :func:`service_argv` — for trusted services (an env server running the user's env class):
@@ -24,18 +25,22 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import os
 import secrets
 import shutil
 import stat
 import subprocess
 import sys
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from rollart_nb.errors import SandboxError
 
 __all__ = ["PythonRuntime", "code_argv", "python_runtime", "require_bwrap", "service_argv"]
+
+log = logging.getLogger(__name__)
 
 _INSTALL_HINT = (
     "install bubblewrap (Debian/Ubuntu: `apt-get install bubblewrap`; Fedora: `dnf install "
@@ -54,27 +59,46 @@ _TOP_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 _UID_RANGE = (1_200_000_000, 1_300_000_000)
 
 
-@functools.cache
+_SETUP = threading.Lock()  # one probe / runtime scan, even when many sandboxes start at once
+
+
 def require_bwrap() -> str:
     """The path of a working ``bwrap``; raises :class:`SandboxError` with the fix otherwise.
 
     Checked once per process: bubblewrap is found on PATH and a trivial sandbox with a new
     user namespace runs (as the unprivileged user the code sandbox will use).
     """
+    with _SETUP:
+        return _probe()[0]
+
+
+def _mounts_proc() -> bool:
+    """Whether code sandboxes get a /proc of their own. Not inside an env server's sandbox:
+    the kernel refuses a new /proc where bubblewrap masked parts of the one above, so there the
+    code sandbox has none (it needs none; Python runs without it)."""
+    with _SETUP:
+        return _probe()[1]
+
+
+@functools.cache
+def _probe() -> tuple[str, bool]:
     path = shutil.which("bwrap")
     if path is None:
         raise SandboxError(f"bubblewrap (bwrap) is not installed, so model-written code cannot be isolated; {_INSTALL_HINT}")
-    probe = [*_drop_privileges(), path, "--unshare-user", "--unshare-pid", "--unshare-net",
-             "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "true"]
-    try:
-        r = subprocess.run(probe, capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        raise SandboxError(f"bubblewrap at {path} could not run a test sandbox ({e}); {_INSTALL_HINT}") from e
-    if r.returncode != 0:
-        raise SandboxError(
-            f"bubblewrap at {path} cannot create namespaces here: {r.stderr.strip() or r.returncode}; {_USERNS_HINT}"
-        )
-    return path
+    base = [*_drop_privileges(), path, "--unshare-user", "--unshare-pid", "--unshare-net",
+            "--ro-bind", "/", "/", "--dev", "/dev"]
+    errors = []
+    for proc in (["--proc", "/proc"], []):
+        try:
+            r = subprocess.run([*base, *proc, "true"], capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise SandboxError(f"bubblewrap at {path} could not run a test sandbox ({e}); {_INSTALL_HINT}") from e
+        if r.returncode == 0:
+            if not proc:
+                log.info("code sandboxes get no /proc here (a new one cannot be mounted: %s)", errors[0])
+            return path, bool(proc)
+        errors.append(r.stderr.strip() or f"exit status {r.returncode}")
+    raise SandboxError(f"bubblewrap at {path} cannot create namespaces here: {errors[0]}; {_USERNS_HINT}")
 
 
 def _drop_privileges(uid: int | None = None) -> list[str]:
@@ -125,8 +149,14 @@ def _candidates() -> list[str]:
     return [p for p in out if p and os.path.exists(p)]
 
 
-@functools.cache
 def python_runtime() -> PythonRuntime:
+    """The interpreter sandboxes run (see :func:`_python_runtime`); computed once per process."""
+    with _SETUP:
+        return _python_runtime()
+
+
+@functools.cache
+def _python_runtime() -> PythonRuntime:
     """The interpreter sandboxes run, and what it needs mounted (computed once per process).
 
     The caller's own interpreter when the sandbox's uid can read it; otherwise (a root user
@@ -187,7 +217,8 @@ def _top_links() -> list[str]:
     return args
 
 
-def code_argv(command: Sequence[str], *, work_mb: int = 32, workdir: str = "/work") -> list[str]:
+def code_argv(command: Sequence[str], *, work_mb: int = 32, workdir: str = "/work",
+              seccomp_fd: int | None = None) -> list[str]:
     """argv that runs ``command`` (a command of :func:`python_runtime`'s interpreter) isolated
     as described in the module docstring. Resource limits are the command's own business
     (the sandbox bootstrap sets them before any user code runs).
@@ -196,6 +227,8 @@ def code_argv(command: Sequence[str], *, work_mb: int = 32, workdir: str = "/wor
         command: the program and its arguments, e.g. ``[python_runtime().executable, "-c", ...]``.
         work_mb: size cap of the tmpfs work directory (also ``$HOME`` and ``$TMPDIR``).
         workdir: where the work directory is mounted, and the working directory.
+        seccomp_fd: an fd holding a seccomp program (:func:`rollart_nb.envs.seccomp.program_fd`),
+            to be passed to the child; bubblewrap loads it last, right before ``command``.
 
     Raises:
         SandboxError: bubblewrap is unusable here.
@@ -214,10 +247,13 @@ def code_argv(command: Sequence[str], *, work_mb: int = 32, workdir: str = "/wor
     for site in rt.site_dirs:  # third-party packages are not the runtime: hide them
         args += ["--tmpfs", site, "--remount-ro", site]
     args += ["--ro-bind", rt.executable, rt.executable,
-             "--proc", "/proc", "--dev", "/dev",
+             *(["--proc", "/proc"] if _mounts_proc() else []), "--dev", "/dev",
              "--size", str(work_mb * 1024 * 1024), "--perms", "0700", "--tmpfs", workdir,
              # bubblewrap's root and /dev are tmpfs without a size cap: nothing may write there
-             "--remount-ro", "/dev", "--remount-ro", "/", "--chdir", workdir, *command]
+             "--remount-ro", "/dev", "--remount-ro", "/", "--chdir", workdir]
+    if seccomp_fd is not None:
+        args += ["--seccomp", str(seccomp_fd)]
+    return args + list(command)
     return args
 
 

@@ -51,6 +51,7 @@ import warnings
 from dataclasses import dataclass, field
 
 from rollart_nb.envs import isolation as iso
+from rollart_nb.envs import seccomp
 from rollart_nb.errors import ConfigError
 
 __all__ = ["ISOLATION_MODES", "SandboxResult", "arun_sandboxed", "run_sandboxed"]
@@ -67,7 +68,7 @@ _TAG = "@@"  # verdict lines of the grader (only the parent reads its stdout)
 _COMMON = r'''
 import json, os, resource, struct, sys, base64
 
-_MAX_MSG = 1 << 20
+_MAX_MSG = 16 << 20
 
 def _limits(cfg):
     for lim, val in ((resource.RLIMIT_AS, cfg["mem"]), (resource.RLIMIT_CPU, cfg["cpu"]),
@@ -98,7 +99,7 @@ def _enc(v, depth=0):
         return ["D", [[_enc(k, depth + 1), _enc(x, depth + 1)] for k, x in v.items()]]
     raise TypeError(f"returned a {t.__name__}, which is not plain data")
 
-def _dec(m, depth=0):
+def _dec(m, depth=0, nan=True):
     if depth > 64 or type(m) is not list or not m or type(m[0]) is not str:
         raise ValueError("malformed value")
     tag, rest = m[0], m[1:]
@@ -112,27 +113,30 @@ def _dec(m, depth=0):
     if tag == "I" and type(x) is str and len(x) < 4300:
         return int(x)
     if tag == "F" and type(x) is str and len(x) < 64:
-        return float(x)
+        f = float(x)
+        if f != f and not nan:
+            raise ValueError("NaN is not accepted as a result")
+        return f
     if tag == "S" and type(x) is str:
         return x
     if tag == "Y" and type(x) is str:
         return base64.b64decode(x, validate=True)
     if tag in "LTEZ" and type(x) is list:
-        items = [_dec(y, depth + 1) for y in x]
+        items = [_dec(y, depth + 1, nan) for y in x]
         return {"L": list, "T": tuple, "E": set, "Z": frozenset}[tag](items)
     if tag == "D" and type(x) is list:
         out = {}
         for pair in x:
             if type(pair) is not list or len(pair) != 2:
                 raise ValueError("malformed value")
-            out[_dec(pair[0], depth + 1)] = _dec(pair[1], depth + 1)
+            out[_dec(pair[0], depth + 1, nan)] = _dec(pair[1], depth + 1, nan)
         return out
     raise ValueError("malformed value")
 
 def _send(fd, obj):
     data = json.dumps(obj).encode()
     if len(data) > _MAX_MSG:
-        data = json.dumps({"err": f"ValueError: message of {len(data)} bytes is over the {_MAX_MSG}-byte limit"}).encode()
+        raise ValueError(f"a value of {len(data)} bytes (encoded) is over the {_MAX_MSG}-byte limit")
     data = struct.pack(">I", len(data)) + data
     while data:
         data = data[os.write(fd, data):]
@@ -204,7 +208,10 @@ def _main():
             out = {"ok": _enc(fn(*args))}
         except BaseException as e:
             out = {"err": f"{type(e).__name__}: {e}"[:500], "type": type(e).__name__}
-        _send(fd, out)
+        try:
+            _send(fd, out)
+        except ValueError as e:
+            _send(fd, {"err": f"ValueError: {e}", "type": "ValueError"})
 
 _main()
 '''
@@ -215,28 +222,33 @@ import builtins
 class SolutionError(Exception):
     pass
 
+_PASSED_THROUGH = frozenset(("ValueError", "TypeError", "KeyError", "IndexError", "LookupError",
+    "ZeroDivisionError", "ArithmeticError", "OverflowError", "AttributeError", "NotImplementedError",
+    "RuntimeError", "RecursionError", "UnicodeError", "OSError", "FileNotFoundError", "NameError"))
+
 def _raised(reply):
-    # The solution's builtin exception types come back as themselves (tests may expect a
-    # ValueError); anything else is a SolutionError. A lying type name only fails the test.
-    cls = getattr(builtins, str(reply.get("type")), None)
-    if isinstance(cls, type) and issubclass(cls, Exception) and cls.__module__ == "builtins":
-        try:
-            return cls(reply["err"][:500])
-        except Exception:
-            pass
+    # Common exception types come back as themselves (tests may expect a ValueError); anything
+    # else, StopIteration above all (it would silently end a test's loop), is a SolutionError.
+    # A lying type name only fails the test.
+    name = str(reply.get("type"))
+    if name in _PASSED_THROUGH:
+        return getattr(builtins, name)(reply["err"][:500])
     return SolutionError(reply["err"][:500])
 
 class _Remote:
     def __init__(self, name, fd):
         self.name, self.fd = name, fd
     def __call__(self, *args):
-        _send(self.fd, {"call": self.name, "args": [_enc(a) for a in args]})
         try:
+            _send(self.fd, {"call": self.name, "args": [_enc(a) for a in args]})
             reply = _recv(self.fd)
         except (EOFError, OSError):
             raise SolutionError(f"the solution's process ended while running {self.name}()") from None
         if type(reply) is dict and "ok" in reply:
-            return _dec(reply["ok"])
+            try:
+                return _dec(reply["ok"], nan=False)
+            except (ValueError, TypeError, RecursionError) as e:
+                raise SolutionError(f"{self.name}() returned a malformed value: {e}") from None
         if type(reply) is dict and type(reply.get("err")) is str:
             raise _raised(reply)
         raise SolutionError("the solution sent a malformed reply")
@@ -253,6 +265,22 @@ def _typed(v):
     if t is dict:
         return ("dict", frozenset((_typed(k), _typed(x)) for k, x in v.items()))
     return (t.__name__, v)
+
+def _strict_in(x, c):
+    if type(c) in (str, bytes):
+        return type(x) is type(c) and x in c
+    if type(c) is dict:
+        return _typed(x) in {_typed(k) for k in c}
+    if type(c) is range:
+        return type(x) is int and x in c
+    return any(_strict_eq(x, y) for y in c)
+
+def _chain(values, ops):
+    import operator
+    table = {"==": _strict_eq, "!=": lambda a, b: not _strict_eq(a, b), "<": operator.lt, "<=": operator.le,
+             ">": operator.gt, ">=": operator.ge, "in": _strict_in, "not in": lambda a, b: not _strict_in(a, b),
+             "is": operator.is_, "is not": operator.is_not}
+    return all(table[op](values[i], values[i + 1]) for i, op in enumerate(ops))
 
 def _strict_eq(a, b):
     if type(a) is not type(b):
@@ -287,11 +315,12 @@ def _main():
     if type(hello) is dict and type(hello.get("load_error")) is str:
         report("ERROR", "solution failed to load: " + hello["load_error"])
         return
-    ns = {"__name__": "tests", "__strict_eq__": _strict_eq}
+    ns = {"__name__": "tests", "__strict_eq__": _strict_eq, "__strict_in__": _strict_in, "__strict_chain__": _chain}
+    bound = set(cfg["bound"])
     loaded = hello.get("loaded") if type(hello) is dict else None
     for name, spec in (loaded.items() if type(loaded) is dict else ()):
         if (type(name) is not str or not name.isidentifier() or name.startswith("__") or type(spec) is not list
-                or hasattr(builtins, name)):  # the tests' abs() stays the real abs()
+                or hasattr(builtins, name) or name in bound):  # the tests' abs() stays the real abs()
             continue
         try:
             if spec == ["fn"]:
@@ -300,13 +329,25 @@ def _main():
                 ns[name] = _dec(spec[1])
         except BaseException:
             pass
+    defined = {}  # test functions as their definitions made them (not whatever a name holds later)
     for i, (kind, src) in enumerate(steps):
         try:
-            exec(compile(src, f"test_{i}", "exec"), ns)
-            if kind == "test":
+            if kind == "call":
+                if src not in defined:
+                    raise NameError(f"{src} was not defined (its definition failed)")
+                defined[src]()
+            else:
+                exec(compile(src, f"test_{i}", "exec"), ns)
+                if kind.startswith("def:"):
+                    defined[kind[4:]] = ns[kind[4:]]
+            if kind in ("test", "call"):
                 report("PASS", i)
         except BaseException as e:
-            report("FAIL", i, f"{type(e).__name__}: {e}" if str(e) else type(e).__name__)
+            why = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+            if kind not in ("test", "call"):  # broken setup: nothing after it can be trusted
+                report("ERROR", f"test setup (step {i}) failed: {why}")
+                break
+            report("FAIL", i, why)
     report("DONE")
     out.close()
 
@@ -342,15 +383,30 @@ class SandboxResult:
         return self.passed / self.total if self.total else 0.0
 
 
+_OP_NAMES = {ast.Eq: "==", ast.NotEq: "!=", ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=",
+             ast.In: "in", ast.NotIn: "not in", ast.Is: "is", ast.IsNot: "is not"}
+
+
 class _StrictCompare(ast.NodeTransformer):
-    """``a == b`` -> ``__strict_eq__(a, b)`` and ``a != b`` -> ``not __strict_eq__(a, b)``."""
+    """Equality and membership in the tests compare exact types: ``a == b`` ->
+    ``__strict_eq__(a, b)``, ``a in b`` -> ``__strict_in__(a, b)`` (and their negations); a
+    chain with either, ``a == b == c``, -> ``__strict_chain__([a, b, c], ["==", "=="])``, which
+    evaluates every operand (no short-circuit)."""
 
     def visit_Compare(self, node: ast.Compare) -> ast.AST:
         self.generic_visit(node)
-        if len(node.ops) != 1 or not isinstance(node.ops[0], ast.Eq | ast.NotEq):
+        if not any(isinstance(op, ast.Eq | ast.NotEq | ast.In | ast.NotIn) for op in node.ops):
             return node
-        call = ast.Call(ast.Name("__strict_eq__", ast.Load()), [node.left, node.comparators[0]], [])
-        out: ast.AST = call if isinstance(node.ops[0], ast.Eq) else ast.UnaryOp(ast.Not(), call)
+        if len(node.ops) > 1:
+            ops = ast.List([ast.Constant(_OP_NAMES[type(op)]) for op in node.ops], ast.Load())
+            out: ast.AST = ast.Call(ast.Name("__strict_chain__", ast.Load()),
+                                    [ast.List([node.left, *node.comparators], ast.Load()), ops], [])
+            return ast.copy_location(out, node)
+        op = node.ops[0]
+        fn = "__strict_eq__" if isinstance(op, ast.Eq | ast.NotEq) else "__strict_in__"
+        out = ast.Call(ast.Name(fn, ast.Load()), [node.left, node.comparators[0]], [])
+        if isinstance(op, ast.NotEq | ast.NotIn):
+            out = ast.UnaryOp(ast.Not(), out)
         return ast.copy_location(out, node)
 
 
@@ -358,26 +414,65 @@ def _strict(node: ast.AST) -> str:
     return ast.unparse(ast.fix_missing_locations(_StrictCompare().visit(node)))
 
 
-def _split_tests(tests: str) -> list[tuple[str, str]]:
-    """``[(kind, source)]`` with kind "setup" or "test"; see the module docstring."""
+def _asserts(node: ast.AST) -> bool:
+    """Whether a top-level statement asserts something itself (not inside a def or class)."""
+    if isinstance(node, ast.Assert):
+        return True
+    if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef | ast.Lambda):
+        return False
+    return any(_asserts(c) for c in ast.iter_child_nodes(node))
+
+
+def _bound_names(tree: ast.Module) -> list[str]:
+    """Names the tests bind at module level: the solution may not fill them in."""
+    names: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+            for d in node.decorator_list:
+                visit(d)
+            for stmt in ast.walk(node):  # `global x` inside a def binds x at module level
+                if isinstance(stmt, ast.Global):
+                    names.update(stmt.names)
+            return
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store | ast.Del):
+            names.add(node.id)
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            names.add(node.name)
+        elif isinstance(node, ast.MatchAs | ast.MatchStar) and node.name:
+            names.add(node.name)
+        for child in ast.iter_child_nodes(node):
+            if not isinstance(child, ast.Lambda | ast.ListComp | ast.SetComp | ast.DictComp | ast.GeneratorExp):
+                visit(child)
+
+    visit(tree)
+    return sorted(names)
+
+
+def _split_tests(tests: str) -> tuple[list[tuple[str, str]], list[str]]:
+    """``([(kind, source)], bound names)``; kind is "test" (a statement that asserts), "setup",
+    "def:<name>" (a ``test_*`` function's definition) or "call" (calling it; source = name)."""
     tree = ast.parse(tests)  # tests are trusted; a SyntaxError here is the caller's bug
     steps, calls = [], []
     for node in tree.body:
-        if isinstance(node, ast.Assert):
-            steps.append(("test", _strict(node)))
+        src = _strict(node)
+        if isinstance(node, ast.FunctionDef) and node.name.startswith("test_"):
+            steps.append((f"def:{node.name}", src))
+            calls.append(("call", node.name))
         else:
-            steps.append(("setup", _strict(node)))
-            if isinstance(node, ast.FunctionDef) and node.name.startswith("test_"):
-                calls.append(("test", f"{node.name}()"))
-    return steps + calls
+            steps.append(("test" if _asserts(node) else "setup", src))
+    return steps + calls, _bound_names(tree)
 
 
 def _check_args(timeout_s: float, memory_mb: int, isolation: str) -> None:
     problems = []
-    if not timeout_s > 0:
-        problems.append(f"timeout_s must be > 0, got {timeout_s!r}")
-    if not (isinstance(memory_mb, int) and memory_mb >= 32):
-        problems.append(f"memory_mb must be an int >= 32, got {memory_mb!r}")
+    if not (isinstance(timeout_s, int | float) and 0 < timeout_s <= 86_400):
+        problems.append(f"timeout_s must be a number of seconds in (0, 86400], got {timeout_s!r}")
+    if not (isinstance(memory_mb, int) and 32 <= memory_mb <= 1 << 20):
+        problems.append(f"memory_mb must be an int in [32, 1048576], got {memory_mb!r}")
     if isolation not in ISOLATION_MODES:
         problems.append(f"isolation must be one of {ISOLATION_MODES}, got {isolation!r}")
     if problems:
@@ -389,14 +484,6 @@ def _warn_unisolated() -> None:
            "audit hook and rlimits, which hostile code can get around); use it only for code you wrote")
     warnings.warn(msg, RuntimeWarning, stacklevel=3)
     log.warning(msg)
-
-
-def _argv(isolation: str, boot: str) -> list[str]:
-    if isolation == "none":
-        import sys
-
-        return [sys.executable, "-I", "-S", "-B", "-c", boot]
-    return iso.code_argv([iso.python_runtime().executable, "-I", "-S", "-B", "-c", boot])
 
 
 class _Stream:
@@ -421,21 +508,40 @@ class _Stream:
         return self.data.decode(errors="replace")
 
 
-async def _spawn(argv: list[str], stdin: bytes, fd: int, cwd: str) -> asyncio.subprocess.Process:
-    # No secret of ours reaches the child: bubblewrap (and setpriv) need PATH only, and the
-    # sandbox itself starts from --clearenv; without bubblewrap the child gets nothing.
-    proc = await asyncio.create_subprocess_exec(
-        *argv, cwd=cwd, env={"PATH": "/usr/bin:/bin"} if cwd == "/" else {},
-        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        start_new_session=True, pass_fds=(fd,))
-    assert proc.stdin is not None
-    proc.stdin.write(stdin)
+async def _spawn(isolation: str, boot: str, channel: int, cwd: str,
+                 procs: list[asyncio.subprocess.Process]) -> asyncio.subprocess.Process:
+    """Start one sandboxed process (recorded in ``procs`` at once, so a cancelled caller can kill it)."""
+    if isolation == "none":
+        import sys
+
+        argv, fds = [sys.executable, "-I", "-S", "-B", "-c", boot], [channel]
+    else:
+        filt = seccomp.program_fd()
+        fds = [channel] + ([filt] if filt is not None else [])
+        argv = iso.code_argv([iso.python_runtime().executable, "-I", "-S", "-B", "-c", boot], seccomp_fd=filt)
     try:
+        # No secret of ours reaches the child: bubblewrap (and setpriv) need PATH only, and the
+        # sandbox itself starts from --clearenv; without bubblewrap the child gets nothing.
+        proc = await asyncio.create_subprocess_exec(
+            *argv, cwd=cwd, env={} if isolation == "none" else {"PATH": "/usr/bin:/bin"},
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            start_new_session=True, pass_fds=fds)
+    finally:
+        for fd in fds[1:]:
+            os.close(fd)
+    procs.append(proc)
+    return proc
+
+
+async def _feed(proc: asyncio.subprocess.Process, data: bytes) -> None:
+    assert proc.stdin is not None
+    try:
+        proc.stdin.write(data)
         await proc.stdin.drain()
     except (BrokenPipeError, ConnectionResetError):  # it died at once; its exit status says why
         pass
-    proc.stdin.close()
-    return proc
+    finally:
+        proc.stdin.close()
 
 
 def _kill(proc: asyncio.subprocess.Process | None) -> None:
@@ -450,7 +556,8 @@ def _kill(proc: asyncio.subprocess.Process | None) -> None:
 async def arun_sandboxed(code: str, tests: str, timeout_s: float = 5, memory_mb: int = 256, *,
                          isolation: str = "bwrap", audit_hook: bool = True,
                          max_output: int = _MAX_OUTPUT) -> SandboxResult:
-    """:func:`run_sandboxed` for event loops: awaits the sandboxes without blocking the loop."""
+    """:func:`run_sandboxed` for event loops: awaits the sandboxes without blocking the loop.
+    Cancelling it kills both sandboxes."""
     _check_args(timeout_s, memory_mb, isolation)
     if isolation == "none":
         _warn_unisolated()
@@ -459,33 +566,38 @@ async def arun_sandboxed(code: str, tests: str, timeout_s: float = 5, memory_mb:
 
 async def _arun(code: str, tests: str, timeout_s: float, memory_mb: int, isolation: str, audit_hook: bool,
                 max_output: int) -> SandboxResult:
-    steps = _split_tests(tests)
-    sol_argv, grd_argv = _argv(isolation, _SOLUTION), _argv(isolation, _GRADER)
+    steps, bound = _split_tests(tests)
+    if isolation == "bwrap":  # one-time checks before the clock starts
+        iso.require_bwrap()
+        iso.python_runtime()
     limits = {"mem": memory_mb * 1024 * 1024, "cpu": max(1, math.ceil(timeout_s)) + 1,
-              "fsize": 8 * 1024 * 1024, "nofile": 32, "nproc": 32}
+              "fsize": 8 * 1024 * 1024, "nofile": 32, "nproc": 16}
     a, b = socket.socketpair()
+    fd_a, fd_b = a.fileno(), b.fileno()  # the children see the channel under the same numbers
+    sol_in = (json.dumps({**limits, "fd": fd_a, "hook": audit_hook}) + "\n" + code).encode("utf-8", "replace")
+    grd_in = (json.dumps({**limits, "fd": fd_b, "bound": bound}) + "\n" + json.dumps(steps) + "\n").encode()
     workdir = tempfile.mkdtemp(prefix="rollart_sandbox_") if isolation == "none" else "/"
-    sol = grd = None
-    budget = [_MAX_DRAIN]
+    procs: list[asyncio.subprocess.Process] = []
     streams: list[_Stream] = []
-    pumps: list[asyncio.Task] = []
+    tasks: list[asyncio.Future] = []
     deadline = time.monotonic() + timeout_s
     timed_out = killed_for_output = False
     try:
-        sol = await _spawn(sol_argv, (json.dumps({**limits, "fd": a.fileno(), "hook": audit_hook}) + "\n" + code).encode(),
-                           a.fileno(), workdir)
-        grd = await _spawn(grd_argv, (json.dumps({**limits, "fd": b.fileno()}) + "\n" + json.dumps(steps) + "\n").encode(),
-                           b.fileno(), workdir)
+        sol = await _spawn(isolation, _SOLUTION, fd_a, workdir, procs)
+        grd = await _spawn(isolation, _GRADER, fd_b, workdir, procs)
         a.close()
         b.close()
         flooded = asyncio.Event()  # the solution's stdout and stderr share one budget
+        budget = [_MAX_DRAIN]
         for reader, keep, share, over in ((sol.stdout, max_output, budget, flooded),
                                           (sol.stderr, max_output, budget, flooded),
-                                          (grd.stdout, 1 << 20, [1 << 22], None), (grd.stderr, max_output, [1 << 22], None)):
+                                          (grd.stdout, 1 << 20, [1 << 22], None),
+                                          (grd.stderr, max_output, [1 << 22], None)):
             streams.append(_Stream(reader, keep, share, over))
-            pumps.append(asyncio.create_task(streams[-1].pump()))
-        flood = asyncio.ensure_future(flooded.wait())
-        graded = asyncio.ensure_future(grd.wait())
+        pumps = [asyncio.ensure_future(st.pump()) for st in streams]
+        flood, graded = asyncio.ensure_future(flooded.wait()), asyncio.ensure_future(grd.wait())
+        tasks += [*pumps, flood, graded, asyncio.ensure_future(_feed(sol, sol_in)),
+                  asyncio.ensure_future(_feed(grd, grd_in))]
         pending: set[asyncio.Future] = {graded, flood}
         try:
             while not graded.done():  # the solution may end first (e.g. it failed to load)
@@ -501,31 +613,29 @@ async def _arun(code: str, tests: str, timeout_s: float, memory_mb: int, isolati
                 await asyncio.wait_for(sol.wait(), min(_GRACE_S, max(0.0, deadline - time.monotonic())))
         except TimeoutError:
             pass  # the solution outlived the grader: killed below
-        finally:
-            _kill(sol)
-            _kill(grd)
+        for p in procs:
+            _kill(p)
         await asyncio.wait(pumps, timeout=1.0)  # everything in the sandboxes is dead: pipes close
-        for t in pumps:
-            t.cancel()
-        flood.cancel()
-        for p in (sol, grd):
+        for p in procs:
             try:
                 await asyncio.wait_for(p.wait(), 1.0)
             except TimeoutError:
                 pass
-    finally:
-        for p in (sol, grd):  # close the pipes now, not when the loop is gone
+    finally:  # also on cancellation: nothing of this run outlives it
+        for p in procs:
+            _kill(p)
+        for t in tasks:
+            t.cancel()
+        for p in procs:  # close the pipes now, not when the loop is gone
             transport = getattr(p, "_transport", None)
             if transport is not None:
                 transport.close()
-        _kill(sol)
-        _kill(grd)
         a.close()
         b.close()
         if isolation == "none":
             shutil.rmtree(workdir, ignore_errors=True)
-    return _collect(streams, {i for i, (kind, _) in enumerate(steps) if kind == "test"}, sol, timed_out,
-                    killed_for_output, timeout_s)
+    tested = {i for i, (kind, _) in enumerate(steps) if kind in ("test", "call")}
+    return _collect(streams, tested, procs[0], timed_out, killed_for_output, timeout_s)
 
 
 def _collect(streams: list[_Stream], tests: set[int], sol: asyncio.subprocess.Process | None, timed_out: bool,
@@ -555,10 +665,16 @@ def _collect(streams: list[_Stream], tests: set[int], sol: asyncio.subprocess.Pr
     rc = sol.returncode if sol is not None else None
     if rc is not None and not done and not timed_out and rc not in (0, -signal.SIGKILL, 128 + signal.SIGKILL):
         sig = -rc if rc < 0 else rc - 128 if rc > 128 else 0
-        if sig:
+        if sig in signal.valid_signals():
             error += f" (solution killed by signal {signal.Signals(sig).name}: CPU or memory limit?)"
     return SandboxResult(passed=len(passed), total=len(tests), stdout=streams[0].text(),
-                         stderr=streams[1].text(), timed_out=timed_out, error=error, failures=failures)
+                         stderr=streams[1].text(), timed_out=timed_out, error=_clean(error),
+                         failures=[_clean(f) for f in failures])
+
+
+def _clean(text: str) -> str:
+    """Text from a child, safe to print anywhere (lone surrogates replaced)."""
+    return text.encode("utf-8", "replace").decode()
 
 
 def run_sandboxed(code: str, tests: str, timeout_s: float = 5, memory_mb: int = 256, *,
