@@ -1,4 +1,5 @@
-"""``rollart-nb`` command line: ``demo`` (the main job) and ``bench`` (what-if experiments)."""
+"""``rollart-nb`` command line: ``demo`` (the main job), ``bench`` (what-if experiments) and
+``env-server`` (serve an env class over HTTP, see :mod:`rollart_nb.envs.server`)."""
 
 from __future__ import annotations
 
@@ -63,6 +64,41 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _env_server(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from rollart_nb.envs.server import EnvServer, load_env_factory, serve
+    from rollart_nb.errors import ConfigError
+
+    try:
+        kwargs = json.loads(args.kwargs)
+    except ValueError as e:
+        raise ConfigError(f"--kwargs {args.kwargs!r} is not JSON: {e}") from e
+    if not isinstance(kwargs, dict):
+        raise ConfigError(f"--kwargs must be a JSON object (e.g. '{{\"size\": 4}}'), got {args.kwargs!r}")
+    server = EnvServer(load_env_factory(args.env, kwargs), task=args.task, replica_id=args.replica_id,
+                       max_episodes=args.max_episodes, idle_timeout_s=args.idle_timeout,
+                       threads=args.threads, max_body_bytes=args.max_body_bytes)
+    asyncio.run(serve(server, args.host, args.port, exit_with_parent=args.exit_with_parent))
+    return 0
+
+
+def _add_env_server(sub: argparse._SubParsersAction) -> None:
+    e = sub.add_parser("env-server", help="serve an env class over HTTP/JSON (protocol v1) for RemoteEnv")
+    e.add_argument("--env", required=True, help="module:Class, e.g. rollart_nb.envs:FrozenLake")
+    e.add_argument("--kwargs", default="{}", help="JSON object of constructor arguments, e.g. '{\"size\": 4}'")
+    e.add_argument("--host", default="127.0.0.1", help="interface to bind (0.0.0.0 only inside a pod)")
+    e.add_argument("--port", type=int, default=8000, help="0 picks a free port (see the LISTENING line)")
+    e.add_argument("--task", help="task name reported by /v1/metadata")
+    e.add_argument("--replica-id", help="name of this replica in answers (default host:port)")
+    e.add_argument("--max-episodes", type=int, default=256, help="concurrent episodes before 503")
+    e.add_argument("--idle-timeout", type=float, default=600.0, help="seconds before an idle episode closes")
+    e.add_argument("--threads", type=int, default=8, help="threads for sync env methods")
+    e.add_argument("--max-body-bytes", type=int, default=1 << 20, help="larger request bodies get 413")
+    e.add_argument("--exit-with-parent", action="store_true", help="stop when the starting process dies")
+    e.set_defaults(fn=_env_server)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``rollart-nb`` script."""
     from rollart_nb.algo.grpo import LOSS_AGGS
@@ -103,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--out", default="rollart_bench")
     b.add_argument("--quick", action="store_true", help="fewer iterations (smoke run)")
     b.set_defaults(fn=_bench)
+    _add_env_server(sub)
     args = p.parse_args(argv)
     logging.basicConfig(level=os.environ.get("ROLLART_LOG", "WARNING"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -99,25 +99,57 @@ class SessionBase:
 
     # -- tasks, rewards, pipelines -----------------------------------------------------
     def tasks(self, envs: dict[str, Any], envs_per_task: int | dict[str, int] = 8,
-              weights: dict[str, float] | None = None, curriculum: dict[str, Any] | None = None) -> TaskSet:
+              weights: dict[str, float] | None = None, curriculum: dict[str, Any] | None = None, *,
+              launcher: dict[str, Any] | None = None) -> TaskSet:
         """Declare the tasks of a run.
 
         Args:
-            envs: task name -> env (gymnasium-style text env; copied per env instance).
+            envs: task name -> env (gymnasium-style text env; copied per env instance), or a
+                launcher (:class:`~rollart_nb.envs.LocalLauncher`, ...) that serves the env.
             envs_per_task: concurrent env instances per task (an int, or per task).
             weights: task -> share of each training batch (default uniform).
             curriculum: task -> :class:`~rollart_nb.PromptCurriculum`: that task's prompts (env
                 seeds) are drawn by learnability instead of at random; ``pipe.stats()["curriculum"]``
                 shows its state.
+            launcher: task -> launcher: run that task's envs as env-server replicas. The task's
+                env becomes a :class:`~rollart_nb.envs.RemoteEnv` on the launcher (each episode
+                on a healthy replica; ``info["replica"]`` names it); the session starts the
+                launcher if needed and stops it on :meth:`close` (or when another launcher
+                replaces it for the same task). The env given in ``envs`` must be of the class
+                the launcher serves.
 
         Example:
             >>> math = rn.envs.Arithmetic()
             >>> tasks = sess.tasks({"math": math}, curriculum={"math": rn.PromptCurriculum(math.validation_seeds())})
             ...                                                                   # doctest: +SKIP
+            >>> code = rn.envs.LocalLauncher("rollart_nb.envs:CodeTask", replicas=2)
+            >>> tasks = sess.tasks({"code": rn.envs.CodeTask()}, launcher={"code": code})  # doctest: +SKIP
         """
         self._check()
+        envs, launchers = _place_on_launchers(dict(envs), dict(launcher or {}))
         per = envs_per_task if isinstance(envs_per_task, dict) else dict.fromkeys(envs, envs_per_task)
-        return TaskSet(dict(envs), dict(per), weights, dict(curriculum or {}))
+        for task, lau in launchers.items():
+            self._own_launcher(task, lau)
+            envs[task].metadata()  # fetched once here, so every copy of the template carries it
+        return TaskSet(envs, dict(per), weights, dict(curriculum or {}), launchers=launchers)
+
+    def _own_launcher(self, task: str, lau: Any) -> None:
+        """Start ``lau`` if needed and stop it on close; a different launcher for ``task`` from
+        an earlier call (a re-run cell) is stopped."""
+        owned = self.__dict__.setdefault("_launchers", {})
+        old = owned.get(task)
+        if old is not None and old is not lau and not any(o is old for t, o in owned.items() if t != task):
+            log.info("replacing the launcher of task %s", task)
+            _close_launcher(old)
+        owned[task] = lau
+        if not getattr(lau, "started", False):
+            lau.start()
+        if callable(getattr(lau, "wait_ready", None)):
+            lau.wait_ready()
+
+    def _close_launchers(self) -> None:
+        for lau in {id(x): x for x in self.__dict__.pop("_launchers", {}).values()}.values():
+            _close_launcher(lau)
 
     def reward(self, task: str, fn: Any = None, *, serverless: bool = False, url: str | None = None,
                token_env: str | None = None, timeout_s: float = 30.0, retries: int = 1,
@@ -495,6 +527,7 @@ class Session(SessionBase):
                 self._mooncake.stop()
             except Exception as e:
                 log.warning("stopping mooncake_master: %s", e)
+        self._close_launchers()  # after the pipelines: their rollouts used the replicas
         for name in list(self.clusters):
             try:
                 self.close_cluster(name)
@@ -539,6 +572,41 @@ class Session(SessionBase):
 
 
 _PRIVATE = object()
+
+
+def _is_launcher(obj: Any) -> bool:
+    return callable(getattr(obj, "handle", None)) and callable(getattr(obj, "start", None))
+
+
+def _place_on_launchers(envs: dict[str, Any], launchers: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``envs`` with each launched task's env replaced by a RemoteEnv on its launcher."""
+    from rollart_nb.envs.remote import RemoteEnv
+
+    launchers.update({t: e for t, e in envs.items() if _is_launcher(e)})
+    problems = []
+    for task, lau in launchers.items():
+        if task not in envs:
+            problems.append(f"launcher for unknown task {task!r}; tasks are {sorted(envs)}")
+        elif not _is_launcher(lau):
+            problems.append(f"task {task!r}: {type(lau).__name__} is not a launcher (e.g. rn.envs.LocalLauncher)")
+        elif envs[task] is not lau:
+            served = str(getattr(lau, "env", "")).rpartition(":")[2]
+            given = type(envs[task]).__name__
+            if served and served != given:
+                problems.append(f"task {task!r}: the launcher serves {served} but the env given is {given}; "
+                                "pass the matching env, or the launcher itself as the task's env")
+    if problems:
+        raise ConfigError(problems, where="sess.tasks(...)")
+    for task, lau in launchers.items():
+        envs[task] = RemoteEnv(launcher=lau)
+    return envs, launchers
+
+
+def _close_launcher(lau: Any) -> None:
+    try:
+        lau.close()
+    except Exception as e:  # one launcher that fails to stop must not keep the others running
+        log.warning("stopping %r: %s", lau, e)
 _SIM_BADGE = '<span style="color:#b36b00">simulated</span>'
 
 

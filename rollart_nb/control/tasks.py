@@ -21,12 +21,15 @@ class TaskSet:
         envs_per_task: task name -> number of concurrent env instances.
         weights: task name -> share of each training batch (None: uniform).
         curricula: task name -> prompt curriculum (see :class:`~rollart_nb.PromptCurriculum`).
+        launchers: task name -> the launcher serving its envs (its env template is then a
+            :class:`~rollart_nb.envs.RemoteEnv`); the session owns and stops them.
     """
 
     envs: dict[str, Any]
     envs_per_task: dict[str, int] = field(default_factory=dict)
     weights: dict[str, float] | None = None
     curricula: dict[str, Any] = field(default_factory=dict)
+    launchers: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         p = []
@@ -63,5 +66,7 @@ class TaskSet:
         return out
 
     def __repr__(self) -> str:
-        parts = ", ".join(f"{t}: {type(e).__name__} x{self.envs_per_task[t]}" for t, e in self.envs.items())
+        parts = ", ".join(f"{t}: {type(e).__name__} x{self.envs_per_task[t]}"
+                          + (f" on {type(self.launchers[t]).__name__}" if t in self.launchers else "")
+                          for t, e in self.envs.items())
         return f"TaskSet({parts})"

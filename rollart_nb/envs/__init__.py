@@ -9,13 +9,21 @@ rest of rollart_nb reads: ``vocab`` (words its text uses, for word-level tokeniz
 An env MAY also define ``async areset(seed)`` / ``async astep(action)``
 (:class:`AsyncEnv`); the EnvManager calls :func:`env_reset` / :func:`env_step`, which use
 them when present and otherwise run the sync methods in a thread.
+
+Envs as services: ``rollart-nb env-server`` (:class:`EnvServer`) serves any env class over
+HTTP; :class:`RemoteEnv` is the env that talks to it; :class:`LocalLauncher` and
+:class:`KubernetesLauncher` place and watch its replicas.
 """
+
+from typing import Any as _Any
 
 from rollart_nb.envs.arithmetic import Arithmetic, parse_answer, parse_int
 from rollart_nb.envs.base import AsyncEnv, EnvWrapper, env_reset, env_step
 from rollart_nb.envs.code import CodeProblem, CodeTask, extract_code
 from rollart_nb.envs.frozenlake import FrozenLake
 from rollart_nb.envs.gem import GEMEnv
+from rollart_nb.envs.launchers import KubernetesLauncher, LocalLauncher
+from rollart_nb.envs.remote import RemoteEnv
 from rollart_nb.envs.sandbox import SandboxResult, arun_sandboxed, run_sandboxed
 from rollart_nb.envs.wrappers import WithFailures, WithLatency
 
@@ -24,9 +32,13 @@ __all__ = [
     "AsyncEnv",
     "CodeProblem",
     "CodeTask",
+    "EnvServer",
     "EnvWrapper",
     "FrozenLake",
     "GEMEnv",
+    "KubernetesLauncher",
+    "LocalLauncher",
+    "RemoteEnv",
     "SandboxResult",
     "WithFailures",
     "WithLatency",
@@ -38,3 +50,11 @@ __all__ = [
     "parse_int",
     "run_sandboxed",
 ]
+
+
+def __getattr__(name: str) -> _Any:
+    if name == "EnvServer":  # aiohttp loads only when a server is built here
+        from rollart_nb.envs.server import EnvServer
+
+        return EnvServer
+    raise AttributeError(f"module 'rollart_nb.envs' has no attribute {name!r}")

@@ -85,7 +85,7 @@ def trajectory_summary(t: Trajectory) -> str:
     return f"{t.id} · {t.task} · {t.status.value} · r={r} · v{t.start_version}..{vmax} · {len(t.turns)} turns"
 
 
-def _turn_html(i: int, turn: Turn, prev_version: int, decode: TokenDecoder) -> str:
+def _turn_html(i: int, turn: Turn, prev_version: int, decode: TokenDecoder, replica: str = "") -> str:
     changed = turn.version != prev_version
     marker = (f'<span class="rn-version-change" style="color:#ef6c00;font-weight:bold">'
               f'&#9888; policy v{prev_version} &rarr; v{turn.version}</span>') if changed else ""
@@ -97,7 +97,8 @@ def _turn_html(i: int, turn: Turn, prev_version: int, decode: TokenDecoder) -> s
         f'padding-left:6px;margin:6px 0">'
         f"<b>turn {i}</b> &middot; policy v{turn.version} {marker} &middot; {html.escape(turn.worker or '-')}"
         f" &middot; env reward {turn.env_reward:g}"
-        f'<div><small>observation</small><pre style="margin:2px 0;white-space:pre-wrap">'
+        + (f' &middot; env replica <code class="rn-replica">{html.escape(replica)}</code>' if replica else "")
+        + f'<div><small>observation</small><pre style="margin:2px 0;white-space:pre-wrap">'
         f"{html.escape(turn.observation)}</pre></div>"
         f'<div><small>action</small><pre style="margin:2px 0;white-space:pre-wrap">{html.escape(turn.action)}</pre></div>'
         f"<div><small>response tokens ({len(turn.response_ids)}, {sum(turn.loss_mask)} trained)</small><br>"
@@ -128,12 +129,22 @@ def trajectory_html(t: Trajectory, tokenizer: Any = None, *, max_turns: int = 50
             f"seed {t.seed} &middot; group {html.escape(t.group_id or '-')} &middot; started at policy "
             f"v{t.start_version}, {changes} version change(s) &middot; {len(t.turns)} turn(s), {t.num_tokens} tokens")
     prev, body = t.start_version, []
+    replicas = _replicas(t)
     for i, turn in enumerate(t.turns[:max_turns]):
-        body.append(_turn_html(i, turn, prev, decode))
+        body.append(_turn_html(i, turn, prev, decode, replicas[i] if i < len(replicas) else ""))
         prev = turn.version
     if len(t.turns) > max_turns:
         body.append(f"<p>... {len(t.turns) - max_turns} more turn(s)</p>")
     return head + "".join(body) + "</div>"
+
+
+def _replicas(t: Trajectory) -> list[str]:
+    """Per turn, the env-server replica that stepped it (RemoteEnv puts ``replica`` in each step's
+    info, which the EnvManager keeps in ``info["step_info"]``); "" for a local env."""
+    steps = t.info.get("step_info") or []
+    if not steps or not all(isinstance(s, dict) and "replica" in s for s in steps):
+        return []  # turns without a step info would misalign the list
+    return [str(s["replica"]) for s in steps]
 
 
 _ANY = "any"
