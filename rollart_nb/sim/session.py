@@ -156,6 +156,7 @@ class SimSession(SessionBase):
                 pipe.close()
             except Exception as e:  # one broken pipeline must not keep the session open
                 log.warning("closing pipeline %s: %s", pipe.name, e)
+        self._close_launchers()
         for name in list(self.clusters):
             self.close_cluster(name)
         self.store.clear()

@@ -218,3 +218,15 @@ def test_code_task_grades_inside_a_sandboxed_replica():
         env = RemoteEnv(launcher=lau)
         env.reset(seed=0)
         assert env.step("```python\ndef add(a, b):\n    return a + b\n```")[1] == 1.0
+
+
+def test_a_sim_session_stops_its_launchers_on_close():
+    import rollart_nb as rn
+
+    sess = rn.Session.sim({"cpu": 2})
+    lau = LocalLauncher("rollart_nb.envs:FrozenLake", replicas=1, sandbox=False)
+    sess.tasks({"lake": lau}, envs_per_task=2)
+    pid = lau.replicas[0].pid
+    assert lau.started and os.path.exists(f"/proc/{pid}")
+    sess.close()
+    assert lau.state == "closed" and not os.path.exists(f"/proc/{pid}")
