@@ -326,7 +326,7 @@ def _main():
             if spec == ["fn"]:
                 ns[name] = _Remote(name, fd)
             elif len(spec) == 2 and spec[0] == "val":
-                ns[name] = _dec(spec[1])
+                ns[name] = _dec(spec[1], nan=False)
         except BaseException:
             pass
     defined = {}  # test functions as their definitions made them (not whatever a name holds later)
@@ -665,8 +665,12 @@ def _collect(streams: list[_Stream], tests: set[int], sol: asyncio.subprocess.Pr
     rc = sol.returncode if sol is not None else None
     if rc is not None and not done and not timed_out and rc not in (0, -signal.SIGKILL, 128 + signal.SIGKILL):
         sig = -rc if rc < 0 else rc - 128 if rc > 128 else 0
-        if sig in signal.valid_signals():
-            error += f" (solution killed by signal {signal.Signals(sig).name}: CPU or memory limit?)"
+        if sig:
+            try:
+                name = signal.Signals(sig).name
+            except ValueError:  # a real-time signal, or an exit status that only looks like one
+                name = f"signal {sig}"
+            error += f" (solution killed by {name}: CPU or memory limit?)"
     return SandboxResult(passed=len(passed), total=len(tests), stdout=streams[0].text(),
                          stderr=streams[1].text(), timed_out=timed_out, error=_clean(error),
                          failures=[_clean(f) for f in failures])

@@ -8,9 +8,9 @@ sandboxed program has no use for (the syscall numbers come from the kernel's own
   new session keyring, so the caller's keys would be readable and writable;
 * sockets other than ``AF_UNIX``, ``AF_INET`` and ``AF_INET6`` (``AF_VSOCK`` is not isolated by
   a network namespace; ``AF_PACKET``, ``AF_ALG``, netlink and friends are kernel attack surface);
-* ``memfd_create`` (memory outside the address-space limit), ``io_uring_*`` (bypasses seccomp
-  for the operations it queues), ``userfaultfd``, ``bpf``, ``perf_event_open``, ``ptrace``,
-  ``process_vm_*``, ``kcmp``, mounts (old and new API), ``unshare``/``setns``, modules, kexec,
+* ``memfd_create`` and System V ``shmget``/``shmat`` (memory outside the address-space
+  limit), ``io_uring_*`` (bypasses seccomp for the operations it queues), ``userfaultfd``,
+  ``bpf``, ``perf_event_open``, ``ptrace``, ``process_vm_*``, ``kcmp``, mounts (old and new API), ``unshare``/``setns``, modules, kexec,
   swap, reboot, ``syslog``, ``acct``, ``quotactl``, file handles, ``fanotify_init``,
   ``personality``;
 * every syscall of another ABI (32-bit or x32 entry points kill the process or fail).
@@ -38,7 +38,7 @@ DENIED = (
     "fsmount", "fspick", "mount_setattr", "unshare", "setns", "bpf", "perf_event_open", "userfaultfd",
     "io_uring_setup", "io_uring_enter", "io_uring_register", "kexec_load", "kexec_file_load", "init_module",
     "finit_module", "delete_module", "open_by_handle_at", "name_to_handle_at", "swapon", "swapoff", "reboot",
-    "syslog", "acct", "quotactl", "fanotify_init", "lookup_dcookie", "personality",
+    "syslog", "acct", "quotactl", "fanotify_init", "lookup_dcookie", "personality", "shmget", "shmat",
 )
 
 _X86_64 = {
@@ -50,7 +50,7 @@ _X86_64 = {
     "reboot": 169, "syslog": 103, "acct": 163, "quotactl": 179, "process_vm_readv": 310,
     "process_vm_writev": 311, "kcmp": 312, "fanotify_init": 300, "lookup_dcookie": 212, "personality": 135,
     "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433,
-    "mount_setattr": 442, "socket": 41,
+    "mount_setattr": 442, "socket": 41, "shmget": 29, "shmat": 30,
 }
 _AARCH64 = {
     "keyctl": 219, "add_key": 217, "request_key": 218, "memfd_create": 279, "ptrace": 117, "mount": 40,
@@ -61,7 +61,7 @@ _AARCH64 = {
     "reboot": 142, "syslog": 116, "acct": 89, "quotactl": 60, "process_vm_readv": 270,
     "process_vm_writev": 271, "kcmp": 272, "fanotify_init": 262, "lookup_dcookie": 18, "personality": 92,
     "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433,
-    "mount_setattr": 442, "socket": 198,
+    "mount_setattr": 442, "socket": 198, "shmget": 194, "shmat": 196,
 }
 # machine -> (AUDIT_ARCH_*, syscall table, first syscall number of the x32 ABI or None)
 _ARCHES = {"x86_64": (0xC000003E, _X86_64, 0x40000000), "aarch64": (0xC00000B7, _AARCH64, None)}

@@ -17,7 +17,9 @@ process of the host; otherwise the code prints ``HOST-PIDS-VISIBLE`` (and the te
 from __future__ import annotations
 
 import asyncio
+import gc
 import glob
+import json
 import os
 import re
 import secrets
@@ -28,6 +30,7 @@ import stat
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -1346,3 +1349,579 @@ def test_oversized_results_are_refused_quickly(how):
     _assert_bounded(elapsed, 2.0)
     assert r.passed == 0, r
     assert g.mb < MAX_PARENT_GROWTH_MB, f"the parent grew by {g.mb:.0f} MB"
+
+
+# ---------------------------------------------------------------------------------- second review: kernel interfaces
+
+# (add_key, keyctl, request_key) of the machines the seccomp filter covers
+_KEY_SYSCALLS = {"x86_64": (248, 250, 249), "aarch64": (217, 219, 218)}
+
+# Runs in a child of the test process (so pytest's own keyring stays as it is): joins a fresh
+# anonymous session keyring, adds a user key holding the secret, runs the attack in the
+# sandbox, then lists what its keyrings hold afterwards.
+KEYRING_PARENT = r'''
+import ctypes, json, struct, sys
+cfg = json.loads(sys.stdin.read())
+sys.path.insert(0, cfg["project"])
+from rollart_nb.envs import run_sandboxed
+ADD_KEY, KEYCTL, _ = cfg["nr"]
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+L = ctypes.c_long
+buf = ctypes.create_string_buffer(1 << 16)
+def keyctl(op, arg):  # KEYCTL_READ (11) / KEYCTL_DESCRIBE (6) into buf
+    n = libc.syscall(L(KEYCTL), L(op), L(arg), buf, L(len(buf)), L(0))
+    return buf.raw[:min(n, len(buf))] if n >= 0 else None
+def ids(ring):
+    raw = keyctl(11, ring) or b""
+    return list(struct.unpack("%di" % (len(raw) // 4), raw[: len(raw) // 4 * 4]))
+def describe(k):
+    raw = keyctl(6, k)
+    return raw.rstrip(b"\0").decode(errors="replace") if raw is not None else "?"
+if libc.syscall(L(KEYCTL), L(1), None, L(0), L(0), L(0)) < 0:  # KEYCTL_JOIN_SESSION_KEYRING, anonymous
+    print(json.dumps({"skip": "no kernel keyrings for this process (errno %d)" % ctypes.get_errno()}))
+    sys.exit()
+secret = cfg["secret"].encode()
+kid = libc.syscall(L(ADD_KEY), b"user", cfg["desc"].encode(), secret, L(len(secret)), L(-3))  # into @s
+if kid < 0:
+    print(json.dumps({"skip": "add_key failed here (errno %d)" % ctypes.get_errno()}))
+    sys.exit()
+r = run_sandboxed(cfg["code"], "assert answer() == 42\n", 3.0, isolation="bwrap")
+own = keyctl(11, kid)
+print(json.dumps({
+    "result": {"stdout": r.stdout, "stderr": r.stderr, "error": r.error, "failures": r.failures},
+    "own_payload": own.decode(errors="replace") if own is not None else None,
+    "session": [describe(k) for k in ids(-3)], "user": [describe(k) for k in ids(-4)],
+    "user_session": [describe(k) for k in ids(-5)], "proc_keys": open("/proc/keys").read(),
+}))
+'''
+
+KEYRING_ATTACK = r'''
+import ctypes, struct
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+L = ctypes.c_long
+ADD_KEY, KEYCTL, REQUEST_KEY = @NR@
+buf = ctypes.create_string_buffer(1 << 16)
+def kc(op, arg):
+    n = libc.syscall(L(KEYCTL), L(op), L(arg), buf, L(len(buf)), L(0))
+    return n, ctypes.get_errno(), buf.raw[:max(0, min(n, len(buf)))]
+try:
+    print("PROC-KEYS", open("/proc/keys").read())
+except BaseException as e:
+    print("no /proc/keys", type(e).__name__)
+found = []
+for ring in (-1, -2, -3, -4, -5):  # thread, process, session, user, user-session keyrings
+    n, err, raw = kc(11, ring)  # KEYCTL_READ of a keyring: the ids of its keys
+    print("RING", ring, n, err)
+    found += struct.unpack("%di" % (len(raw) // 4), raw[: len(raw) // 4 * 4])
+k = libc.syscall(L(KEYCTL), L(10), L(-3), b"user", @DESC@.encode(), L(0))  # KEYCTL_SEARCH
+print("SEARCH", k, ctypes.get_errno())
+k2 = libc.syscall(L(REQUEST_KEY), b"user", @DESC@.encode(), None, L(0))
+print("REQUEST", k2, ctypes.get_errno())
+for key in found + [k, k2]:
+    if key > 0:
+        n, err, raw = kc(11, key)
+        print("KEY", key, n, err, raw.decode("latin-1"))
+        n, err, raw = kc(6, key)  # KEYCTL_DESCRIBE
+        print("DESCRIBE", key, n, err, raw.decode("latin-1"))
+for ring in (-3, -4, -5):
+    print("ADD", ring, libc.syscall(L(ADD_KEY), b"user", @PLANT@.encode(), b"planted", L(7), L(ring)),
+          ctypes.get_errno())
+print("ATTACK-DONE", flush=True)
+'''
+
+
+def test_session_keyring_of_the_caller_is_unreachable(token):
+    """Kernel keyrings are not namespaced and a new session keeps its session keyring: the code
+    reads the caller's session keyring (KEYCTL_READ, KEYCTL_SEARCH, request_key) for a secret
+    key and plants keys of its own there with add_key."""
+    import platform
+
+    nr = _KEY_SYSCALLS.get(platform.machine())
+    if nr is None:
+        pytest.skip(f"no keyring syscall numbers for {platform.machine()}")
+    secret = "rollartkeysecret" + secrets.token_hex(12)
+    desc, plant = "rollartkey" + token[-16:], "planted" + token[-16:]
+    code = TAMPER + _src(KEYRING_ATTACK, NR=nr, DESC=desc, PLANT=plant) + ANSWER
+    cfg = {"project": str(PROJECT), "nr": nr, "secret": secret, "desc": desc, "code": code}
+    p = subprocess.run([sys.executable, "-I", "-c", KEYRING_PARENT], input=json.dumps(cfg), capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 0, p.stderr[-2000:]
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    if "skip" in out:
+        pytest.skip(out["skip"])
+    res = out["result"]
+    assert "ATTACK-DONE" in res["stdout"], res
+    leaks = [name for name, text in res.items() if secret in (text if isinstance(text, str) else "\n".join(text))]
+    assert not leaks, f"the caller's key leaked into {leaks}: {res['stdout'][-800:]}"
+    assert out["own_payload"] == secret, "the check is broken: the parent cannot read its own key back"
+    planted = [d for ring in ("session", "user", "user_session") for d in out[ring] if plant in d]
+    assert not planted and plant not in out["proc_keys"], f"the code planted a key in the caller's keyrings: {planted}"
+
+
+def _free_vsock_port() -> int | None:
+    """A vsock port nothing on the host holds, or None where this host has no AF_VSOCK."""
+    af = getattr(socket, "AF_VSOCK", None)
+    if af is None:
+        return None
+    for _ in range(20):
+        port = 20000 + secrets.randbelow(40000)
+        try:
+            s = socket.socket(af, socket.SOCK_STREAM)
+        except OSError:
+            return None
+        try:
+            s.bind((socket.VMADDR_CID_ANY, port))
+            return port
+        except OSError:
+            continue
+        finally:
+            s.close()
+    return None
+
+
+def test_vsock_is_refused_and_binds_no_host_port():
+    """AF_VSOCK is not separated by a network namespace: a port bound inside would be the host's
+    (and a connection would reach the hypervisor). The socket must not even be created."""
+    port = _free_vsock_port()
+    code = TAMPER + _src("""\
+        import socket, time
+        try:
+            s = socket.socket(socket.AF_VSOCK, socket.SOCK_STREAM)
+            print("VSOCK-CREATED", flush=True)
+            s.bind((socket.VMADDR_CID_ANY, @PORT@))
+            s.listen()
+            print("VSOCK-BOUND", flush=True)
+        except BaseException as e:
+            print("VSOCK-REFUSED", type(e).__name__, getattr(e, "errno", None), flush=True)
+        time.sleep(1.0)
+        """, PORT=port or 47000) + ANSWER
+    busy: list[str] = []
+    done = threading.Event()
+
+    def probe() -> None:  # is the port ever taken while the sandbox runs?
+        while not done.is_set():
+            s = socket.socket(socket.AF_VSOCK, socket.SOCK_STREAM)
+            try:
+                s.bind((socket.VMADDR_CID_ANY, port))
+            except OSError as e:
+                busy.append(str(e))
+            finally:
+                s.close()
+            done.wait(0.02)
+
+    t = threading.Thread(target=probe, daemon=True) if port is not None else None
+    if t is not None:
+        t.start()
+    try:
+        r, _ = _run(code, timeout_s=3.0)
+    finally:
+        done.set()
+        if t is not None:
+            t.join()
+    assert "VSOCK-REFUSED" in r.stdout and "VSOCK-CREATED" not in r.stdout, r.stdout
+    assert not busy, f"binding vsock port {port} inside the sandbox took it on the host: {busy[:1]}"
+
+
+def _shmem_mb() -> int:
+    m = re.search(r"^Shmem:\s+(\d+) kB", Path("/proc/meminfo").read_text(), re.M)
+    return int(m.group(1)) // 1024 if m else 0
+
+
+class _HostShmemGrowth:
+    """Peak growth of the host's shared memory (``Shmem`` in /proc/meminfo) over a block, in MiB."""
+
+    def __enter__(self) -> _HostShmemGrowth:
+        self.base, self.mb, self._done = _shmem_mb(), 0, threading.Event()
+        self._t = threading.Thread(target=self._watch, daemon=True)
+        self._t.start()
+        return self
+
+    def _watch(self) -> None:
+        while not self._done.is_set():
+            self.mb = max(self.mb, _shmem_mb() - self.base)
+            self._done.wait(0.02)
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._t.join()
+        self.mb = max(self.mb, _shmem_mb() - self.base)
+
+
+def test_memfd_is_refused_and_forked_memfds_hold_no_host_memory():
+    """memfd pages live outside every process's address space, so RLIMIT_AS does not count them:
+    6 forked children each fill memfds (up to 128 MiB each) and sleep past the run."""
+    code = TAMPER + textwrap.dedent("""\
+        import time
+        try:
+            os.memfd_create("probe")
+            print("MEMFD-CREATED", flush=True)
+        except OSError as e:
+            print("MEMFD-REFUSED", e.errno, flush=True)
+        buf = b"\\x01" * (8 << 20)
+        kids = 0
+        for i in range(6):
+            try:
+                pid = os.fork()
+            except BaseException as e:
+                print("fork failed", type(e).__name__, flush=True)
+                break
+            if pid == 0:
+                for _ in range(16):
+                    try:
+                        os.write(os.memfd_create("x"), buf)
+                    except BaseException:
+                        break
+                time.sleep(30)
+                os._exit(0)
+            kids += 1
+        print("KIDS", kids, flush=True)
+        time.sleep(30)
+        """) + ANSWER
+    with _HostShmemGrowth() as g:
+        r, elapsed = _run(code, timeout_s=2.0, memory_mb=256)
+        time.sleep(0.1)
+    _assert_bounded(elapsed, 2.0)
+    assert "KIDS 6" in r.stdout, r  # the attack ran: it forked its children
+    assert "MEMFD-REFUSED" in r.stdout and "MEMFD-CREATED" not in r.stdout, r.stdout
+    assert g.mb <= 64, f"the host's shared memory grew by {g.mb} MiB during the run"
+
+
+def test_sysv_shared_memory_holds_no_host_memory():
+    """SysV shared memory (shmget) is memory outside the address-space limit too: each segment
+    counts against RLIMIT_AS only while attached, and lives in host RAM until the sandbox's IPC
+    namespace goes away. The code holds 8 x 64 MiB segments, attached one at a time."""
+    code = TAMPER + textwrap.dedent("""\
+        import time
+        try:
+            import ctypes
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.shmat.restype = ctypes.c_void_p
+            libc.shmat.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
+            libc.shmdt.argtypes = [ctypes.c_void_p]
+            got = 0
+            for _ in range(8):
+                sid = libc.shmget(0, 64 << 20, 0o1600)  # IPC_PRIVATE, IPC_CREAT | 0600
+                if sid < 0:
+                    print("shmget refused", ctypes.get_errno())
+                    break
+                p = libc.shmat(sid, None, 0)
+                if p is None or p == ctypes.c_void_p(-1).value:
+                    print("shmat refused", ctypes.get_errno())
+                    break
+                ctypes.memset(p, 1, 64 << 20)
+                libc.shmdt(p)
+                got += 64
+                print("SHM_MB", got, flush=True)
+        except BaseException as e:
+            print("refused", type(e).__name__, e, flush=True)
+        print("ATTACK-DONE", flush=True)
+        time.sleep(1.0)
+        """) + ANSWER
+    with _HostShmemGrowth() as g:
+        r, elapsed = _run(code, timeout_s=2.5, memory_mb=256)
+    _assert_bounded(elapsed, 2.5)
+    assert "ATTACK-DONE" in r.stdout, r
+    assert g.mb <= 64, f"the host's shared memory grew by {g.mb} MiB (the code held {_held_mb(r, 'SHM_MB')} MiB)"
+
+
+# ---------------------------------------------------------------------------------- second review: grader logic
+
+STOP_RAISERS = {
+    "raise_stopiteration": "def solve(x):\n    raise StopIteration\n",
+    "next_of_empty": "def solve(x):\n    return next(iter([]))\n",
+    "stopiteration_subclass": "class Done(StopIteration):\n    pass\ndef solve(x):\n    raise Done()\n",
+}
+STOP_TESTS = {
+    "zip_map_in_test_function": "def test_pairs():\n    for got, want in zip(map(solve, [1, 2, 3]), [2, 4, 6]):\n"
+                                "        assert got == want\n",
+    "all_map": "assert all(map(lambda x: solve(x) == 2 * x, [1, 2, 3]))\n",
+    "not_any_map": "assert not any(map(lambda x: solve(x) != 2 * x, [1, 2, 3]))\n",
+    "filter_mismatches": "assert list(filter(lambda x: solve(x) != 2 * x, [1, 2, 3])) == []\n",
+    "top_level_for_over_zip": "for x, got in zip([1, 2, 3], map(solve, [1, 2, 3])):\n    assert got == 2 * x\n",
+}
+
+
+@pytest.mark.parametrize("raiser", list(STOP_RAISERS))
+@pytest.mark.parametrize("case", list(STOP_TESTS))
+def test_stopiteration_does_not_end_a_test_loop_as_passed(case, raiser):
+    """StopIteration raised by the solution inside map/zip/filter silently ends the iteration,
+    so a loop of asserts (or all()/any()) over the solution's results checks nothing."""
+    r, _ = _run(STOP_RAISERS[raiser], STOP_TESTS[case])
+    assert r.total == 1 and r.passed == 0, f"a StopIteration passed the test: {r}"
+
+
+def test_stopiteration_tests_pass_an_honest_solution():
+    r, _ = _run("def solve(x):\n    return 2 * x\n", "".join(STOP_TESTS.values()))
+    assert (r.passed, r.total, r.error) == (len(STOP_TESTS), len(STOP_TESTS), ""), r
+
+
+NAME_SPRAY = """\
+def _ok(*a, **k):
+    return None
+def approx(x, *a, **k):
+    return 0
+def isclose(*a, **k):
+    return True
+assert_allclose = _ok
+for _n in ["test_solution", "test_basic", "test_edge_cases", "test_x", *[f"test_{i}" for i in range(50)]]:
+    globals()[_n] = _ok
+def f(x):
+    return 0
+solve = f
+"""
+BOUND_NAMES = {  # name -> (tests, whether a setup step fails)
+    "from_pytest_import_approx": ("from pytest import approx\nassert f(1.5) == approx(3.0)\n", True),
+    "numpy_assert_allclose_in_test_fn": ("from numpy.testing import assert_allclose\ndef test_b():\n"
+                                         "    assert_allclose(f(2), 4.0)\n", True),
+    "pytest_parametrize_guessed_test_names": (
+        "import pytest\n\n@pytest.mark.parametrize('x, y', [(1, 2), (2, 4)])\ndef test_basic(x, y):\n"
+        "    assert solve(x) == y\n\n@pytest.mark.parametrize('x', [10, 20])\ndef test_edge_cases(x):\n"
+        "    assert solve(x) == 2 * x\n", True),
+    "failing_decorator_guessed_test_name": ("import math\n@math.no_such_decorator\ndef test_x():\n"
+                                            "    assert f(1) == 2\n", True),
+    "import_in_try_except": ("try:\n    from pytest import approx\nexcept ImportError:\n    pass\n"
+                             "assert f(1.5) == approx(3.0)\n", False),
+    "global_bound_in_def": ("def _load():\n    global approx\n    from pytest import approx\ntry:\n    _load()\n"
+                            "except ImportError:\n    pass\nassert f(1.5) == approx(3.0)\n", False),
+    "successful_import_also_solution_defined": ("from math import isclose\nassert isclose(f(1.5), 3.0)\n", False),
+}
+
+
+@pytest.mark.parametrize("how", list(BOUND_NAMES))
+def test_names_the_tests_bind_are_never_filled_from_the_solution(how):
+    """A test's import fails in the grader (no pytest, no numpy there), or a test_* definition
+    fails: the solution defines the same names (approx, assert_allclose, test_basic...) so the
+    tests would call its stubs."""
+    tests, setup_fails = BOUND_NAMES[how]
+    r, _ = _run(NAME_SPRAY, tests)
+    assert r.total >= 1 and r.passed == 0, f"the tests used the solution's names: {r}"
+    if setup_fails:
+        assert "setup" in r.error and "failed" in r.error, r
+
+
+BLOCK_TESTS = """\
+for x, y in [(1, 2), (2, 4)]:
+    assert f(x) == y
+with open('/dev/null'):
+    assert f(3) == 6
+if True:
+    assert f(4) == 8
+while True:
+    assert f(5) == 10
+    break
+try:
+    assert f(6) == 12
+finally:
+    pass
+def test_smoke():
+    assert f(1) is not None
+"""
+
+
+def test_asserts_in_top_level_blocks_are_tests():
+    """Asserts inside a top-level for/with/if/while/try were setup steps: a wrong solution failed
+    none of them, and they were not counted in the total."""
+    r, _ = _run("def f(x):\n    return -1\n", BLOCK_TESTS)
+    assert (r.passed, r.total) == (1, 6), r  # only test_smoke passes
+    assert len(r.failures) == 5, r.failures
+    r, _ = _run("def f(x):\n    return 2 * x\n", BLOCK_TESTS)
+    assert (r.passed, r.total, r.error) == (6, 6, ""), r
+
+
+NAN_CASES = {
+    "max_of_errors": ("def sqrt(x):\n    return 1.0 if x == 1 else float('nan')\n",
+                      "assert max(abs(sqrt(x) - x ** 0.5) for x in [1, 2, 3, 5]) < 1e-9\n"),
+    "negated_tolerance": ("def sqrt(x):\n    return float('nan')\n", "assert not abs(sqrt(2) - 1.41421356) > 1e-6\n"),
+    "nan_in_list": ("def roots():\n    return [1.0, float('nan')]\n",
+                    "assert not any(abs(a - b) > 1e-6 for a, b in zip(roots(), [1.0, 1.41421356]))\n"),
+    "nan_in_dict": ("def stats():\n    return {'mean': float('nan')}\n",
+                    "assert not abs(stats()['mean'] - 2.5) > 1e-9\n"),
+    "nan_top_level_value": ("ROOT2 = float('nan')\n", "assert not abs(ROOT2 - 1.41421356) > 1e-6\n"),
+}
+
+
+@pytest.mark.parametrize("how", list(NAN_CASES))
+def test_nan_results_do_not_pass_tolerance_checks(how):
+    """Every comparison with NaN is false, so `not abs(x - y) > tol` and max() of errors pass."""
+    code, tests = NAN_CASES[how]
+    r, _ = _run(code, tests)
+    assert r.passed == 0, f"a NaN result passed a tolerance test: {r}"
+
+
+def test_nan_tolerance_tests_pass_honest_solutions():
+    code = ("def sqrt(x):\n    return x ** 0.5\ndef roots():\n    return [1.0, 2 ** 0.5]\n"
+            "def stats():\n    return {'mean': 2.5}\nROOT2 = 2 ** 0.5\n")
+    tests = "".join(t.replace("1e-9\n", "1e-6\n") for _, t in NAN_CASES.values())
+    r, _ = _run(code, tests)
+    assert (r.passed, r.total) == (len(NAN_CASES), len(NAN_CASES)), r
+
+
+STRICT_TESTS = """\
+assert f(0) in (1, 2)
+assert f(0) in [1, 2]
+assert f(0) in {1, 2}
+assert f(0) in {1: 'one'}
+assert f(0) in range(1, 3)
+assert 1 == f(0) == 1
+assert 0 < f(0) == 1
+assert 1 == f(0) in (1, 2)
+assert [f(0)] in [[1]]
+assert (f(0), 2) in {(1, 2)}
+"""
+
+
+@pytest.mark.parametrize("value", ["True", "1.0", "1"])
+def test_membership_and_chained_comparisons_are_strict(value):
+    """`True in (1, 2)` and `1 == True == 1` hold in Python: a wrong-typed result passed them."""
+    r, _ = _run(f"def f(x):\n    return {value}\n", STRICT_TESTS)
+    n = STRICT_TESTS.count("assert")
+    if value == "1":  # the honest answer still passes every form
+        assert (r.passed, r.total) == (n, n), r
+    else:
+        assert (r.passed, r.total) == (0, n), f"{value} passed as 1: {r}"
+
+
+# ---------------------------------------------------------------------------------- second review: the parent
+
+
+def _assert_clean_result(r: object) -> None:
+    assert isinstance(r, SandboxResult), r
+    for text in _fields(r).values():
+        text.encode("utf-8")  # strict: a lone surrogate would raise here (and in any logger or JSON writer)
+
+
+PARENT_BREAKERS = {
+    "exit_200_at_load": "import os\nos._exit(200)\n",
+    "exit_160_at_load": "import os\nos._exit(160)\n",
+    "exit_163_at_load": "import os\nos._exit(163)\n",  # 128 + 35: a real-time signal number
+    "exit_168_at_load": "import os\nos._exit(168)\n",
+    "exit_190_at_load": "import os\nos._exit(190)\n",
+    "realtime_signal_at_load": "import os\nos.kill(os.getpid(), 40)\n",
+    "exit_168_in_call": "import os\ndef answer():\n    os._exit(168)\n",
+    "surrogate_in_code": "X = '\ud800'\ndef answer():\n    return '\udcff'\n",
+    "surrogate_in_load_error": "raise ValueError('\\ud800 at load')\n",
+    "surrogate_in_exception": "def answer():\n    raise ValueError('\\udcff in call')\n",
+    "surrogate_in_exception_type": "E = type('\\ud800', (Exception,), {})\ndef answer():\n    raise E('\\ud800')\n",
+    "surrogate_echoed_by_assert": "def answer():\n    return '\\udcff'\n",
+    "invalid_utf8_output": "import os\nos.write(1, b'\\xff\\xfe\\xed\\xa0\\x80')\nos.write(2, b'\\xc3')\n",
+}
+
+
+@pytest.mark.parametrize("how", list(PARENT_BREAKERS))
+def test_exit_statuses_and_surrogates_do_not_raise_in_the_parent(how):
+    """An exit status read as a signal number that is no Signals member, or a lone surrogate in
+    the code or in a message, made run_sandboxed raise (or return text that cannot be encoded)."""
+    r, _ = _run(PARENT_BREAKERS[how], "assert answer() == 42, answer()\n")
+    _assert_clean_result(r)
+    assert r.passed == 0, r
+
+
+BAD_ARGS = [("timeout_s", float("inf")), ("timeout_s", "5"), ("timeout_s", 0), ("timeout_s", -1),
+            ("timeout_s", float("nan")), ("timeout_s", None), ("memory_mb", "256"), ("memory_mb", 16),
+            ("memory_mb", 256.0), ("memory_mb", 0)]
+
+
+@pytest.mark.parametrize("runner", ["sync", "async"])
+@pytest.mark.parametrize(("arg", "value"), BAD_ARGS, ids=[f"{a}={v!r}" for a, v in BAD_ARGS])
+def test_bad_limits_raise_config_error(arg, value, runner):
+    """An infinite or non-numeric timeout never fired (or failed deep inside); say so up front."""
+    from rollart_nb.errors import ConfigError
+
+    kw = {"timeout_s": 1.0, "memory_mb": 256, arg: value}
+    with pytest.raises(ConfigError):
+        if runner == "async":
+            asyncio.run(arun_sandboxed(ANSWER, ANSWER_TESTS, **kw, **_ASYNC_KW))
+        else:
+            run_sandboxed(ANSWER, ANSWER_TESTS, **kw, **_SYNC_KW)
+
+
+def _descendants() -> dict[int, str]:
+    """pid -> state of every process below this one."""
+    children: dict[int, list[tuple[int, str]]] = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            fields = _proc_state_fields(int(d))
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append((int(d), fields[0]))
+    out, todo = {}, [os.getpid()]
+    while todo:
+        for pid, state in children.get(todo.pop(), []):
+            out[pid] = state
+            todo.append(pid)
+    return out
+
+
+def test_cancelled_async_runs_leave_no_process_or_fd(token):
+    """wait_for(arun_sandboxed(...), 0.05) (five times, then at other delays) cancels while the
+    sandboxes start and the code (over the 64 KiB pipe buffer) is still being fed: nothing may
+    keep running, and no fd may leak."""
+    run_sandboxed(ANSWER, ANSWER_TESTS, 5, **_SYNC_KW)  # one-time setup done: the cancels hit the runs
+    before = set(_descendants())
+    code = (f"open('/proc/self/comm', 'w').write({_comm_tag(token)!r})\nimport time\ntime.sleep(30)\n#"
+            + "x" * 300_000 + ANSWER)  # 30 s: a broken sandbox delays the suite, not forever
+
+    async def main() -> tuple[int, int, dict[int, str]]:
+        fds = len(os.listdir("/proc/self/fd"))
+        for delay in [0.05] * 5 + [0.01, 0.02, 0.1, 0.2, 0.3]:  # where it lands varies with the machine
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(arun_sandboxed(code, ANSWER_TESTS, 1, **_ASYNC_KW), delay)
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline:
+            left = {p: s for p, s in _descendants().items() if p not in before}
+            if not left and len(os.listdir("/proc/self/fd")) <= fds + 2:
+                break
+            await asyncio.sleep(0.05)
+        return fds, len(os.listdir("/proc/self/fd")), left
+
+    try:
+        fds_before, fds_after, left = asyncio.run(main())
+        assert not left, f"processes of cancelled runs still exist (pid: state): {left}"
+        assert _leftovers(token) == [], "a cancelled run's code is still running"
+        assert fds_after <= fds_before + 2, f"cancelled runs leaked fds: {fds_before} -> {fds_after}"
+    finally:
+        for pid in set(_descendants()) - before:  # what a broken sandbox left: ours, by pid
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        gc.collect()  # finalize abandoned transports now, not while pytest reports a failure
+
+
+def test_concurrent_cold_runs_return_in_time_with_correct_results():
+    """32 runs at once while the one-time setup (bubblewrap probe, runtime scan) is not done:
+    each ran it itself, against its own deadline."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from rollart_nb.envs import isolation as iso
+
+    for fn in list(vars(iso).values()):  # forget the one-time setup: the runs below start cold
+        if callable(getattr(fn, "cache_clear", None)):
+            fn.cache_clear()
+    codes = [ANSWER, "def answer():\n    return 41\n", "import time\ntime.sleep(100)\n", ANSWER]
+
+    def one(i: int) -> tuple[int, SandboxResult, float]:
+        r, elapsed = _run(codes[i % 4], timeout_s=2.0)
+        return i % 4, r, elapsed
+
+    with ThreadPoolExecutor(32) as ex:
+        results = list(ex.map(one, range(32)))
+    slow = [round(e, 2) for _, _, e in results if e > 2.0 + 4.0]
+    assert not slow, f"runs returned after {slow}s with timeout_s=2"
+    wrong = [(kind, r) for kind, r, _ in results
+             if (kind in (0, 3) and (r.passed, r.timed_out) != (1, False))
+             or (kind == 1 and (r.passed, r.timed_out) != (0, False))
+             or (kind == 2 and not r.timed_out)]
+    assert not wrong, f"{len(wrong)} wrong results, e.g. {wrong[0]}"
+
+
+def test_large_arguments_reach_an_honest_solution():
+    """A list of 100k ints (about 1.5 MB encoded) was over the message limit: honest code failed."""
+    code = "def total(xs):\n    return sum(xs)\ndef echo(xs):\n    return list(xs)\n"
+    tests = "xs = list(range(100_000))\nassert total(xs) == sum(xs)\nassert echo(xs) == xs\n"
+    r, _ = _run(code, tests, timeout_s=5.0)
+    assert (r.passed, r.total, r.error) == (2, 2, ""), r
