@@ -2,8 +2,11 @@
 
 ``reset``, then loop {history -> LLMProxy -> action -> ``env.step`` -> record turn} until
 terminated / truncated / max_turns / abort. An env that raises or hangs ends the trajectory
-as failed with the reason and the env is recreated from its template; nothing here blocks
-another EnvManager.
+as failed, with a reason naming the env, the call, the task and the manager, and the env is
+replaced by a fresh deep copy of its template (a hung object is never reused: its abandoned
+thread may still be inside it). Sync env methods run on the scheduler's
+:class:`~rollart_nb.envs.base.BlockingPool`, never on the loop's default executor, so
+nothing here blocks another EnvManager or the control plane.
 
 Token bookkeeping: turn ``k``'s prompt is turn ``k-1``'s prompt + its response + the new
 observation, so prompts are exact prefixes of each other (no re-tokenization drift) and the
@@ -14,17 +17,20 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import logging
 import time
 import zlib
 from dataclasses import dataclass
 from typing import Any
 
-from rollart_nb.envs.base import env_reset, env_step
-from rollart_nb.errors import EnvError, GenerationError
+from rollart_nb.envs.base import DEFAULT_MAX_REPLACEMENTS, BlockingPool, env_name, env_reset, env_step
+from rollart_nb.errors import ConfigError, EnvError, GenerationError
 from rollart_nb.protocols import GenerationRequest, Tokenizer
 from rollart_nb.trajectory import Status, Trajectory, Turn
 
 __all__ = ["EnvManager", "RolloutConfig", "TurnBarrier", "request_seed"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -36,7 +42,12 @@ class RolloutConfig:
         max_new_tokens: response budget per turn.
         max_context: tokens of history after which the trajectory is truncated.
         temperature: sampling temperature (0: greedy).
-        env_timeout_s: an env ``reset``/``step`` slower than this fails the trajectory.
+        env_timeout_s: an env ``reset``/``step`` slower than this fails the trajectory; a sync
+            call still running then is abandoned and the env replaced.
+        max_abandoned_threads: hung sync env calls whose threads are replaced by new ones (the
+            env thread pool's cap is one thread per env plus this). At the cap the pool stops
+            growing, says so in the log and in ``stats()["env"]["at_cap"]``, and env calls wait
+            for a thread.
         user_tag / assistant_tag: chat markers around observations and responses.
     """
 
@@ -45,8 +56,18 @@ class RolloutConfig:
     max_context: int = 4096
     temperature: float = 1.0
     env_timeout_s: float = 60.0
+    max_abandoned_threads: int = DEFAULT_MAX_REPLACEMENTS
     user_tag: str = "<|user|>"
     assistant_tag: str = "<|assistant|>"
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.env_timeout_s <= 0:
+            problems.append(f"env_timeout_s={self.env_timeout_s} must be > 0")
+        if self.max_abandoned_threads < 0:
+            problems.append(f"max_abandoned_threads={self.max_abandoned_threads} must be >= 0")
+        if problems:
+            raise ConfigError(problems, where="rollout config")
 
 
 class TurnBarrier:
@@ -90,40 +111,79 @@ class EnvManager:
         tokenizer: turns observations into token ids and responses into text.
         proxy: the LLMProxy (anything with ``async generate(request)``).
         config: :class:`RolloutConfig`.
+        pool: where sync env methods run (default: the process-wide default pool).
+
+    Attributes:
+        restarts: times the env was replaced by a fresh copy of the template.
+        timeouts: env calls that did not answer within ``config.env_timeout_s``.
+        abandoned: sync env calls given up while still running (timeouts and cancellations).
     """
 
     def __init__(self, index: int, task: str, template: Any, tokenizer: Tokenizer, proxy: Any,
-                 config: RolloutConfig) -> None:
+                 config: RolloutConfig, pool: BlockingPool | None = None) -> None:
         self.index, self.task, self.template = index, task, template
-        self.tok, self.proxy, self.cfg = tokenizer, proxy, config
-        self.env = copy.deepcopy(template)
+        self.tok, self.proxy, self.cfg, self.pool = tokenizer, proxy, config, pool
+        self.env: Any = copy.deepcopy(template)
         self.busy = False
         self.trajectories = 0
         self.failures_in_a_row = 0
+        self.restarts = self.timeouts = self.abandoned = 0
+        self._call = ""  # the env call in progress, for error reasons
+        self._abandoned_now = False  # a call of the current trajectory still runs on a thread
+        self._broken = ""  # why the template could not be copied, when it could not
 
     @property
     def max_turns(self) -> int:
         return int(getattr(self.env, "max_turns", None) or self.cfg.max_turns)
 
-    def _recreate(self) -> None:
-        self.env = copy.deepcopy(self.template)
+    @property
+    def name(self) -> str:
+        """``env #3 (task 'math', WithFailures(Arithmetic))``: how errors name this env."""
+        return f"env #{self.index} (task {self.task!r}, {env_name(self.template)})"
+
+    def _replace_env(self) -> None:
+        """Drop the env (a hung call may still hold it) for a fresh copy of the template."""
+        self.restarts += 1
+        try:
+            self.env, self._broken = copy.deepcopy(self.template), ""
+        except Exception as e:  # reported by the next trajectory, which then fails with it
+            self.env, self._broken = None, f"{type(e).__name__}: {e}"
+            log.warning("%s: could not copy the env template: %s", self.name, self._broken)
+
+    def _on_abandon(self) -> None:
+        self.abandoned += 1
+        self._abandoned_now = True
 
     def _encode_obs(self, obs: str) -> list[int]:
         return self.tok.encode(f"{self.cfg.user_tag} {obs} {self.cfg.assistant_tag}")
 
     async def run(self, traj: Trajectory, *, barrier: TurnBarrier | None = None, temperature: float | None = None,
                   clock: Any = time.monotonic) -> Trajectory:
-        """Roll out ``traj`` (RUNNING on return if the episode ended normally, else FAILED)."""
+        """Roll out ``traj`` (RUNNING on return if the episode ended normally, else FAILED with a
+        reason). Cancelling it is allowed (the caller records the status); an env call it
+        interrupts on a thread gets the env replaced."""
         self.busy = True
         self.trajectories += 1
+        self._call, self._abandoned_now = "setup", False
         temp = self.cfg.temperature if temperature is None else temperature
         try:
             await self._run(traj, barrier, temp, clock)
         except EnvError as e:
-            traj.finish(Status.FAILED, f"env: {e}", now=time.time())
-            self._recreate()
+            if isinstance(e.__cause__, TimeoutError):
+                self.timeouts += 1
+            traj.finish(Status.FAILED, f"env: {e} [{self.name}, {self._call}, trajectory {traj.id}; env replaced]",
+                        now=time.time())
+            self._replace_env()
         except GenerationError as e:
-            traj.finish(Status.FAILED, f"generation: {e}", now=time.time())
+            traj.finish(Status.FAILED, f"generation: {e} [{self.name}, trajectory {traj.id}]", now=time.time())
+        except asyncio.CancelledError:
+            if self._abandoned_now:  # its thread may still be inside the env: never reuse it
+                self._replace_env()
+            raise
+        except Exception as e:  # a bug outside the env (tokenizer, proxy): still one recorded ending
+            log.exception("%s: rollout of trajectory %s failed", self.name, traj.id)
+            traj.finish(Status.FAILED, f"rollout error: {type(e).__name__}: {e} [{self.name}, {self._call or 'setup'}, "
+                        f"trajectory {traj.id}]", now=time.time())
         finally:
             self.busy = False
             if barrier is not None:
@@ -131,13 +191,20 @@ class EnvManager:
         return traj
 
     async def _run(self, traj: Trajectory, barrier: TurnBarrier | None, temp: float, clock: Any) -> None:
+        if self.env is None:
+            self._replace_env()
+            if self.env is None:
+                raise EnvError(f"could not copy the env template ({self._broken}); make the env deep-copyable")
         t0 = clock()
-        obs, info = await env_reset(self.env, traj.seed, timeout_s=self.cfg.env_timeout_s)
+        self._call = "reset"
+        obs, info = await env_reset(self.env, traj.seed, timeout_s=self.cfg.env_timeout_s, pool=self.pool,
+                                    on_abandon=self._on_abandon)
         traj.info.update(info or {})
         reset_s = clock() - t0
         prompt = self._encode_obs(obs)
         for k in range(self.max_turns):
             t1, wall = clock(), time.time()
+            self._call = f"generate of turn {k}"
             req = GenerationRequest(traj.id, self.task, list(prompt), self.cfg.max_new_tokens, temp,
                                     seed=request_seed(traj, k), last_turn=k == self.max_turns - 1)
             res = await self.proxy.generate(req)
@@ -152,8 +219,9 @@ class EnvManager:
             if res.recomputed_tokens:
                 turn.timings["recomputed_tokens"] = float(res.recomputed_tokens)
             traj.turns.append(turn)
-            obs, reward, terminated, truncated, step_info = await env_step(self.env, action,
-                                                                           timeout_s=self.cfg.env_timeout_s)
+            self._call = f"step of turn {k}"
+            obs, reward, terminated, truncated, step_info = await env_step(
+                self.env, action, timeout_s=self.cfg.env_timeout_s, pool=self.pool, on_abandon=self._on_abandon)
             turn.env_reward = float(reward)
             turn.timings["env"] = clock() - t2
             if step_info:

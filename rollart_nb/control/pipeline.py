@@ -31,7 +31,7 @@ from rollart_nb.control.checkpoint import PipelineCheckpoint, write_checkpoint
 from rollart_nb.control.env_manager import RolloutConfig
 from rollart_nb.control.modes import Mode
 from rollart_nb.control.modes import mode as get_mode
-from rollart_nb.control.report import StepReport
+from rollart_nb.control.report import StepReport, env_fault_deltas
 from rollart_nb.control.rollout_worker import RolloutWorker
 from rollart_nb.control.scheduler import SchedulerConfig
 from rollart_nb.errors import StateError
@@ -105,6 +105,7 @@ class Pipeline:
         self.reports: list[StepReport] = []
         self._train_fut: Any = None
         self._counts: collections.Counter[str] = collections.Counter()
+        self._env_faults: dict[str, int] = {}  # cumulative env fault counters at the last step
         self._thread: threading.Thread | None = None
         self._pause = threading.Event()
         self._lock = threading.Lock()
@@ -192,6 +193,7 @@ class Pipeline:
         now = collections.Counter(stats["events"])
         rep.counts = {k: now[k] - self._counts.get(k, 0) for k in now if now[k] - self._counts.get(k, 0)}
         self._counts = now
+        rep.env, self._env_faults = env_fault_deltas(stats.get("env", {}), self._env_faults), stats.get("env", {})
         for task, reason in stats.get("failures", []):
             rep.failures.setdefault(task, []).append(reason)
         if self.validate_every and (rep.step + 1) % self.validate_every == 0:
@@ -333,7 +335,9 @@ class Pipeline:
         return view("dashboard", self, **kwargs)
 
     def stats(self) -> dict[str, Any]:
-        """Live rollout stats: counts by status, running, buffered, proxy, ..."""
+        """Live rollout stats: counts by status, running, buffered, proxy, ``accounting``
+        (started, each ending, in flight, ``unaccounted``: 0 unless a trajectory was lost),
+        ``env`` (restarts, timeouts, abandoned/hung threads) and ``rewards``."""
         return self.rollout.stats()
 
     # -- lifecycle -----------------------------------------------------------------------

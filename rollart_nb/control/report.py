@@ -7,10 +7,18 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["PHASES", "StepReport"]
+__all__ = ["ENV_FAULTS", "PHASES", "StepReport", "env_fault_deltas"]
 
 PHASES = ("rollout_wait", "suspend", "update", "resume", "train")
 """Step-time phases, in protocol order (train is the part not hidden behind rollout)."""
+
+ENV_FAULTS = ("restarts", "timeouts", "abandoned_threads")
+"""Env fault counters of :attr:`StepReport.env` (per step; cumulative ones in ``pipe.stats()["env"]``)."""
+
+
+def env_fault_deltas(now: dict[str, Any], before: dict[str, Any]) -> dict[str, int]:
+    """This step's env faults: cumulative ``stats()["env"]`` counters now minus at the last step."""
+    return {k: int(now.get(k, 0)) - int(before.get(k, 0)) for k in ENV_FAULTS}
 
 
 @dataclass
@@ -35,6 +43,9 @@ class StepReport:
             failed, cancelled) plus "redundant_cancelled". Never negative: a sample that completed
             in an earlier step and is evicted as stale in this one counts as aborted_stale here.
         failures: a few failure reasons seen during the step (task -> reasons).
+        env: env faults during the step (see :data:`ENV_FAULTS`): ``restarts`` (envs replaced by
+            a fresh copy after a failure), ``timeouts`` (env calls past ``env_timeout_s``) and
+            ``abandoned_threads`` (sync env calls given up while running).
         weights: weight-sync metrics (push_s, pull_s, exposed_pull_s, bytes, gbps).
         train: metrics from the train step (loss, grad norm, ...).
         started_at: unix time the step began (for timelines).
@@ -54,6 +65,7 @@ class StepReport:
     staleness: dict[int, int] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)
     failures: dict[str, list[str]] = field(default_factory=dict)
+    env: dict[str, int] = field(default_factory=dict)
     weights: dict[str, float] = field(default_factory=dict)
     train: dict[str, float] = field(default_factory=dict)
     started_at: float = 0.0
@@ -83,6 +95,8 @@ class StepReport:
         r.update({f"val/{k}": round(v, 3) for k, v in self.validation.items()})
         r["aborted"] = self.counts.get("aborted_stale", 0)
         r["failed"] = self.counts.get("failed", 0)
+        r["env_restarts"] = self.env.get("restarts", 0)
+        r["env_timeouts"] = self.env.get("timeouts", 0)
         return r
 
     def __repr__(self) -> str:
@@ -104,12 +118,13 @@ class StepReport:
         rows = "".join(f"<tr><td>{html.escape(k)}</td><td>{v:.3f}</td><td>{self.validation.get(k, float('nan')):.3f}"
                        f"</td></tr>" for k, v in self.reward.items())
         counts = ", ".join(f"{k}: {v}" for k, v in sorted(self.counts.items()))
+        faults = ", ".join(f"{k.replace('_', ' ')}: {v}" for k, v in self.env.items() if v)
         return (
             f"<div><b>Step {self.step}</b> &middot; version {self.version} &middot; {self.mode} &middot; "
             f"{self.step_s:.2f}s &middot; {self.tokens} tokens &middot; {self.throughput:.0f} tok/s"
             f"<div>{bar}</div><small>{legend}</small>"
             f"<table><tr><th>task</th><th>reward</th><th>validation</th></tr>{rows}</table>"
-            f"<small>{html.escape(counts)}</small></div>"
+            f"<small>{html.escape(counts)}{' &middot; env ' + html.escape(faults) if faults else ''}</small></div>"
         )
 
 

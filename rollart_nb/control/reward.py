@@ -1,9 +1,11 @@
 """Reward dispatch: versioned reward functions per task, called as trajectories finish.
 
 A reward is a plain callable ``fn(trajectory) -> float`` (or a list of per-turn floats), sync
-or async, run locally (sync ones in a thread so rollout keeps going), or an HTTP endpoint
-(Ray Serve, any serverless function). Swapping a task's reward bumps its version; every
-scored trajectory records the version that scored it. A reward that raises, times out or
+or async, run locally, or an HTTP endpoint (Ray Serve, any serverless function). Sync ones run
+on the dispatcher's own :class:`~rollart_nb.envs.base.BlockingPool` (not the loop's default
+executor, which the control plane needs), so rollout keeps going; a sync call past its timeout
+is abandoned, counted, and its thread replaced. Swapping a task's reward bumps its version;
+every scored trajectory records the version that scored it. A reward that raises, times out or
 returns NaN/inf/non-number is retried, then reported as a :class:`RewardError`.
 
 A task may also have a separate *validation* scorer (``validate_with``): greedy validation then
@@ -20,6 +22,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from rollart_nb.envs.base import DEFAULT_MAX_REPLACEMENTS, BlockingPool
 from rollart_nb.errors import ConfigError, RewardError
 from rollart_nb.serverless.client import Endpoint, acall
 from rollart_nb.trajectory import Trajectory
@@ -88,9 +91,19 @@ class RewardDispatcher:
 
     Args:
         default: reward for tasks with none registered (default: the env's own return).
+        threads: sync reward calls that may run at once (the scheduler raises it to its env
+            count with :meth:`reserve_threads`).
+        max_abandoned_threads: hung sync reward calls whose threads are replaced (the cap of
+            the reward thread pool is ``threads`` plus this).
+
+    Attributes:
+        calls / failures / timeouts: reward attempts, trajectories whose reward failed for good,
+            attempts that timed out.
+        pool: the :class:`~rollart_nb.envs.base.BlockingPool` sync rewards run on.
     """
 
-    def __init__(self, default: Any = None) -> None:
+    def __init__(self, default: Any = None, *, threads: int = 8,
+                 max_abandoned_threads: int = DEFAULT_MAX_REPLACEMENTS) -> None:
         from rollart_nb.rewards.rules import env_return
 
         self.default = default or env_return
@@ -99,6 +112,12 @@ class RewardDispatcher:
         self.validators: dict[str, Any] = {}
         self.calls = 0
         self.failures = 0
+        self.timeouts = 0
+        self.pool = BlockingPool("reward", size=threads, max_replacements=max_abandoned_threads)
+
+    def reserve_threads(self, n: int) -> None:
+        """Let ``n`` sync reward calls run at once (one per env that may finish together)."""
+        self.pool.ensure_size(n)
 
     def set(self, task: str, fn: Any = None, *, endpoint: Endpoint | None = None, timeout_s: float = 30.0,
             retries: int = 1, validate_with: Any = None) -> RewardSpec:
@@ -141,7 +160,9 @@ class RewardDispatcher:
                 traj.reward_version = spec.version
                 return
             except TimeoutError:
-                last = RewardError(f"timed out after {spec.timeout_s}s")
+                self.timeouts += 1
+                last = RewardError(f"timed out after {spec.timeout_s:g}s (a sync call still running was abandoned; "
+                                   "make a slow reward async, or raise its timeout_s)")
             except RewardError as e:
                 last = e
             except Exception as e:  # the user's reward raised: keep its type and message
@@ -149,15 +170,22 @@ class RewardDispatcher:
             if attempt < spec.retries:
                 await asyncio.sleep(0.05 * 2**attempt)
         self.failures += 1
-        raise RewardError(f"reward {spec.name} v{spec.version} for task {traj.task!r} failed after "
-                          f"{spec.retries + 1} attempt(s): {last}")
+        raise RewardError(f"reward {spec.name} v{spec.version} for task {traj.task!r} (trajectory {traj.id}) failed "
+                          f"after {spec.retries + 1} attempt(s): {last}")
 
     async def _call(self, spec: RewardSpec, traj: Trajectory) -> Any:
         if spec.endpoint is not None:
             return await acall(spec.endpoint, [traj.to_dict()], {})
         if inspect.iscoroutinefunction(spec.fn) or inspect.iscoroutinefunction(spec.fn.__call__):
             return await spec.fn(traj)
-        return await asyncio.to_thread(spec.fn, traj)
+        return await self.pool.call(spec.fn, traj)
+
+    def stats(self) -> dict[str, Any]:
+        """calls, failures, timeouts, abandoned_threads, hung_threads, threads, thread_cap, at_cap."""
+        pool = self.pool.stats()
+        return {"calls": self.calls, "failures": self.failures, "timeouts": self.timeouts,
+                "abandoned_threads": pool["abandoned"], "hung_threads": pool["hung"], "threads": pool["threads"],
+                "thread_cap": pool["cap"], "at_cap": pool["at_cap"]}
 
     def versions(self) -> list[dict[str, Any]]:
         """Every version ever registered, with its source and time."""

@@ -124,7 +124,7 @@ class RolloutWorker(Worker):
 
         async def one(seed: int) -> Trajectory:
             async with sem:
-                m = EnvManager(-1, task, copy.deepcopy(template), s.tok, s.proxy, s.cfg.rollout)
+                m = EnvManager(-1, task, copy.deepcopy(template), s.tok, s.proxy, s.cfg.rollout, pool=s.env_pool)
                 t = Trajectory(task, seed=seed, group_id="validation", start_version=s.version)
                 await m.run(t, temperature=temperature)
                 s.proxy.forget(t.id)

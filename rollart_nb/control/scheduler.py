@@ -7,8 +7,13 @@
   scores after the batch), while its EnvManager already runs the next one.
 - **Staleness**: :meth:`set_version` aborts in-flight trajectories begun before
   ``version - alpha`` (rollart) and evicts stale ones from the :class:`SampleBuffer`.
-- **Accounting**: every trajectory ends in exactly one terminal status; counts and the last
-  trajectories are kept for reports and the viewer.
+- **Accounting**: every trajectory ends in exactly one terminal status (completed,
+  aborted_stale, cancelled, failed with a reason); ``stats()["accounting"]`` checks that
+  ``started == ended + in flight`` (``unaccounted`` is 0). Counts and the last trajectories
+  are kept for reports and the viewer.
+- **Env faults**: sync env calls run on one :class:`~rollart_nb.envs.base.BlockingPool` sized
+  for the envs, apart from the loop's default executor; hung calls are abandoned and their
+  threads replaced. ``stats()["env"]`` counts env restarts, timeouts and abandoned threads.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import collections
 import copy
 import logging
 import random
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,12 +33,21 @@ from rollart_nb.control.curriculum import curriculum_problems
 from rollart_nb.control.env_manager import EnvManager, RolloutConfig, TurnBarrier
 from rollart_nb.control.modes import Mode
 from rollart_nb.control.reward import RewardDispatcher
+from rollart_nb.envs.base import BlockingPool
 from rollart_nb.errors import ConfigError, RewardError, RolloutStalledError
 from rollart_nb.trajectory import Status, Trajectory
 
 __all__ = ["GroupState", "RolloutScheduler", "SchedulerConfig"]
 
 log = logging.getLogger(__name__)
+
+# Failure reasons name the env manager and trajectory; the stall message groups reasons without them.
+_ENV_INDEX = re.compile(r"env #\d+")
+_TRAJ_ID = re.compile(r"trajectory [0-9a-f]+")
+
+
+def _env_number(name: str) -> int:
+    return int(name.rsplit("#", 1)[1])
 
 
 @dataclass(frozen=True)
@@ -96,6 +111,7 @@ class GroupState:
     buffered: set[str] = field(default_factory=set)
     failures: int = 0
     closed: bool = False
+    close_reason: str = ""
 
 
 class RolloutScheduler:
@@ -114,12 +130,19 @@ class RolloutScheduler:
                  config: SchedulerConfig, id_salt: str = "") -> None:
         self.cfg, self.mode = config, config.mode
         self.proxy, self.rewards, self.tok = proxy, rewards, tokenizer
+        n_envs = sum(len(v) for v in envs.values())
+        if not n_envs:
+            raise ConfigError("no environments: pass tasks with envs_per_task >= 1")
+        # One thread per env for its sync calls, apart from the loop's default executor (the
+        # control plane's), plus replacements for hung calls up to the configured cap.
+        self.env_pool = BlockingPool("env", size=n_envs, max_replacements=config.rollout.max_abandoned_threads)
+        if hasattr(rewards, "reserve_threads"):  # a sync reward runs once per finished trajectory
+            rewards.reserve_threads(n_envs)
         self.managers: list[EnvManager] = []
         for task, templates in envs.items():
             for env in templates:
-                self.managers.append(EnvManager(len(self.managers), task, env, tokenizer, proxy, config.rollout))
-        if not self.managers:
-            raise ConfigError("no environments: pass tasks with envs_per_task >= 1")
+                self.managers.append(EnvManager(len(self.managers), task, env, tokenizer, proxy, config.rollout,
+                                                pool=self.env_pool))
         self.tasks = list(envs)
         # uniform task sampling by default: each batch holds each task's share of groups
         self.weights = {t: (config.task_weights or {}).get(t, 0.0) if config.task_weights else 1.0
@@ -151,6 +174,7 @@ class RolloutScheduler:
         self.counts: collections.Counter[str] = collections.Counter()
         self.events: collections.Counter[str] = collections.Counter()
         self.ended: collections.deque[Trajectory] = collections.deque(maxlen=4096)
+        self._buffered_ids: set[str] = set()  # counted completed and still in the buffer
         self.failure_reasons: collections.deque[tuple[str, str]] = collections.deque(maxlen=64)
         self.started_groups = 0
         self.quota: dict[str, int] = dict.fromkeys(self.tasks, 0)
@@ -253,6 +277,11 @@ class RolloutScheduler:
         except asyncio.CancelledError:
             traj.finish(Status.CANCELLED, "cancelled", now=time.time())  # no-op if the canceller set a status
             m.busy = False
+        except Exception as e:  # a bug must not lose the trajectory (its group would wait for it forever)
+            log.exception("rollout of trajectory %s on env #%d failed", traj.id, m.index)
+            traj.finish(Status.FAILED, f"rollout error: {type(e).__name__}: {e} [env #{m.index}, task {traj.task!r}]",
+                        now=time.time())
+            m.busy = False
         finally:
             self.running.pop(traj.id, None)
             g.running.discard(traj.id)
@@ -283,6 +312,10 @@ class RolloutScheduler:
             await self.rewards.score(traj)
         except RewardError as e:
             traj.finish(Status.FAILED, f"reward: {e}", now=time.time())
+        except Exception as e:  # not the reward's own failure (RewardError) but still this trajectory's end
+            log.exception("scoring trajectory %s failed", traj.id)
+            traj.finish(Status.FAILED, f"reward: {type(e).__name__}: {e} [task {traj.task!r}, trajectory {traj.id}]",
+                        now=time.time())
         except asyncio.CancelledError:
             traj.finish(Status.CANCELLED, "pipeline closed while scoring", now=time.time())
             self._end(traj, g)
@@ -293,16 +326,20 @@ class RolloutScheduler:
             self._end(traj, g)
             return
         if g.closed:
-            traj.finish(Status.CANCELLED, "group already taken by a batch", now=time.time())
+            traj.finish(Status.CANCELLED, f"group already closed ({g.close_reason})", now=time.time())
             self._end(traj, g)
             return
         traj.status, traj.finished_s = Status.COMPLETED, time.time()
         cur = self.curricula.get(traj.task)
         if cur is not None:
-            cur.update(traj.seed, traj.reward)
+            try:
+                cur.update(traj.seed, traj.reward)
+            except Exception:  # a curriculum bug costs its statistics, not the scored sample
+                log.exception("curriculum of task %r failed to update", traj.task)
         rejected = self.buffer.put(traj)
         if traj not in rejected:
             g.buffered.add(traj.id)
+            self._buffered_ids.add(traj.id)
             self.counts["completed"] += 1
             self.events["completed"] += 1
             self.ended.append(traj)
@@ -346,10 +383,13 @@ class RolloutScheduler:
     def _on_evicted(self, evicted: list[Trajectory]) -> None:
         for t in evicted:
             g = self.groups.get(t.group_id)
-            if g is not None and t.id in g.buffered:  # it was counted completed: move its count
+            if t.id in self._buffered_ids:  # it was counted completed: move its count
+                self._buffered_ids.discard(t.id)
                 self.counts["completed"] -= 1
                 self.counts[t.status.value] += 1
                 self.events[t.status.value] += 1  # events only grow: a step reports its own endings
+                if g is None:  # its group was given up while it waited in the buffer
+                    continue
                 g.buffered.discard(t.id)
                 if t.status is Status.CANCELLED:  # dropped for capacity: give the group up, never churn
                     self._close_group(g, t.reason)
@@ -368,7 +408,9 @@ class RolloutScheduler:
             task.cancel()
 
     def _close_group(self, g: GroupState, reason: str) -> None:
-        g.closed, g.budget = True, 0
+        """Close ``g``: its running members end cancelled. Members it has buffered stay there
+        (counted completed) until the staleness bound or the buffer's capacity evicts them."""
+        g.closed, g.budget, g.close_reason = True, 0, reason
         for tid in list(g.running):
             traj, task, _ = self.running[tid]
             traj.finish(Status.CANCELLED, reason, now=time.time())
@@ -409,15 +451,30 @@ class RolloutScheduler:
                 pass
             stalled = self._stalled_task()
             if stalled is not None:
-                reasons = collections.Counter(r[:160] for t, r in self.failure_reasons if t == stalled)
-                raise RolloutStalledError(
-                    f"the last {self.consecutive_failures[stalled]} trajectories of task {stalled!r} all failed, and "
-                    "each batch needs its share of that task. Most common reasons:\n"
-                    + "\n".join(f"  {c} x {r}" for r, c in reasons.most_common(3))
-                    + "\nFix the env/reward/generator, or give the task weight 0 in sess.tasks(..., weights=...).")
+                raise RolloutStalledError(self._stall_message(stalled))
             if deadline is not None and loop.time() > deadline:
                 raise TimeoutError(f"{n} samples not ready within {timeout_s}s ({len(self.buffer)} buffered, "
                                    f"{len(self.running)} running, counts {dict(self.counts)})")
+
+    def _stall_message(self, task: str) -> str:
+        """Why ``task`` cannot fill its share: its commonest failure reasons, each with the envs
+        it hit (the reasons name the failing component: env call, reward, generator), and the
+        env thread pool's state (hung calls at the cap make healthy envs wait)."""
+        reasons: collections.Counter[str] = collections.Counter()
+        envs: dict[str, set[str]] = collections.defaultdict(set)
+        for t, r in self.failure_reasons:
+            if t == task:
+                key = _TRAJ_ID.sub("trajectory …", _ENV_INDEX.sub("env #…", r))
+                reasons[key] += 1
+                envs[key].update(_ENV_INDEX.findall(r))
+        lines = [f"  {c} x {r[:400]}" + (f" (on {', '.join(sorted(envs[r], key=_env_number))})" if envs[r] else "")
+                 for r, c in reasons.most_common(3)]
+        env = self._env_stats()
+        return (f"the last {self.consecutive_failures[task]} trajectories of task {task!r} all failed, and each batch "
+                "needs its share of that task. Most common reasons:\n" + "\n".join(lines)
+                + f"\nEnv faults so far: {env['restarts']} env restart(s), {env['timeouts']} env timeout(s); "
+                + self.env_pool.describe()
+                + ".\nFix the env/reward/generator, or give the task weight 0 in sess.tasks(..., weights=...).")
 
     def _stalled_task(self) -> str | None:
         """A task the batch needs whose recent trajectories all failed (a batch cannot form)."""
@@ -430,6 +487,7 @@ class RolloutScheduler:
     def take_batch(self, n: int) -> list[Trajectory]:
         """Remove ``n`` trajectories (whole groups) from the buffer; their groups close."""
         batch = self.buffer.take_batch(n, self.weights)
+        self._buffered_ids.difference_update(t.id for t in batch)
         self.batches_taken += 1
         for gid in {t.group_id for t in batch}:
             g = self.groups.get(gid)
@@ -457,9 +515,36 @@ class RolloutScheduler:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        pending, self._pending_reward = self._pending_reward, []  # rolled out, never scored
+        for traj, g in pending:
+            traj.finish(Status.CANCELLED, "pipeline closed before scoring", now=time.time())
+            self._end(traj, g)
+        self.env_pool.shutdown()  # idle threads leave; hung ones are daemons and never waited for
 
     # -- views -----------------------------------------------------------------------
+    def _env_stats(self) -> dict[str, Any]:
+        pool = self.env_pool.stats()
+        return {"restarts": sum(m.restarts for m in self.managers), "timeouts": sum(m.timeouts for m in self.managers),
+                "abandoned_threads": pool["abandoned"], "hung_threads": pool["hung"], "threads": pool["threads"],
+                "thread_cap": pool["cap"], "at_cap": pool["at_cap"], "cap_hits": pool["cap_hits"]}
+
+    def accounting(self) -> dict[str, int]:
+        """Every trajectory started, by where it is now: ended (by status) or in flight.
+
+        ``unaccounted = started - ended - running - scoring - pending_reward`` is 0 unless a
+        trajectory was lost (a bug); a soak test asserts it.
+        """
+        ended = {k: self.counts.get(k, 0) for k in ("completed", "aborted_stale", "cancelled", "failed")}
+        flight = {"running": len(self.running), "scoring": len(self.scoring),
+                  "pending_reward": len(self._pending_reward)}
+        return {"started": self.launched, **ended, **flight,
+                "unaccounted": self.launched - sum(ended.values()) - sum(flight.values())}
+
     def stats(self) -> dict[str, Any]:
+        """Live rollout stats. Keys include ``counts`` (by current status), ``events`` (endings,
+        only growing), ``accounting`` (:meth:`accounting`), ``env`` (restarts, timeouts,
+        abandoned_threads, hung_threads, threads, thread_cap, at_cap, cap_hits) and ``rewards``
+        (the RewardDispatcher's calls, failures, timeouts and reward thread pool)."""
         return {
             "version": self.version,
             "counts": dict(self.counts),
@@ -472,6 +557,9 @@ class RolloutScheduler:
             "envs": self.E,
             "busy_envs": sum(m.busy for m in self.managers),
             "failures": list(self.failure_reasons)[-8:],
+            "accounting": self.accounting(),
+            "env": self._env_stats(),
+            "rewards": self.rewards.stats() if hasattr(self.rewards, "stats") else {},
             "proxy": self.proxy.stats() if hasattr(self.proxy, "stats") else {},
             "curriculum": {t: c.summary() for t, c in self.curricula.items() if hasattr(c, "summary")},
         }

@@ -5,13 +5,17 @@ Both have a sync path (``reset``/``step``, blocking with :func:`rollart_nb.sim.c
 path (``areset``/``astep``, :func:`asyncio.sleep`), so an asyncio EnvManager can run many
 wrapped envs concurrently on one thread. The async path reaches the inner env through
 :func:`~rollart_nb.envs.base.env_reset`/:func:`~rollart_nb.envs.base.env_step`.
+
+Each env *instance* draws from its own random stream. The EnvManager works on deep copies of
+an env (one per manager, and a fresh one after every failure), so a wrapper's deep copy ``k``
+reseeds from ``(seed, k)`` (copy ``j`` of that copy from ``(seed, k, j)``, ...): instances
+differ, a recreated env never replays its predecessor's draws, and a run stays reproducible.
 """
 
 from __future__ import annotations
 
 import asyncio
 import copy
-import itertools
 import random
 from typing import Any
 
@@ -22,7 +26,39 @@ from rollart_nb.sim.clock import sleep
 __all__ = ["WithFailures", "WithLatency"]
 
 
-class WithLatency(EnvWrapper):
+class _PerInstanceRng(EnvWrapper):
+    """An EnvWrapper whose deep copies get their own seeded random stream (see the module doc).
+
+    Attributes:
+        instance: this instance's copy path, ``()`` for the object the user built, ``(k,)``
+            for its k-th deep copy (1-based), ``(k, j)`` for the j-th copy of that one.
+    """
+
+    def _seed_rng(self, seed: int | None) -> None:
+        self._seed = seed  # None: every instance draws from OS entropy
+        self.instance: tuple[int, ...] = ()
+        self._copies = 0  # a plain int (not itertools.count): it pickles into Ray actors
+        self._rng = self._new_rng()
+
+    def _new_rng(self) -> random.Random:
+        if self._seed is None:
+            return random.Random()
+        if not self.instance:
+            return random.Random(self._seed)
+        # a str seed is hashed with SHA-512: the same stream in every process, unlike hash()
+        return random.Random("/".join(map(str, (self._seed, *self.instance))))
+
+    def __deepcopy__(self, memo: dict) -> _PerInstanceRng:
+        new = copy.copy(self)
+        memo[id(self)] = new
+        new.env = copy.deepcopy(self.env, memo)
+        self._copies += 1
+        new.instance, new._copies = (*self.instance, self._copies), 0
+        new._rng = new._new_rng()
+        return new
+
+
+class WithLatency(_PerInstanceRng):
     """Delay every ``reset`` and ``step`` by a random latency, like a remote env would.
 
     The latency is Gaussian ``N(mean_s, std_s)`` clipped at 0; with probability
@@ -36,7 +72,7 @@ class WithLatency(EnvWrapper):
         long_tail_p: probability that a call is a straggler.
         long_tail_scale: how much longer a straggler takes.
         seed: seed of the latency sampler (None: nondeterministic). Deep copies (one per
-            EnvManager, made by ``TaskSet.expand``) draw their own latencies: copy ``k`` is
+            EnvManager, and one per env restart) draw their own latencies: copy ``k`` is
             seeded from ``(seed, k)``, so stragglers differ between env instances yet the run
             stays reproducible.
 
@@ -69,19 +105,7 @@ class WithLatency(EnvWrapper):
         super().__init__(env)
         self.mean_s, self.std_s = mean_s, std_s
         self.long_tail_p, self.long_tail_scale = long_tail_p, long_tail_scale
-        self._rng = random.Random(seed)
-        self._seed = seed
-        self._copies = itertools.count(1)
-
-    def __deepcopy__(self, memo: dict) -> WithLatency:
-        new = copy.copy(self)
-        memo[id(self)] = new
-        new.env = copy.deepcopy(self.env, memo)
-        k = next(self._copies)
-        new._seed = None if self._seed is None else f"{self._seed}/{k}"
-        new._rng = random.Random(new._seed)
-        new._copies = itertools.count(1)
-        return new
+        self._seed_rng(seed)
 
     def sample_latency(self) -> float:
         """Draw one latency in seconds (>= 0)."""
@@ -118,9 +142,14 @@ class WithLatency(EnvWrapper):
         return f"WithLatency({self.env!r}, mean_s={self.mean_s}, std_s={self.std_s})"
 
 
-class WithFailures(EnvWrapper):
+class WithFailures(_PerInstanceRng):
     """Make ``reset``/``step`` fail: raise :class:`~rollart_nb.errors.EnvError` with
     probability ``p_raise``, or hang for ``hang_s`` seconds with probability ``p_hang``.
+
+    One uniform draw per call decides its fate, so each call raises with probability exactly
+    ``p_raise`` and hangs with probability exactly ``p_hang`` (their sum is at most 1). Each
+    env instance draws from its own stream (see the module docstring): at ``p_hang=0.05``
+    every instance hangs on about 5% of its calls, not all or none of them.
 
     A hang ends by raising ``EnvError`` (so a forgotten hang cannot block forever); its
     async form is a cancellable :func:`asyncio.sleep`, so ``asyncio.wait_for`` around
@@ -129,10 +158,11 @@ class WithFailures(EnvWrapper):
     Args:
         env: the env to wrap.
         p_raise: probability that a call raises.
-        p_hang: probability that a call hangs (checked after ``p_raise``).
+        p_hang: probability that a call hangs (``p_raise + p_hang <= 1``).
         hang_s: how long a hang lasts.
         on: which calls may fail, among ``"reset"`` and ``"step"``.
-        seed: seed of the failure sampler (None: nondeterministic).
+        seed: seed of the failure sampler (None: nondeterministic); deep copy ``k`` draws
+            from ``(seed, k)``.
 
     Example:
         >>> from rollart_nb.envs import Arithmetic
@@ -155,6 +185,8 @@ class WithFailures(EnvWrapper):
         problems = []
         if not (0.0 <= p_raise <= 1.0 and 0.0 <= p_hang <= 1.0):
             problems.append(f"p_raise and p_hang must be in [0, 1], got {p_raise}, {p_hang}")
+        elif p_raise + p_hang > 1.0:
+            problems.append(f"p_raise + p_hang must be <= 1, got {p_raise} + {p_hang}")
         if hang_s < 0:
             problems.append(f"hang_s must be >= 0, got {hang_s}")
         if set(on) - {"reset", "step"}:
@@ -163,14 +195,16 @@ class WithFailures(EnvWrapper):
             raise ConfigError(problems, where="WithFailures")
         super().__init__(env)
         self.p_raise, self.p_hang, self.hang_s, self.on = p_raise, p_hang, hang_s, tuple(on)
-        self._rng = random.Random(seed)
+        self._seed_rng(seed)
 
     def _fate(self, call: str) -> str:
+        """``"ok"``, ``"raise"`` or ``"hang"`` for the next ``call``, from one uniform draw."""
         if call not in self.on:
             return "ok"
-        if self._rng.random() < self.p_raise:
+        u = self._rng.random()
+        if u < self.p_raise:
             return "raise"
-        if self._rng.random() < self.p_hang:
+        if u < self.p_raise + self.p_hang:
             return "hang"
         return "ok"
 

@@ -29,7 +29,8 @@ _FIGURES = ("reward", "step_time", "staleness", "throughput", "utilization")
 
 
 class Dashboard(widgets.VBox):
-    """Reward, step-time phases, staleness, pool utilization and throughput of a Pipeline, live.
+    """Reward, step-time phases, staleness, pool utilization and throughput of a Pipeline, live;
+    the status line adds the run's env faults (restarts, timeouts, abandoned threads), if any.
 
     Built by ``pipe.dashboard()``. Works outside a running kernel too (the widgets are plain
     objects until displayed), which is how the tests drive it.
@@ -234,6 +235,9 @@ class Dashboard(widgets.VBox):
         parts = [f"<b>{html.escape(str(self.pipe.state))}</b>", f"{len(reports)} step(s)"]
         if last is not None:
             parts.append(f"v{last.version} &middot; {last.step_s:.2f}s/step &middot; reward {last.mean_reward:.3f}")
+        faults = figures.env_faults_line(reports)  # env restarts / timeouts: rare, so a line, not a chart
+        if faults:
+            parts.append(html.escape(faults))
         if note:
             parts.append(html.escape(note))
         self.status.value = " &middot; ".join(parts)

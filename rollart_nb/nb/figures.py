@@ -11,11 +11,13 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from rollart_nb.control.report import PHASES, StepReport
+from rollart_nb.control.report import ENV_FAULTS, PHASES, StepReport
 from rollart_nb.trajectory import Trajectory
 
 __all__ = [
     "curves_svg",
+    "env_faults_line",
+    "failures_figure",
     "reward_figure",
     "report_html",
     "staleness_figure",
@@ -114,6 +116,31 @@ def staleness_figure(reports: Sequence[StepReport]) -> Any:
                          name="aborted"), row=1, col=2)
     fig.update_layout(height=300, showlegend=False, margin={"l": 40, "r": 10, "t": 40, "b": 40})
     return fig
+
+
+def failures_figure(reports: Sequence[StepReport]) -> Any:
+    """Per step: failed trajectories and the env faults behind them (env restarts, env call
+    timeouts, sync env calls abandoned on their threads), from ``counts`` and ``env``."""
+    go = _go()
+    steps = [r.step for r in reports]
+    fig = go.Figure()
+    fig.add_trace(go.Bar(x=steps, y=[r.counts.get("failed", 0) for r in reports], name="trajectories failed",
+                         marker_color="#e45756"))
+    for key, color in zip(ENV_FAULTS, ("#f58518", "#b279a2", "#72b7b2"), strict=True):
+        fig.add_trace(go.Bar(x=steps, y=[r.env.get(key, 0) for r in reports], name=f"env {key.replace('_', ' ')}",
+                             marker_color=color))
+    fig.update_layout(barmode="group", title="Failures and env faults per step", xaxis_title="step",
+                      yaxis_title="count", height=300, margin={"l": 40, "r": 10, "t": 40, "b": 40})
+    return fig
+
+
+def env_faults_line(reports: Sequence[StepReport]) -> str:
+    """Env faults over all ``reports`` as one short line ("" when there were none), e.g.
+    ``"env faults: 3 restarts, 2 timeouts, 2 abandoned threads"``."""
+    totals = {k: sum(int(r.env.get(k, 0)) for r in reports) for k in ENV_FAULTS}
+    if not any(totals.values()):
+        return ""
+    return "env faults: " + ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in totals.items())
 
 
 def throughput_figure(reports: Sequence[StepReport]) -> Any:
@@ -300,7 +327,7 @@ def report_html(reports: Sequence[StepReport], *, title: str = "rollart_nb run",
         import plotly.io as pio
 
         for i, fig in enumerate([reward_figure(reports), step_time_figure(reports), staleness_figure(reports),
-                                 throughput_figure(reports)]):
+                                 failures_figure(reports), throughput_figure(reports)]):
             parts.append(pio.to_html(fig, full_html=False, include_plotlyjs="cdn" if i else True))
     except ImportError:
         parts.append("<p>(install plotly for charts: pip install 'rollart_nb[nb]')</p>")
