@@ -5,6 +5,7 @@ import gc
 import os
 import pickle
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -230,3 +231,20 @@ def test_a_sim_session_stops_its_launchers_on_close():
     assert lau.started and os.path.exists(f"/proc/{pid}")
     sess.close()
     assert lau.state == "closed" and not os.path.exists(f"/proc/{pid}")
+
+
+def test_a_hung_replica_fails_its_health_checks_and_is_replaced():
+    lau = LocalLauncher("rollart_nb.envs:FrozenLake", replicas=1, sandbox=False, health_interval_s=0.2,
+                        unhealthy_after=2).start()
+    try:
+        old = lau.replicas[0].pid
+        os.kill(old, signal.SIGSTOP)  # alive but answering nothing, like a replica stuck in a sync env
+        deadline = time.monotonic() + 30
+        while not (lau.restarts == 1 and lau.replicas[0].state == "up") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert lau.restarts == 1 and lau.replicas[0].state == "up" and lau.replicas[0].pid != old
+        assert not os.path.exists(f"/proc/{old}") or open(f"/proc/{old}/stat").read().rsplit(")", 1)[1].split()[0] == "Z"
+        env = RemoteEnv(launcher=lau)
+        assert env.reset(seed=0)[1]["replica"] == lau.replicas[0].id  # the new one serves
+    finally:
+        lau.close()
