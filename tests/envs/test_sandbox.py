@@ -201,3 +201,29 @@ def test_temp_dirs_are_removed(tmp_path, monkeypatch, isolation):
         run_sandboxed(ADD + "open('junk', 'w').write('x')\nimport os\nos.mkdir('d')\n", ADD_TESTS, isolation=isolation)
         run_sandboxed("while True:\n    pass\n", ADD_TESTS, timeout_s=0.5, isolation=isolation)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.fixture
+def fresh_probe():
+    from rollart_nb.envs import isolation
+
+    isolation._probe.cache_clear()
+    yield isolation
+    isolation._probe.cache_clear()
+
+
+def test_missing_bubblewrap_is_a_clear_error_not_a_weaker_sandbox(fresh_probe, monkeypatch):
+    from rollart_nb.errors import SandboxError
+
+    monkeypatch.setattr(fresh_probe.shutil, "which", lambda name: None)
+    with pytest.raises(SandboxError, match="apt-get install bubblewrap"):
+        run_sandboxed(ADD, ADD_TESTS)
+
+
+def test_bubblewrap_that_cannot_make_namespaces_is_a_clear_error(fresh_probe, monkeypatch):
+    from rollart_nb.errors import SandboxError
+
+    real = fresh_probe.shutil.which
+    monkeypatch.setattr(fresh_probe.shutil, "which", lambda name: "/bin/false" if name == "bwrap" else real(name))
+    with pytest.raises(SandboxError, match="cannot create namespaces here.*user namespaces"):
+        run_sandboxed(ADD, ADD_TESTS)
