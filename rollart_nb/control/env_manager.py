@@ -144,6 +144,7 @@ class EnvManager:
     def _replace_env(self) -> None:
         """Drop the env (a hung call may still hold it) for a fresh copy of the template."""
         self.restarts += 1
+        _close_later(self.env)
         try:
             self.env, self._broken = copy.deepcopy(self.template), ""
         except Exception as e:  # reported by the next trajectory, which then fails with it
@@ -238,6 +239,29 @@ class EnvManager:
                 traj.info["truncated"] = "context"
                 return
         traj.info["truncated"] = "max_turns"
+
+
+_CLOSING: set[asyncio.Task] = set()  # closes in flight (the loop keeps only weak references)
+
+
+def _close_later(env: Any) -> None:
+    """Close a dropped env that can be closed without blocking (a RemoteEnv ends its episode on
+    the server, freeing the replica's slot at once instead of at idle expiry)."""
+    aclose = getattr(env, "aclose", None)
+    if aclose is None:
+        return
+    try:
+        task = asyncio.get_running_loop().create_task(aclose())
+    except RuntimeError:  # no loop here: the server expires the episode
+        return
+
+    def done(t: asyncio.Task) -> None:
+        _CLOSING.discard(t)
+        if not t.cancelled() and t.exception() is not None:
+            log.debug("closing a replaced env: %s", t.exception())
+
+    _CLOSING.add(task)
+    task.add_done_callback(done)
 
 
 def request_seed(traj: Trajectory, turn: int) -> int:

@@ -240,6 +240,8 @@ def code_argv(command: Sequence[str], *, work_mb: int = 32, workdir: str = "/wor
             "--hostname", "sandbox", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
             "--clearenv", "--setenv", "HOME", workdir, "--setenv", "TMPDIR", workdir,
             "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "LANG", "C.UTF-8"]
+    # the work dir first: a runtime that lives below it is then bound on top, not hidden
+    args += ["--size", str(work_mb * 1024 * 1024), "--perms", "0700", "--tmpfs", workdir]
     for d in rt.lib_dirs:
         args += ["--ro-bind", d, d]
     args += _top_links()
@@ -248,13 +250,11 @@ def code_argv(command: Sequence[str], *, work_mb: int = 32, workdir: str = "/wor
         args += ["--tmpfs", site, "--remount-ro", site]
     args += ["--ro-bind", rt.executable, rt.executable,
              *(["--proc", "/proc"] if _mounts_proc() else []), "--dev", "/dev",
-             "--size", str(work_mb * 1024 * 1024), "--perms", "0700", "--tmpfs", workdir,
              # bubblewrap's root and /dev are tmpfs without a size cap: nothing may write there
              "--remount-ro", "/dev", "--remount-ro", "/", "--chdir", workdir]
     if seccomp_fd is not None:
         args += ["--seccomp", str(seccomp_fd)]
     return args + list(command)
-    return args
 
 
 def service_argv(command: Sequence[str], *, ro_paths: Sequence[str] = (),
@@ -282,10 +282,11 @@ def service_argv(command: Sequence[str], *, ro_paths: Sequence[str] = (),
     full_env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp"} if env is None else dict(env)
     for k, v in full_env.items():
         args += ["--setenv", k, v]
+    # /tmp first: a project or venv under /tmp is then bound on top of it, not hidden by it
+    args += ["--size", str(tmp_mb * 1024 * 1024), "--tmpfs", "/tmp", "--proc", "/proc", "--dev", "/dev"]
     binds = {"/usr", "/etc", sys.prefix, sys.base_prefix, os.path.dirname(sys.executable), *ro_paths}
     for p in sorted({os.path.realpath(p) for p in binds if os.path.exists(p)}):
         args += ["--ro-bind", p, p]
     args += _top_links()
-    args += ["--proc", "/proc", "--dev", "/dev", "--size", str(tmp_mb * 1024 * 1024), "--tmpfs", "/tmp",
-             "--chdir", "/tmp", *command]
+    args += ["--chdir", "/tmp", *command]
     return args

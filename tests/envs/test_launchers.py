@@ -248,3 +248,14 @@ def test_a_hung_replica_fails_its_health_checks_and_is_replaced():
         assert env.reset(seed=0)[1]["replica"] == lau.replicas[0].id  # the new one serves
     finally:
         lau.close()
+
+
+def test_a_sandboxed_replica_imports_a_users_env_from_under_tmp(tmp_path, monkeypatch):
+    """A project (or a CI checkout) below /tmp stays visible inside the replica's private /tmp."""
+    assert str(tmp_path).startswith("/tmp/")
+    (tmp_path / "my_lake_env.py").write_text(
+        "from rollart_nb.envs import FrozenLake\n\nclass MyLake(FrozenLake):\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with LocalLauncher("my_lake_env:MyLake", replicas=1, sandbox=True) as lau:
+        obs, info = RemoteEnv(launcher=lau).reset(seed=0)
+        assert info["replica"] == lau.replicas[0].id and obs
