@@ -245,8 +245,10 @@ _CLOSING: set[asyncio.Task] = set()  # closes in flight (the loop keeps only wea
 
 
 def _close_later(env: Any) -> None:
-    """Close a dropped env that can be closed without blocking (a RemoteEnv ends its episode on
-    the server, freeing the replica's slot at once instead of at idle expiry)."""
+    """Close a dropped env that can be closed without blocking: a RemoteEnv closes its HTTP
+    client (instead of leaving it to garbage collection) and any episode it still has open.
+    An episode whose step failed or timed out was already forgotten by the RemoteEnv; the
+    server expires it when idle."""
     aclose = getattr(env, "aclose", None)
     if aclose is None:
         return

@@ -44,6 +44,7 @@ import os
 import shutil
 import signal
 import socket
+import sys
 import tempfile
 import threading
 import time
@@ -512,8 +513,6 @@ async def _spawn(isolation: str, boot: str, channel: int, cwd: str,
                  procs: list[asyncio.subprocess.Process]) -> asyncio.subprocess.Process:
     """Start one sandboxed process (recorded in ``procs`` at once, so a cancelled caller can kill it)."""
     if isolation == "none":
-        import sys
-
         argv, fds = [sys.executable, "-I", "-S", "-B", "-c", boot], [channel]
     else:
         filt = seccomp.program_fd()
