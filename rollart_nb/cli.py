@@ -9,6 +9,8 @@ import logging
 import os
 import sys
 
+from rollart_nb.redact import RedactingFilter
+
 __all__ = ["main"]
 
 
@@ -143,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     logging.basicConfig(level=os.environ.get("ROLLART_LOG", "WARNING"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for h in logging.getLogger().handlers:
+        h.addFilter(RedactingFilter())
     return args.fn(args)
 
 

@@ -6,6 +6,7 @@ worker / env / trajectory, and what to do next. The tree::
     RollartError
     ├── ConfigError            bad argument or config value (reports every problem at once)
     ├── StateError             call in the wrong lifecycle state (Session / Pipeline closed, ...)
+    │   └── CheckpointError    a checkpoint file is missing, truncated or corrupt (names it)
     ├── ResourceError          pool/binding problems
     │   ├── UnknownPoolError   a pool name that does not exist in the session
     │   └── NoCapacityError    nothing compatible is free, even after fallback
@@ -20,11 +21,20 @@ worker / env / trajectory, and what to do next. The tree::
     ├── RolloutStalledError    every recent trajectory failed: a batch cannot form
     ├── WeightSyncError        a weight version is missing, partial or corrupt
     └── StoreError             metadata store (GCS KV / Redis) failure
+
+Messages (and ``ServerlessError.url``) pass through :func:`rollart_nb.redact.redact` when the
+error is built, so credentials in URLs, bearer tokens and registered secrets never show in
+``str``, ``repr``, tracebacks or pickled copies.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
+from rollart_nb.redact import redact, redact_url
+
 __all__ = [
+    "CheckpointError",
     "ClusterError",
     "ConfigError",
     "ConnectError",
@@ -46,7 +56,10 @@ __all__ = [
 
 
 class RollartError(Exception):
-    """Base class of every error raised by rollart_nb."""
+    """Base class of every error raised by rollart_nb. String arguments are redacted."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*(redact(a) if isinstance(a, str) else a for a in args))
 
 
 class ConfigError(RollartError, ValueError):
@@ -55,7 +68,7 @@ class ConfigError(RollartError, ValueError):
     def __init__(self, problems: str | list[str], *, where: str = "") -> None:
         if isinstance(problems, str):
             problems = [problems]
-        self.problems = list(problems)
+        self.problems = [redact(p) for p in problems]
         head = f"invalid {where}: " if where else ""
         if len(self.problems) == 1:
             msg = head + self.problems[0]
@@ -66,6 +79,14 @@ class ConfigError(RollartError, ValueError):
 
 class StateError(RollartError, RuntimeError):
     """A call was made in the wrong lifecycle state (e.g. on a closed Session)."""
+
+
+class CheckpointError(StateError):
+    """A checkpoint is damaged: the message names the file and the last good checkpoint."""
+
+    def __init__(self, message: str, *, path: str = "") -> None:
+        self.path = path
+        super().__init__(message)
 
 
 class ResourceError(RollartError):
@@ -103,7 +124,7 @@ class ServerlessError(RollartError):
     """A serverless endpoint answered with an error or did not answer in time."""
 
     def __init__(self, message: str, *, url: str = "", status: int | None = None) -> None:
-        self.url, self.status = url, status
+        self.url, self.status = redact_url(url), status
         super().__init__(message)
 
 

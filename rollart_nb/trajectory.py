@@ -12,6 +12,8 @@ from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from rollart_nb.redact import redact
+
 __all__ = ["Status", "Trajectory", "TrajectoryList", "Turn"]
 
 
@@ -79,7 +81,8 @@ class Trajectory:
         turns: the turns so far.
         start_version: policy version when the trajectory began.
         status: see :class:`Status`.
-        reason: why it failed / was aborted (empty when completed).
+        reason: why it failed / was aborted (empty when completed); secrets in it are masked
+            (:func:`~rollart_nb.redact.redact`) when :meth:`finish` records it.
         reward: scalar reward (set by the reward worker), NaN until scored.
         turn_rewards: optional per-turn rewards.
         reward_version: version of the reward function that scored it.
@@ -128,10 +131,13 @@ class Trajectory:
         return self.reward_version is not None and not math.isnan(self.reward)
 
     def finish(self, status: Status, reason: str = "", *, now: float = 0.0) -> None:
-        """Move to a terminal status, once; later calls are ignored (first fate wins)."""
+        """Move to a terminal status, once; later calls are ignored (first fate wins).
+
+        ``reason`` is recorded redacted: it often quotes an exception, which may quote a URL.
+        """
         if self.status.terminal:
             return
-        self.status, self.reason, self.finished_s = status, reason, now
+        self.status, self.reason, self.finished_s = status, redact(reason), now
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (token ids as lists of ints)."""

@@ -24,6 +24,7 @@ from typing import Any
 
 from rollart_nb.envs.base import DEFAULT_MAX_REPLACEMENTS, BlockingPool
 from rollart_nb.errors import ConfigError, RewardError
+from rollart_nb.redact import redact_url
 from rollart_nb.serverless.client import Endpoint, acall
 from rollart_nb.trajectory import Trajectory
 
@@ -41,7 +42,7 @@ class RewardSpec:
         endpoint: an HTTP endpoint (JSON contract of :mod:`rollart_nb.serverless.client`).
         timeout_s: per call.
         retries: retries after the first failure.
-        source: source code (for ``reward_history``), when available.
+        source: source code (for ``reward_history``), when available; an endpoint's URL, redacted.
         created: unix time.
     """
 
@@ -133,7 +134,7 @@ class RewardDispatcher:
             self.validators[task] = validate_with
         old = self.current.get(task)
         spec = RewardSpec(task, 0 if old is None else old.version + 1, fn, endpoint, timeout_s, retries,
-                          _source(fn) if fn is not None else endpoint.url)  # type: ignore[union-attr]
+                          _source(fn) if fn is not None else redact_url(endpoint.url))  # type: ignore[union-attr]
         self.current[task] = spec
         self.history.append(spec)
         return spec

@@ -4,7 +4,9 @@ JSON contract (request): ``{"args": [...], "kwargs": {...}}``; (response, 2xx):
 ``{"result": <json>}``. Non-2xx answers raise :class:`ServerlessError` with the status and
 the start of the body; timeouts and 5xx / connection errors are retried with exponential
 backoff. A bearer token is read from an environment variable at call time and never stored
-in reprs, logs or exceptions.
+in reprs, logs or exceptions; the process that reads it registers it with
+:func:`~rollart_nb.redact.register_secret`. Reprs and messages show the URL through
+:func:`~rollart_nb.redact.redact_url` (no userinfo, no query values).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 import httpx
 
 from rollart_nb.errors import ConfigError, ServerlessError
+from rollart_nb.redact import redact, redact_url, register_secret
 
 __all__ = ["Endpoint", "call", "acall"]
 
@@ -49,13 +52,19 @@ class Endpoint:
     def __post_init__(self) -> None:
         problems = []
         if not self.url.startswith(("http://", "https://")):
-            problems.append(f"url {self.url!r} must start with http:// or https://")
+            problems.append(f"url {redact_url(self.url)!r} must start with http:// or https://")
         if self.timeout_s <= 0:
             problems.append(f"timeout_s={self.timeout_s} must be > 0")
         if self.retries < 0:
             problems.append(f"retries={self.retries} must be >= 0")
         if problems:
             raise ConfigError(problems, where=f"endpoint {self.name!r}")
+        if self.token_env:
+            register_secret(os.environ.get(self.token_env, ""))
+
+    def __repr__(self) -> str:
+        return (f"Endpoint(name={self.name!r}, url={redact_url(self.url)!r}, token_env={self.token_env!r}, "
+                f"timeout_s={self.timeout_s}, retries={self.retries}, backoff_s={self.backoff_s})")
 
     def headers(self) -> dict[str, str]:
         h = {"content-type": "application/json"}
@@ -63,25 +72,33 @@ class Endpoint:
             tok = os.environ.get(self.token_env)
             if not tok:
                 raise ConfigError(f"endpoint {self.name!r} wants a bearer token in ${self.token_env}, which is unset")
+            register_secret(tok)
             h["authorization"] = f"Bearer {tok}"
         return h
 
 
 def _check(ep: Endpoint, resp: httpx.Response) -> Any:
     if resp.status_code // 100 != 2:
-        body = resp.text[:200].replace("\n", " ")
+        body = _body(resp)[:200].replace("\n", " ")
         raise ServerlessError(
-            f"endpoint {ep.name!r} ({ep.url}) answered {resp.status_code}: {body}", url=ep.url,
+            f"endpoint {ep.name!r} ({redact_url(ep.url)}) answered {resp.status_code}: {body}", url=ep.url,
             status=resp.status_code,
         )
     try:
         data = resp.json()
     except ValueError:
-        raise ServerlessError(f"endpoint {ep.name!r} ({ep.url}) answered non-JSON: {resp.text[:120]!r}",
-                              url=ep.url, status=resp.status_code) from None
+        raise ServerlessError(
+            f"endpoint {ep.name!r} ({redact_url(ep.url)}) answered non-JSON: {_body(resp)[:120]!r}", url=ep.url,
+            status=resp.status_code,
+        ) from None
     if isinstance(data, dict) and "result" in data:
         return data["result"]
     return data
+
+
+def _body(resp: httpx.Response) -> str:
+    # Redact before cutting: a secret cut in half would no longer match.
+    return redact(resp.text[:4000])
 
 
 def _retryable_status(resp: httpx.Response) -> bool:
@@ -111,8 +128,8 @@ def call(ep: Endpoint, args: list[Any], kwargs: dict[str, Any], client: httpx.Cl
                 if attempt < ep.retries:
                     time.sleep(_delay(ep, attempt))
         raise ServerlessError(
-            f"endpoint {ep.name!r} ({ep.url}) failed after {ep.retries + 1} attempt(s): {type(last).__name__}; "
-            "check the service is up, or raise timeout_s/retries", url=ep.url,
+            f"endpoint {ep.name!r} ({redact_url(ep.url)}) failed after {ep.retries + 1} attempt(s): "
+            f"{type(last).__name__}; check the service is up, or raise timeout_s/retries", url=ep.url,
         )
     finally:
         if own:
@@ -138,8 +155,8 @@ async def acall(ep: Endpoint, args: list[Any], kwargs: dict[str, Any], client: h
                 if attempt < ep.retries:
                     await asyncio.sleep(_delay(ep, attempt))
         raise ServerlessError(
-            f"endpoint {ep.name!r} ({ep.url}) failed after {ep.retries + 1} attempt(s): {type(last).__name__}; "
-            "check the service is up, or raise timeout_s/retries", url=ep.url,
+            f"endpoint {ep.name!r} ({redact_url(ep.url)}) failed after {ep.retries + 1} attempt(s): "
+            f"{type(last).__name__}; check the service is up, or raise timeout_s/retries", url=ep.url,
         )
     finally:
         if own:

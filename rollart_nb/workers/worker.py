@@ -6,6 +6,7 @@ import logging
 import os
 from typing import Any
 
+from rollart_nb.redact import RedactingFilter
 from rollart_nb.resources.manager import Binding
 
 __all__ = ["Worker"]
@@ -71,7 +72,8 @@ class Worker:
 
 
 def _setup_logging(log_dir: str | None, name: str) -> None:
-    """Send this actor's logs to a file in the session's log dir (not into the notebook)."""
+    """Send this actor's logs to a file in the session's log dir (not into the notebook), with
+    secrets masked (:class:`~rollart_nb.redact.RedactingFilter`)."""
     if not log_dir:
         return
     os.makedirs(log_dir, exist_ok=True)
@@ -80,6 +82,7 @@ def _setup_logging(log_dir: str | None, name: str) -> None:
         return
     h = logging.FileHandler(os.path.join(log_dir, f"{name.replace('/', '_')}.log"))
     h.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    h.addFilter(RedactingFilter())
     root.addHandler(h)
     root.setLevel(logging.INFO)
 
