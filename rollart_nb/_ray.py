@@ -4,20 +4,31 @@ The rest of the package calls these helpers, so a Ray API change or a Ray failur
 handled in one place, and Ray errors come out as :mod:`rollart_nb.errors` types.
 
 Measured pitfalls handled here:
-- Ray 2.60 turns on token authentication; clusters a session starts set
-  ``RAY_AUTH_MODE=disabled`` so a second process can attach.
+- A plain local ``ray.init()`` listens on every interface (GCS, raylets, agents, every
+  worker's gRPC port), and a cluster without token authentication runs anyone's code. A
+  local session makes Ray's node address the loopback address (Ray then binds its gRPC
+  servers and agents to 127.0.0.1) and turns token authentication on with a token of its
+  own, kept in a 0600 file that its workers find through ``RAY_AUTH_TOKEN_PATH``.
+- Ray keeps its auth mode and token in process-wide caches; they are refreshed whenever a
+  session changes them and restored when it ends, so sessions of different kinds can follow
+  each other in one kernel.
 - A killed cluster leaves ``ray_current_cluster`` behind, and a bare ``ray.init()`` then
   tries to join the dead cluster: local sessions always pass ``address="local"``.
-- A client pointed at a missing cluster hangs: every connect first probes the TCP port
-  with a timeout.
+- A client pointed at a missing cluster, at a port that is not Ray's, or at a Ray of another
+  version retries for many minutes: every connect first asks the GCS (or the Ray Client
+  server) a question over gRPC with a deadline, and stops with a ConnectError that says
+  what answered.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import re
+import secrets
+import shutil
 import socket
 import tempfile
 import time
@@ -44,9 +55,83 @@ def is_initialized() -> bool:
     return ray().is_initialized()
 
 
-def _auth_env() -> None:
-    # Clusters we start (and clients we make) agree on "no token" unless the user chose.
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+# -- where Ray listens and who may talk to it ----------------------------------------------
+_LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": Ray's node address is 127.0.0.1
+_ENV_KEYS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", _LOOPBACK_ENV)
+_saved_env: dict[str, str | None] | None = None
+_auth_dir: str | None = None
+TOKEN_ENV = "RAY_AUTH_TOKEN"
+"""Where :meth:`Session.attach` looks for a cluster's token by default (Ray's own variable)."""
+
+
+def _set_env(values: dict[str, str | None]) -> None:
+    """Set Ray's auth/bind variables for this process and its children (restored by shutdown)."""
+    global _saved_env
+    if _saved_env is None:
+        _saved_env = {k: os.environ.get(k) for k in _ENV_KEYS}
+    for k, v in values.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    _refresh_ray_config()
+
+
+def _refresh_ray_config() -> None:
+    # Ray reads these once (a module constant, a C++ config, a cached token): re-read them.
+    from ray._private import ray_constants
+    from ray._raylet import AuthenticationTokenLoader, Config
+
+    ray_constants.ENABLE_RAY_CLUSTER = os.environ.get(_LOOPBACK_ENV, "1").lower() not in ("0", "false")
+    Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()
+
+
+def restore_env() -> None:
+    """Undo :func:`_set_env` and delete the session's token file."""
+    global _saved_env, _auth_dir
+    if _saved_env is not None:
+        saved, _saved_env = _saved_env, None
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        with contextlib.suppress(Exception):
+            _refresh_ray_config()
+    if _auth_dir is not None:
+        shutil.rmtree(_auth_dir, ignore_errors=True)
+        _auth_dir = None
+
+
+def _write_token(token: str) -> str:
+    """Keep ``token`` in a file only this user can read; returns its path."""
+    global _auth_dir
+    if _auth_dir is None:
+        _auth_dir = tempfile.mkdtemp(prefix="rollart_auth_")  # mode 0700
+    path = os.path.join(_auth_dir, "token")
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token)
+    return path
+
+
+def token_path() -> str | None:
+    """The file that holds the current session's Ray token (None when auth is off)."""
+    return os.environ.get("RAY_AUTH_TOKEN_PATH") if os.environ.get("RAY_AUTH_MODE") == "token" else None
+
+
+def _existing_token() -> str | None:
+    """A token the user already gave Ray (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH, ~/.ray/auth_token)."""
+    if os.environ.get("RAY_AUTH_TOKEN"):
+        return os.environ["RAY_AUTH_TOKEN"].strip()
+    for p in (os.environ.get("RAY_AUTH_TOKEN_PATH"), str(Path.home() / ".ray" / "auth_token")):
+        if p and os.path.isfile(p):
+            with contextlib.suppress(OSError):
+                return Path(p).read_text().strip() or None
+    return None
 
 
 def start_local(
@@ -56,14 +141,24 @@ def start_local(
     namespace: str,
     log_to_driver: bool,
     object_store_memory: int | None = None,
+    expose: str | None = None,
 ) -> dict[str, Any]:
-    """Start a fresh single-node Ray here (never joins a stale or foreign cluster)."""
-    _auth_env()
+    """Start a fresh single-node Ray here (never joins a stale or foreign cluster).
+
+    It listens on 127.0.0.1 only, unless ``expose`` names this node's address (or "auto");
+    token authentication is on either way, with a fresh token (see :func:`token_path`).
+    """
     if is_initialized():
         raise StateError(
             "Ray is already initialized in this process (not by a rollart_nb Session); "
             "call ray.shutdown() first, or use rn.Session.attach(...) to use that cluster."
         )
+    restore_env()  # a session that died without closing left its settings behind
+    _set_env({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": _write_token(secrets.token_hex(32)),
+              "RAY_AUTH_TOKEN": None, _LOOPBACK_ENV: "0" if expose is None else "1"})
+    extra: dict[str, Any] = {}
+    if expose not in (None, "auto"):
+        extra["_node_ip_address"] = expose
     for attempt in range(3):
         try:
             ctx = ray().init(
@@ -75,14 +170,17 @@ def start_local(
                 log_to_driver=log_to_driver,
                 object_store_memory=object_store_memory,
                 configure_logging=False,
+                **extra,
             )
             return dict(ctx.address_info)
         except Exception as e:
             # Ray waits a fixed 30 s for its raylet; on an overloaded machine that can lapse.
             if "timed out during startup" not in str(e) or attempt == 2:
+                shutdown()
                 raise ConnectError(f"could not start a local Ray instance: {_short(e)}") from e
             log.warning("Ray start timed out (machine busy?); retrying (%d/2)", attempt + 1)
-            shutdown()
+            with contextlib.suppress(Exception):
+                ray().shutdown()
             time.sleep(2.0)
     raise AssertionError("unreachable")
 
@@ -134,9 +232,85 @@ def probe(address: str, timeout_s: float) -> None:
     )
 
 
-def connect(address: str, *, namespace: str, timeout_s: float, log_to_driver: bool) -> str:
-    """Join an existing cluster; returns the resolved address."""
-    _auth_env()
+def _refusal(code_name: str, address: str, token: str | None) -> str:
+    if token:
+        return (f"the Ray cluster at {address} refused the token ({code_name}); pass the cluster's own "
+                "token: Session.attach(..., token=...) or the variable named by token_env (on the head "
+                "node, `ray get-auth-token` prints it)")
+    return (f"the Ray cluster at {address} requires a token ({code_name}); pass Session.attach(..., "
+            f"token=...) or set {TOKEN_ENV} (on the head node, `ray get-auth-token` prints it)")
+
+
+def preflight(address: str, *, token: str | None, timeout_s: float) -> None:
+    """Ask the cluster one question over gRPC with a deadline before Ray's own connect.
+
+    Raises ConnectError within about ``timeout_s`` if nothing answers, if what answers is not a
+    Ray GCS (or Ray Client server), if it refuses the token, or if its Ray version differs.
+    """
+    import grpc
+
+    deadline = time.monotonic() + timeout_s
+    probe(address, timeout_s)
+    hp = _host_port(address)
+    assert hp is not None  # probe checked
+    target = f"[{hp[0]}]:{hp[1]}" if ":" in hp[0] else f"{hp[0]}:{hp[1]}"
+    client = address.startswith("ray://")
+    what = "Ray Client server" if client else "Ray GCS"
+    meta = [("authorization", f"Bearer {token}")] if token else []
+    channel = grpc.insecure_channel(target)
+    try:
+        try:
+            grpc.channel_ready_future(channel).result(timeout=max(0.1, deadline - time.monotonic()))
+        except grpc.FutureTimeoutError:
+            raise ConnectError(
+                f"{address} accepts TCP connections but no gRPC answer came within {timeout_s:g}s: it is not "
+                f"a {what} port (check the address: `ray start --head` prints it)"
+            ) from None
+        left = max(0.1, deadline - time.monotonic())
+        try:
+            if client:
+                from ray.core.generated import ray_client_pb2, ray_client_pb2_grpc
+
+                ray_client_pb2_grpc.RayletDriverStub(channel).ClusterInfo(
+                    ray_client_pb2.ClusterInfoRequest(type=ray_client_pb2.ClusterInfoType.PING),
+                    timeout=left, metadata=meta)
+                return
+            from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
+
+            reply = gcs_service_pb2_grpc.InternalKVGcsServiceStub(channel).InternalKVGet(
+                gcs_service_pb2.InternalKVGetRequest(key=b"CLUSTER_METADATA", namespace=b"cluster"),
+                timeout=left, metadata=meta)
+        except grpc.RpcError as e:
+            code = e.code() if hasattr(e, "code") else None
+            name = getattr(code, "name", "error")
+            if code == grpc.StatusCode.UNAUTHENTICATED:
+                raise ConnectError(_refusal(name, address, token)) from None
+            if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise ConnectError(f"the {what} at {address} did not answer within {timeout_s:g}s") from None
+            raise ConnectError(
+                f"{address} answered gRPC but not as a {what} of this Ray version ({name}); check the address "
+                f"and that the cluster runs Ray {ray().__version__}"
+            ) from None
+        try:
+            theirs = json.loads(reply.value.decode()).get("ray_version") if reply.value else None
+        except (ValueError, UnicodeDecodeError):
+            theirs = None
+        if theirs and theirs != ray().__version__:
+            raise ConnectError(
+                f"the cluster at {address} runs Ray {theirs}, this process Ray {ray().__version__}; "
+                f"install ray=={theirs} here (drivers and clusters must match)"
+            )
+    finally:
+        channel.close()
+
+
+def connect(address: str, *, namespace: str, timeout_s: float, log_to_driver: bool,
+            token: str | None = None) -> str:
+    """Join an existing cluster; returns the resolved address.
+
+    ``token``: the cluster's Ray token (else the one in ``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH``
+    or ``~/.ray/auth_token``, else none). It goes to a private file, never to a log.
+    """
     if is_initialized():
         raise StateError(
             "Ray is already initialized in this process; close the other Session "
@@ -151,22 +325,48 @@ def connect(address: str, *, namespace: str, timeout_s: float, log_to_driver: bo
                 "`ray start --head` or pass its address"
             )
         resolved = found
-    probe(resolved, timeout_s)
+    restore_env()
+    if token:
+        _set_env({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": _write_token(token.strip()), "RAY_AUTH_TOKEN": None})
+    else:
+        token = _existing_token()
+        _set_env({"RAY_AUTH_MODE": "token" if token else os.environ.get("RAY_AUTH_MODE", "disabled")})
+    deadline = time.monotonic() + timeout_s
     try:
-        ray().init(
-            address=resolved,
-            namespace=namespace,
-            log_to_driver=log_to_driver,
-            configure_logging=False,
-        )
+        preflight(resolved, token=token, timeout_s=timeout_s)
+        while True:
+            try:
+                ray().init(
+                    address=resolved,
+                    namespace=namespace,
+                    log_to_driver=log_to_driver,
+                    configure_logging=False,
+                )
+                break
+            except Exception as e:
+                # A head that has just started answers the GCS before its raylet has registered.
+                why = f"{e} {e.__cause__}"
+                if "node info" not in why or time.monotonic() + 2.0 > deadline:
+                    raise
+                with contextlib.suppress(Exception):
+                    ray().shutdown()
+                time.sleep(1.0)
+    except ConnectError:
+        shutdown()
+        raise
     except Exception as e:  # Ray raises ConnectionError, RuntimeError, ... depending on mode
-        raise ConnectError(f"could not attach to the Ray cluster at {resolved}: {e}") from e
+        shutdown()
+        if type(e).__name__ == "AuthenticationError":
+            raise ConnectError(_refusal("AuthenticationError", resolved, token)) from None
+        raise ConnectError(f"could not attach to the Ray cluster at {resolved}: {_short(e)}") from e
     return resolved
 
 
 def shutdown() -> None:
+    """Stop (or leave) Ray and restore the auth/bind settings a session made."""
     if is_initialized():
         ray().shutdown()
+    restore_env()
 
 
 def nodes() -> list[dict[str, Any]]:

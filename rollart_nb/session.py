@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import html
 import logging
+import os
 import tempfile
 import uuid
 import warnings
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Self
 from rollart_nb import _ray
 from rollart_nb.control.tasks import TaskSet
 from rollart_nb.errors import ConfigError, StateError
+from rollart_nb.redact import redact_url
 from rollart_nb.resources.manager import Binding, ResourceManager
 from rollart_nb.resources.pools import Pool, discover_pools
 from rollart_nb.resources.profiles import PROFILES
@@ -63,7 +65,7 @@ class SessionBase:
         kwargs.pop("serverless", None)
         timeout_s, retries = kwargs.pop("timeout_s", 30.0), kwargs.pop("retries", 1)
         validate_with = kwargs.pop("validate_with", None)
-        ep = self._deploy_version(task, fn, **kwargs)
+        ep = self._deploy_version(task, fn, retries=0, **kwargs)  # the dispatcher does the retrying
         return pipe.rollout.set_reward(task, endpoint=ep, timeout_s=timeout_s, retries=retries,
                                        validate_with=validate_with)
 
@@ -180,7 +182,8 @@ class SessionBase:
             spec: dict[str, Any] = {"endpoint": Endpoint(f"{task}-reward", url, token_env=token_env,
                                                          timeout_s=timeout_s, retries=0)}
         elif serverless:
-            spec = {"endpoint": self._deploy_version(task, fn, **serve_options)}  # a real session only
+            # a real session only; the dispatcher retries (``retries``), not the endpoint as well
+            spec = {"endpoint": self._deploy_version(task, fn, retries=0, **serve_options)}
         else:
             spec = {"fn": fn}
         spec.update(timeout_s=timeout_s, retries=retries)
@@ -311,8 +314,13 @@ class Session(SessionBase):
         seed: int = 0,
         object_store_gb: float = 2.0,
         log_to_driver: bool = False,
+        expose: str | None = None,
     ) -> Session:
         """Start Ray on this machine with simulated pools.
+
+        Only this machine can reach it: every Ray process binds to 127.0.0.1, and Ray's token
+        authentication is on with a token the session makes, keeps in a file only you can read
+        (:attr:`token_path`) and hands to its own workers. See ``SECURITY.md``.
 
         Args:
             pools: pool name -> worker slots; names are hardware types ("H800", "H20", "H100",
@@ -324,6 +332,9 @@ class Session(SessionBase):
             seed: the session's base seed (clusters and pipelines derive theirs from it).
             object_store_gb: Ray object store size.
             log_to_driver: forward worker prints into this process (off: keeps notebooks usable).
+            expose: listen beyond this machine: this node's IP address, or "auto" for the one
+                Ray detects. Ray then binds its ports on all interfaces; authentication stays on,
+                so other machines need the token (:attr:`token_path`) to join or attach.
 
         Calling it again in the same process closes the previous local session first.
         """
@@ -337,6 +348,8 @@ class Session(SessionBase):
                 problems.append(f"pool {name!r} needs a positive slot count, got {n!r}")
         if object_store_gb <= 0:
             problems.append(f"object_store_gb={object_store_gb} must be > 0")
+        if expose is not None and not _valid_expose(expose):
+            problems.append(f"expose={expose!r} must be this node's IP address (e.g. '10.0.0.5') or 'auto'")
         if problems:
             raise ConfigError(problems, where="Session.local")
         if _LOCAL is not None and _LOCAL.state == "attached":
@@ -347,10 +360,16 @@ class Session(SessionBase):
         s.log_dir = log_dir or tempfile.mkdtemp(prefix=f"rollart_{s.id}_")
         resources = {f"{_ray.POOL_RESOURCE_PREFIX}{_canon(n)}": float(v) for n, v in pools.items()}
         info = _ray.start_local(num_cpus=num_cpus, resources=resources, namespace=f"rollart_{s.id}",
-                                log_to_driver=log_to_driver, object_store_memory=int(object_store_gb * 2**30))
+                                log_to_driver=log_to_driver, object_store_memory=int(object_store_gb * 2**30),
+                                expose=expose)
         s._owns_ray = True
         s.address = info.get("gcs_address", info.get("address", ""))
-        s._finish_attach(pool_map=None, serverless=serverless, store=store)
+        try:
+            s._finish_attach(pool_map=None, serverless=serverless, store=store)
+        except BaseException:
+            _ray.shutdown()  # a failed start leaves no Ray behind: the corrected cell runs
+            s.state = "closed"
+            raise
         _LOCAL = s
         return s
 
@@ -365,6 +384,8 @@ class Session(SessionBase):
         timeout_s: float = 30.0,
         log_dir: str | None = None,
         seed: int = 0,
+        token: str | None = None,
+        token_env: str = _ray.TOKEN_ENV,
     ) -> Session:
         """Join an existing Ray cluster and discover its pools.
 
@@ -375,12 +396,21 @@ class Session(SessionBase):
                 that label GPUs their own way. ``accelerator_type:<NAME>`` needs no mapping.
             serverless: add the elastic serverless pool.
             store: metadata store (None: Ray GCS KV; or ``redis://...``).
-            timeout_s: give up (ConnectError) if the cluster does not answer within this.
+            timeout_s: give up (ConnectError) if the cluster does not answer as Ray within this,
+                end to end (a port that is not Ray's, another Ray version, a silent proxy).
+            token: the cluster's Ray token (``ray get-auth-token`` on its head node). Never
+                echoed; kept in a private file for this process and its workers.
+            token_env: environment variable to read the token from when ``token`` is None
+                (default ``RAY_AUTH_TOKEN``; ``RAY_AUTH_TOKEN_PATH`` and ``~/.ray/auth_token``
+                are tried next). A cluster that refuses the token raises ConnectError.
         """
+        if token is None and token_env:
+            token = os.environ.get(token_env) or None
         s = cls(_token=_PRIVATE)
         s.mode, s.seed = "attach", seed
         s.log_dir = log_dir or tempfile.mkdtemp(prefix=f"rollart_{s.id}_")
-        s.address = _ray.connect(address, namespace=f"rollart_{s.id}", timeout_s=timeout_s, log_to_driver=False)
+        s.address = _ray.connect(address, namespace=f"rollart_{s.id}", timeout_s=timeout_s, log_to_driver=False,
+                                 token=token)
         try:
             s._finish_attach(pool_map=pool_map, serverless=serverless, store=store)
         except BaseException:
@@ -406,6 +436,23 @@ class Session(SessionBase):
         from rollart_nb.sim.session import SimSession
 
         return SimSession(pools, seed, gpus_per_node=gpus_per_node, virtual=virtual)
+
+    @property
+    def token_path(self) -> str | None:
+        """File holding the Ray token this session uses (None without authentication).
+
+        Give its path to processes of your own that should join (``RAY_AUTH_TOKEN_PATH``), or
+        copy it to the machines of an ``expose``\ d session; never print its contents.
+        """
+        return _ray.token_path() if self.state == "attached" else None
+
+    def ray_env(self) -> dict[str, str]:
+        """Environment variables a child process needs to reach this session's Ray."""
+        self._check()
+        env = {"RAY_ADDRESS": self.address}
+        if self.token_path:
+            env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=self.token_path)
+        return env
 
     def _finish_attach(self, *, pool_map: dict[str, str] | None, serverless: bool, store: str | None) -> None:
         self.pools = discover_pools(_ray.nodes(), pool_map=pool_map, serverless=serverless,
@@ -464,7 +511,7 @@ class Session(SessionBase):
         self._check()
         ep = Endpoint(name, url, token_env=token_env, timeout_s=timeout_s, retries=retries)
         self.endpoints[name] = ep
-        self.store.put(f"endpoints/{name}", {"url": url, "token_env": token_env})
+        self.store.put(f"endpoints/{name}", {"url": redact_url(url), "token_env": token_env})
         return ep
 
     # -- tasks, rewards, pipelines -------------------------------------------------------
@@ -608,6 +655,17 @@ def _close_launcher(lau: Any) -> None:
     except Exception as e:  # one launcher that fails to stop must not keep the others running
         log.warning("stopping %r: %s", lau, e)
 _SIM_BADGE = '<span style="color:#b36b00">simulated</span>'
+
+
+def _valid_expose(value: str) -> bool:
+    import ipaddress
+
+    if value == "auto":
+        return True
+    try:
+        return not ipaddress.ip_address(value).is_loopback
+    except ValueError:
+        return False
 
 
 def _canon(name: str) -> str:

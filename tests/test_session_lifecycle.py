@@ -2,6 +2,7 @@
 
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -39,6 +40,19 @@ def test_local_twice_replaces_cleanly_and_closed_state_names_fix():
     assert s3.state == "closed"
 
 
+def test_a_failed_local_start_leaves_no_ray_behind():
+    """A dead Redis URL fails the start; the corrected call then runs in the same process."""
+    import ray
+
+    with pytest.raises(rn.errors.RollartError, match="(?i)redis"):
+        rn.Session.local({"cpu": 1}, serverless=False, store=f"redis://127.0.0.1:{free_port()}/0")
+    assert not ray.is_initialized()
+    assert "RAY_AUTH_TOKEN_PATH" not in os.environ or not os.environ["RAY_AUTH_TOKEN_PATH"].startswith(
+        os.path.join(tempfile.gettempdir(), "rollart_auth_"))
+    with rn.Session.local({"cpu": 1}, serverless=False) as s:
+        assert s.state == "attached"
+
+
 def test_local_config_errors_report_every_problem():
     with pytest.raises(ConfigError) as ei:
         rn.Session.local({"H8000": 1, "H20": 0})
@@ -53,15 +67,22 @@ def test_attach_unreachable_address_fails_fast():
 
 
 def test_attach_from_a_second_process_to_ray_start():
-    """`ray start --head` with H20 GPUs; another Python process attaches and uses the pool."""
+    """`ray start --head` with H20 GPUs and token auth; another Python process attaches with the
+    token from an environment variable and uses the pool."""
     port = free_port()
     tmp = tempfile.mkdtemp(prefix="rt", dir="/tmp")
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    token_file = os.path.join(tmp, "token")
+    with open(token_file, "w") as f:
+        f.write(secrets.token_hex(32))
+    os.chmod(token_file, 0o600)
+    base = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
+    head_env = {**base, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": token_file}
+    env = {**base, "HOME": tmp, "TEAM_TOKEN": open(token_file).read()}
     head = subprocess.Popen(
         [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", f"--port={port}", "--num-cpus=1",
          "--num-gpus=2", '--resources={"accelerator_type:H20": 1}', "--include-dashboard=false",
          f"--temp-dir={tmp}", "--block", "--node-ip-address=127.0.0.1"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        env=head_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )
     try:
         code = textwrap.dedent(f"""
@@ -70,7 +91,7 @@ def test_attach_from_a_second_process_to_ray_start():
                 @rn.register()
                 def hw(self):
                     return self.hardware
-            s = rn.Session.attach("127.0.0.1:{port}", timeout_s=60)
+            s = rn.Session.attach("127.0.0.1:{port}", timeout_s=60, token_env="TEAM_TOKEN")
             c = s.cluster("g", W, pool="H20", replicas=2)
             print(json.dumps({{"pools": {{n: [p.capacity, p.simulated] for n, p in s.pools.items()}},
                                "hw": c.hw()}}))

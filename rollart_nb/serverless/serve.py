@@ -45,6 +45,7 @@ from typing import Any
 
 from rollart_nb import _ray
 from rollart_nb.errors import ConfigError, ServerlessError, StateError
+from rollart_nb.redact import redact, redact_url, register_secret
 from rollart_nb.serverless.client import Endpoint
 from rollart_nb.trajectory import Trajectory
 
@@ -57,6 +58,28 @@ _TIMELINE_POINTS = 20_000  # per deployment; ~3 h at the default sampling interv
 
 
 # -- inside Serve ----------------------------------------------------------------------
+def _keep_replica_grpc_on_loopback() -> None:
+    """On a loopback-only session, bind this replica's inter-deployment gRPC server to 127.0.0.1.
+
+    Serve starts that server after the deployment's constructor, always on ``[::]:0`` (every
+    interface, no authentication) and with no setting to change it; the proxy reaches replicas
+    through Ray, so nothing here needs it on another interface.
+    """
+    if os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER") != "0":  # an exposed or attached cluster
+        return
+    from ray.serve._private import replica
+
+    add_port = replica.add_port_to_grpc_server
+    if getattr(add_port, "loopback_only", False):
+        return
+
+    def loopback_port(server: Any, address: str) -> int:
+        return add_port(server, "127.0.0.1:" + address[len("[::]:"):] if address.startswith("[::]:") else address)
+
+    loopback_port.loopback_only = True  # type: ignore[attr-defined]
+    replica.add_port_to_grpc_server = loopback_port
+
+
 class _RewardReplica:
     """One replica of a reward deployment (runs in a Serve replica actor).
 
@@ -68,6 +91,7 @@ class _RewardReplica:
     def __init__(self, fn: Any, name: str, version: int, token_digest: str | None, batched: bool,
                  max_batch_size: int, batch_wait_s: float, stats: Any) -> None:
         t0 = time.perf_counter()
+        _keep_replica_grpc_on_loopback()
         self.fn, self.name, self.version = fn, name, version
         self.token_digest, self.stats = token_digest, stats
         if callable(getattr(fn, "setup", None)):
@@ -115,7 +139,7 @@ class _RewardReplica:
             traj = Trajectory.from_dict(body["args"][0])
         except Exception as e:  # any malformed body is the caller's error, not the reward's
             return answer(400, {"error": f"body must be {{'args': [trajectory dict], 'kwargs': {{}}}}: "
-                                         f"{type(e).__name__}: {e}"})
+                                         f"{type(e).__name__}: {redact(str(e))}"})
         now = time.perf_counter()
         if self.ongoing == 0:
             self.busy_since = now
@@ -126,9 +150,9 @@ class _RewardReplica:
             return answer(200, {"result": value, "version": self.version})
         except Exception as e:
             ok = False
-            logging.getLogger(__name__).warning("reward %s v%d raised %s: %s", self.name, self.version,
-                                                type(e).__name__, e)
-            return answer(500, {"error": f"{type(e).__name__}: {e}"})
+            why = f"{type(e).__name__}: {redact(str(e))}"
+            logging.getLogger(__name__).warning("reward %s v%d raised %s", self.name, self.version, why)
+            return answer(500, {"error": why})
         finally:
             self.ongoing -= 1
             end = time.perf_counter()
@@ -359,6 +383,7 @@ class ServeManager:
             if not token:
                 problems.append(f"token_env ${token_env} is unset or empty; export the token first")
             else:
+                register_secret(token)
                 digest = hashlib.sha256(token.encode()).hexdigest()
         if problems:
             raise ConfigError(problems, where=f"ServeManager.deploy({name!r}, ...)")
@@ -398,7 +423,8 @@ class ServeManager:
             self.deployments[name] = _Deployed(ep, version, opts, time.time())
             self._timeline.setdefault(name, deque(maxlen=_TIMELINE_POINTS))
             self._cold_starts.setdefault(name, 0)
-        log.info("deployed reward %s v%d at %s in %.2fs", name, version, ep.url, time.perf_counter() - t0)
+        log.info("deployed reward %s v%d at %s in %.2fs", name, version, redact_url(ep.url),
+                 time.perf_counter() - t0)
         return ep
 
     def _check_ships(self, name: str, fn: Any) -> None:
