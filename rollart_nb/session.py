@@ -214,13 +214,16 @@ class SessionBase:
             alpha: per-trajectory staleness bound.
             mode: "sync", "sync+", "one-off", "areal" or "rollart".
             name: re-using a name closes the previous pipeline of that name first.
-            resume_from: a directory written by ``pipe.save(path)`` (in this or an earlier
-                session): the trainer is restored from it (model, optimizer, version, RNG) before
+            resume_from: a directory written by ``pipe.save(path)``, or a run folder (its newest
+                complete autosave), in this or an earlier session: the trainer is restored from it (model, optimizer, version, RNG) before
                 ``algo`` is applied, generators serve the saved version from the start, step
                 numbers continue, and the scheduler draws fresh env seeds (unless ``seed`` is
                 given). ``tasks`` must have the saved task names; rewards are not saved (set them
                 with :meth:`reward` first; a changed reward source warns).
-            **kwargs: ``redundancy``, ``rollout`` (RolloutConfig), ``validate_every``, ``pd``, ...
+            **kwargs: ``redundancy``, ``rollout`` (RolloutConfig), ``validate_every``, ``pd``,
+                ``run_dir`` (``steps.jsonl`` appended per step), ``autosave_every=N`` (a checkpoint
+                in ``run_dir/checkpoints/`` every N steps and when paused or closed; ``run_dir``
+                defaults to ``runs/<name>``), ``keep_checkpoints`` (3), ...
 
         Example:
             >>> pipe.save("ckpt/run1")                          # doctest: +SKIP
@@ -228,14 +231,16 @@ class SessionBase:
             >>> pipe = sess.pipeline(train, gen, tasks, algo=rn.GRPO(group_size=8),
             ...                      resume_from="ckpt/run1")       # doctest: +SKIP
         """
-        from rollart_nb.control.checkpoint import latest_reward_sources, read_checkpoint
+        from rollart_nb.control.checkpoint import latest_reward_sources, resolve_checkpoint
         from rollart_nb.control.pipeline import Pipeline
 
         self._check()
         resume = None
         if resume_from is not None:  # check everything before anything changes
-            resume = read_checkpoint(resume_from)
+            resume = resolve_checkpoint(resume_from)
             resume.check_tasks(tasks)
+            log.warning("resuming pipeline %s from %s: step %d, version %d", name, resume.path, resume.steps,
+                        resume.version)
         if name in self._pipelines:
             log.info("replacing pipeline %s", name)
             self._pipelines[name].close()

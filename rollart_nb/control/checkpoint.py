@@ -5,8 +5,21 @@ Layout of a checkpoint directory::
     path/
       trainer/          the trainer's own checkpoint (TrainerWorker.save_checkpoint: model as a
                         servable HF directory, optimizer, version, RNG states)
-      pipeline.json     step count, policy version, tasks, reward sources, scheduler seed, config;
-                        written last and atomically: its presence marks a complete checkpoint
+      pipeline.json     step count, policy version, tasks, reward sources, scheduler seed, config,
+                        and a manifest: size and SHA-256 of every other file
+
+A checkpoint is written into a hidden sibling directory and renamed into place when complete,
+so a crash mid-write never leaves a half checkpoint under ``path`` (replacing one keeps the old
+until the new is whole). Reading one checks every file against the manifest: a truncated or
+corrupted file is a :class:`~rollart_nb.errors.CheckpointError` naming it.
+
+A run folder (``sess.pipeline(..., run_dir=..., autosave_every=N)``) holds::
+
+    run_dir/
+      steps.jsonl       one StepReport per line, appended as each step ends
+      checkpoints/step-000010/, step-000020/, ...   autosaves (the newest ``keep`` are kept)
+
+``resume_from=run_dir`` resumes from its newest complete checkpoint.
 
 The trainer writes ``trainer/`` from its own process, so ``path`` must be on a filesystem the
 trainer worker and this process share (always true for :meth:`rollart_nb.Session.local`).
@@ -17,27 +30,34 @@ afresh, serving the saved version) and reward functions themselves (set them aga
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
+import shutil
 import time
+import uuid
 import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rollart_nb.errors import ConfigError, StateError
+from rollart_nb.errors import CheckpointError, ConfigError, StateError
 
 if TYPE_CHECKING:
     from rollart_nb.control.pipeline import Pipeline
     from rollart_nb.control.tasks import TaskSet
 
-__all__ = ["FORMAT", "PipelineCheckpoint", "read_checkpoint", "write_checkpoint"]
+__all__ = ["FORMAT", "PipelineCheckpoint", "latest_checkpoint", "read_checkpoint", "resolve_checkpoint",
+           "run_checkpoints", "write_checkpoint"]
 
-FORMAT = 1
-"""Version of the ``pipeline.json`` layout."""
+FORMAT = 2
+"""Version of the ``pipeline.json`` layout (2 added the manifest; 1 is still read)."""
 
 _META = "pipeline.json"
 _TRAINER = "trainer"
+_CKPTS = "checkpoints"
+_STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
 @dataclass(frozen=True)
@@ -54,6 +74,7 @@ class PipelineCheckpoint:
         config: mode, alpha, batch_size, group_size, name of the saved pipeline (for reference).
         saved_at: unix time of the save.
         format: layout version (:data:`FORMAT`).
+        files: manifest, relative path -> [bytes, sha256] of every file but ``pipeline.json``.
     """
 
     path: str
@@ -65,6 +86,7 @@ class PipelineCheckpoint:
     config: dict[str, Any] = field(default_factory=dict)
     saved_at: float = 0.0
     format: int = FORMAT
+    files: dict[str, list[Any]] = field(default_factory=dict)
 
     @property
     def trainer_dir(self) -> str:
@@ -113,46 +135,173 @@ def latest_reward_sources(history: list[dict[str, Any]]) -> dict[str, str]:
     return {t: src for t, (_, src) in sorted(out.items())}
 
 
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _manifest(d: Path) -> dict[str, list[Any]]:
+    return {f.relative_to(d).as_posix(): [f.stat().st_size, _sha256(f)]
+            for f in sorted(d.rglob("*")) if f.is_file() and f.relative_to(d).as_posix() != _META}
+
+
+def _fsync_dir(d: Path) -> None:
+    try:
+        fd = os.open(d, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 def write_checkpoint(pipe: Pipeline, path: str | os.PathLike[str]) -> PipelineCheckpoint:
-    """Save ``pipe``'s trainer and resume metadata to ``path`` (the caller holds the step lock)."""
+    """Save ``pipe``'s trainer and resume metadata to ``path`` (the caller holds the step lock).
+
+    Written into a hidden sibling directory, checksummed, then renamed into place; an existing
+    checkpoint at ``path`` stays whole until the new one is.
+    """
     d = Path(path).absolute()
-    d.mkdir(parents=True, exist_ok=True)
-    (d / _META).unlink(missing_ok=True)  # an interrupted overwrite must not look complete
-    pipe.train.save_checkpoint(str(d / _TRAINER))
-    ckpt = PipelineCheckpoint(
-        path=str(d), version=int(pipe.train.version()), steps=pipe.first_step + len(pipe.reports),
-        seed=int(pipe.cfg.seed), tasks={t: type(e).__name__ for t, e in pipe.tasks.envs.items()},
-        rewards=latest_reward_sources(pipe.reward_history()),
-        config={"name": pipe.name, "mode": pipe.mode.name, "alpha": pipe.cfg.alpha,
-                "batch_size": pipe.cfg.batch_size, "group_size": pipe.cfg.group_size,
-                "served_version": pipe.version},
-        saved_at=time.time())
-    tmp = d / (_META + ".tmp")
-    tmp.write_text(json.dumps(asdict(ckpt), indent=1, sort_keys=True))
-    os.replace(tmp, d / _META)
+    d.parent.mkdir(parents=True, exist_ok=True)
+    tmp = d.parent / f".{d.name}.tmp-{uuid.uuid4().hex[:8]}"
+    try:
+        tmp.mkdir()
+        pipe.train.save_checkpoint(str(tmp / _TRAINER))
+        ckpt = PipelineCheckpoint(
+            path=str(d), version=int(pipe.train.version()), steps=pipe.first_step + len(pipe.reports),
+            seed=int(pipe.cfg.seed), tasks={t: type(e).__name__ for t, e in pipe.tasks.envs.items()},
+            rewards=latest_reward_sources(pipe.reward_history()),
+            config={"name": pipe.name, "mode": pipe.mode.name, "alpha": pipe.cfg.alpha,
+                    "batch_size": pipe.cfg.batch_size, "group_size": pipe.cfg.group_size,
+                    "served_version": pipe.version},
+            saved_at=time.time(), files=_manifest(tmp))
+        with (tmp / _META).open("w") as f:
+            f.write(json.dumps(asdict(ckpt), indent=1, sort_keys=True))
+            f.flush()
+            os.fsync(f.fileno())
+        _fsync_dir(tmp)
+        old = d.parent / f".{d.name}.old-{uuid.uuid4().hex[:8]}"
+        if d.exists():
+            os.rename(d, old)  # from here to the next rename, read_checkpoint finds the old one
+        os.rename(tmp, d)
+        _fsync_dir(d.parent)
+        shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     return ckpt
 
 
-def read_checkpoint(path: str | os.PathLike[str]) -> PipelineCheckpoint:
-    """Read a checkpoint written by ``pipe.save(path)``.
+def run_checkpoints(run_dir: str | os.PathLike[str]) -> list[Path]:
+    """Autosave directories of a run folder, oldest first (complete or not)."""
+    root = Path(run_dir).absolute() / _CKPTS
+    if not root.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := _STEP_DIR.match(p.name))]
+    return [p for _, p in sorted(found)]
+
+
+def _last_good(d: Path) -> str:
+    """The newest checkpoint before ``d`` in its run folder that reads and verifies."""
+    if d.parent.name != _CKPTS:
+        return "none known (this checkpoint is not in a run folder)"
+    older = [p for p in run_checkpoints(d.parent.parent) if p.name < d.name]
+    for p in reversed(older):
+        try:
+            read_checkpoint(p, _hint=False)
+        except (StateError, ConfigError):
+            continue
+        return f"{str(p)!r} (resume_from={str(p)!r})"
+    return "none in this run folder"
+
+
+def read_checkpoint(path: str | os.PathLike[str], *, verify: bool = True, _hint: bool = True) -> PipelineCheckpoint:
+    """Read a checkpoint written by ``pipe.save(path)`` (or an autosave), checking its files.
 
     Raises:
         StateError: ``path`` holds no complete pipeline checkpoint.
+        CheckpointError: a file is missing, truncated or corrupted (names it and the last good
+            checkpoint of the run), or ``pipeline.json`` cannot be read.
         ConfigError: it was written by a newer layout.
     """
     d = Path(path).absolute()
     fix = "save one with pipe.save(path), or pass the directory pipe.save returned"
     if not d.is_dir():
+        olds = sorted(d.parent.glob(f".{d.name}.old-*")) if d.parent.is_dir() else []
+        if olds and (olds[-1] / _META).is_file():  # a replace was cut between its two renames
+            warnings.warn(f"{str(d)!r} was being replaced when the process stopped; reading the previous "
+                          f"checkpoint kept at {str(olds[-1])!r}", stacklevel=2)
+            return read_checkpoint(olds[-1], verify=verify, _hint=_hint)
         raise StateError(f"no pipeline checkpoint at {str(d)!r}: the directory does not exist; {fix}")
     if not (d / _META).is_file():
         raise StateError(f"{str(d)!r} holds no complete pipeline checkpoint ({_META} missing: "
                          f"the save was interrupted or this is not a checkpoint); {fix}")
-    raw = json.loads((d / _META).read_text())
+
+    def broken(what: str) -> CheckpointError:
+        hint = f"; the last good checkpoint: {_last_good(d)}" if _hint else ""
+        return CheckpointError(f"checkpoint {str(d)!r} is damaged: {what}{hint}", path=str(d))
+
+    try:
+        raw = json.loads((d / _META).read_text())
+        if not isinstance(raw, dict):
+            raise ValueError("not a JSON object")
+    except (ValueError, UnicodeDecodeError) as e:
+        raise broken(f"{_META} cannot be read ({type(e).__name__}: {e})") from None
     if int(raw.get("format", 0)) > FORMAT:
         raise ConfigError(f"checkpoint {str(d)!r} has layout {raw.get('format')}, newer than this rollart_nb "
                           f"reads ({FORMAT}); upgrade rollart_nb")
     if not (d / _TRAINER).is_dir():
         raise StateError(f"{str(d)!r} is incomplete: its {_TRAINER}/ directory is missing; {fix}")
+    if verify:
+        for rel, (size, digest) in sorted(raw.get("files", {}).items()):
+            f = d / rel
+            if not f.is_file():
+                raise broken(f"{rel} is missing")
+            have = f.stat().st_size
+            if have != size:
+                raise broken(f"{rel} has {have} bytes, {size} were written (truncated or overwritten)")
+            if _sha256(f) != digest:
+                raise broken(f"{rel} does not match its SHA-256 (corrupted)")
     raw["path"] = str(d)
     known = set(PipelineCheckpoint.__dataclass_fields__)
     return PipelineCheckpoint(**{k: v for k, v in raw.items() if k in known})
+
+
+def latest_checkpoint(run_dir: str | os.PathLike[str]) -> PipelineCheckpoint:
+    """The newest complete, verified checkpoint of a run folder; damaged newer ones are skipped
+    with a warning that says why.
+
+    Raises:
+        StateError: the run folder has no checkpoint at all.
+        CheckpointError: it has some, and none is complete and intact.
+    """
+    found = run_checkpoints(run_dir)
+    if not found:
+        raise StateError(f"run folder {str(Path(run_dir).absolute())!r} has no checkpoints/step-* directory; "
+                         "run with autosave_every=N, or resume from a directory pipe.save(path) wrote")
+    skipped: list[str] = []
+    for p in reversed(found):
+        try:
+            ckpt = read_checkpoint(p, _hint=False)
+        except (StateError, CheckpointError) as e:
+            skipped.append(f"{p.name}: {e}")
+            continue
+        if skipped:
+            warnings.warn(f"skipped {len(skipped)} newer checkpoint(s) of {str(run_dir)!r}: " + "; ".join(skipped),
+                          stacklevel=2)
+        return ckpt
+    raise CheckpointError(f"no complete checkpoint in {str(run_dir)!r}: " + "; ".join(skipped), path=str(run_dir))
+
+
+def resolve_checkpoint(path: str | os.PathLike[str]) -> PipelineCheckpoint:
+    """``resume_from``: a checkpoint directory, or a run folder (its newest complete checkpoint)."""
+    d = Path(path).absolute()
+    if (d / _CKPTS).is_dir() and not (d / _META).exists():
+        return latest_checkpoint(d)
+    return read_checkpoint(d)

@@ -21,10 +21,13 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import json
 import logging
 import os
+import shutil
 import threading
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rollart_nb.control.checkpoint import PipelineCheckpoint, write_checkpoint
@@ -34,7 +37,7 @@ from rollart_nb.control.modes import mode as get_mode
 from rollart_nb.control.report import StepReport, env_fault_deltas
 from rollart_nb.control.rollout_worker import RolloutWorker
 from rollart_nb.control.scheduler import SchedulerConfig
-from rollart_nb.errors import StateError
+from rollart_nb.errors import ConfigError, StateError
 from rollart_nb.trajectory import Trajectory, TrajectoryList
 from rollart_nb.views import view
 from rollart_nb.workers.routing import shape_affinity
@@ -67,7 +70,24 @@ class Pipeline:
                  validate_every: int = 0, validation_seeds: dict[str, list[int]] | None = None, pd: bool = False,
                  max_inflight: int = 256, dispatch: str = "direct", rewards: dict[str, dict[str, Any]] | None = None,
                  step_timeout_s: float | None = None, weights: Any = "direct", hw_affinity: bool = True,
-                 resume: PipelineCheckpoint | None = None) -> None:
+                 resume: PipelineCheckpoint | None = None, run_dir: str | os.PathLike[str] | None = None,
+                 autosave_every: int = 0, keep_checkpoints: int = 3) -> None:
+        problems = []
+        if not isinstance(autosave_every, int) or isinstance(autosave_every, bool) or autosave_every < 0:
+            problems.append(f"autosave_every={autosave_every!r} must be a whole number of steps >= 0 (0: off)")
+        if not isinstance(keep_checkpoints, int) or isinstance(keep_checkpoints, bool) or keep_checkpoints < 1:
+            problems.append(f"keep_checkpoints={keep_checkpoints!r} must be >= 1")
+        if problems:
+            raise ConfigError(problems, where=f"pipeline {name!r}")
+        if autosave_every and run_dir is None:
+            run_dir = Path("runs") / name
+        self.run_dir = Path(run_dir).absolute() if run_dir is not None else None
+        self.autosave_every, self.keep_checkpoints = autosave_every, keep_checkpoints
+        self.last_autosave: str | None = None
+        if self.run_dir is not None:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            log.info("pipeline %s writes steps.jsonl%s to %s", name,
+                     f" and a checkpoint every {autosave_every} steps" if autosave_every else "", self.run_dir)
         self.mode = get_mode(mode)
         # step timing: the session's clock (a SimSession's virtual time), else wall time
         self._clock = getattr(session, "clock", None) or time.monotonic
@@ -199,7 +219,40 @@ class Pipeline:
         if self.validate_every and (rep.step + 1) % self.validate_every == 0:
             rep.validation = self.validate()
         self.reports.append(rep)
+        self._record(rep)
         return rep
+
+    # -- the run folder: steps.jsonl and autosaves ----------------------------------------
+    def _record(self, rep: StepReport) -> None:
+        """Append the step to ``steps.jsonl`` and autosave when one is due (step lock held)."""
+        if self.run_dir is None:
+            return
+        with (self.run_dir / "steps.jsonl").open("a") as f:
+            f.write(json.dumps(rep.to_dict(), default=str) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        if self.autosave_every and (rep.step + 1) % self.autosave_every == 0:
+            self._autosave()
+
+    def _autosave(self) -> str | None:
+        """Checkpoint into ``run_dir/checkpoints/step-NNNNNN`` and keep the newest ``keep_checkpoints``."""
+        from rollart_nb.control.checkpoint import run_checkpoints
+
+        steps = self.first_step + len(self.reports)
+        if self.run_dir is None or not self.autosave_every or not self.reports:
+            return None
+        path = self.run_dir / "checkpoints" / f"step-{steps:06d}"
+        if self.last_autosave == str(path):
+            return self.last_autosave
+        if self._train_fut is not None:
+            self._train_fut.result()  # the checkpoint holds every batch taken; the result stays for the next step
+        t = time.monotonic()
+        write_checkpoint(self, path)
+        self.last_autosave = str(path)
+        for old in run_checkpoints(self.run_dir)[:-self.keep_checkpoints]:
+            shutil.rmtree(old, ignore_errors=True)
+        log.info("autosaved pipeline %s at step %d to %s (%.1fs)", self.name, steps, path, time.monotonic() - t)
+        return self.last_autosave
 
     async def astep(self) -> StepReport:
         """``await pipe.astep()``: :meth:`step` without blocking a running event loop (Jupyter)."""
@@ -231,6 +284,8 @@ class Pipeline:
             for _ in range(steps):
                 if self._pause.is_set():
                     self.state = "paused"
+                    with self._lock:
+                        self._autosave()
                     break
                 rep = self.step()
                 out.append(rep)
@@ -353,6 +408,11 @@ class Pipeline:
         if self._thread is not None:
             self._thread.join(timeout=300)
         try:
+            with self._lock:
+                try:
+                    self._autosave()
+                except Exception as e:  # closing must not fail on a full disk
+                    log.warning("autosave at close of pipeline %s failed: %s", self.name, e)
             self.rollout.shutdown()
             if self._train_fut is not None:
                 self._train_fut.result(timeout=300)
