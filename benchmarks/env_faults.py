@@ -81,7 +81,7 @@ def main() -> None:
     ap.add_argument("--p-raise", type=float, default=0.10, help="env steps that raise (default: %(default)s)")
     ap.add_argument("--p-hang", type=float, default=0.05, help="env steps that hang (default: %(default)s)")
     ap.add_argument("--p-500", type=float, default=0.20, help="reward calls answered HTTP 500 (default: %(default)s)")
-    ap.add_argument("--env-timeout", type=float, default=1.0, help="env call timeout, s (default: %(default)s)")
+    ap.add_argument("--env-timeout", type=float, default=5.0, help="env call timeout, s (default: %(default)s)")
     ap.add_argument("--envs", type=int, default=16, help="env instances (default: %(default)s)")
     ap.add_argument("--batch", type=int, default=16, help="trajectories per step (default: %(default)s)")
     ap.add_argument("--group", type=int, default=4, help="GRPO group size (default: %(default)s)")
