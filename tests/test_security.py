@@ -149,19 +149,25 @@ def _reward(t) -> float:
     return 1.0
 
 
+_BEFORE: set[tuple[str, int]] = set()
+
+
 @pytest.fixture(scope="module")
 def sess():
+    # What this (pytest) process already listened on before the session: earlier test modules'
+    # leftovers are not the session's sockets.
+    _BEFORE.update((ip, port) for ip, port, _ in _listening(os.getpid(), children=False))
     s = rn.Session.local({"cpu": 2}, serverless=True)
     yield s
     s.close()
 
 
-def _listening(root_pid: int) -> list[tuple[str, int, str]]:
+def _listening(root_pid: int, *, children: bool = True) -> list[tuple[str, int, str]]:
     import psutil
 
     root = psutil.Process(root_pid)
     out = []
-    for p in [root, *root.children(recursive=True)]:
+    for p in [root, *(root.children(recursive=True) if children else [])]:
         try:
             cmd = p.cmdline()
             name = " ".join([os.path.basename(cmd[0]), *cmd[1:]])[:100] if cmd else p.name()
@@ -183,7 +189,7 @@ def test_every_socket_of_a_local_session_is_on_loopback(sess):
     ep = ServeManager().deploy("sec-reward", _reward)  # brings up Serve's controller and proxy
     assert call(ep, [Trajectory("math", seed=0, turns=[Turn("q", "a")], info={}).to_dict()], {}) == 1.0
     assert httpx.URL(ep.url).host == "127.0.0.1"
-    socks = _listening(os.getpid())
+    socks = [s for s in _listening(os.getpid()) if s[:2] not in _BEFORE]
     names = " ".join(n for _, _, n in socks)
     assert "gcs_server" in names and "raylet" in names and "ServeReplica" in names  # we really looked
     wide = [s for s in socks if s[0] not in LOOPBACK]
@@ -242,3 +248,34 @@ def test_a_process_without_the_token_cannot_run_a_task_and_one_with_it_can(sess)
     """, {**base, "TEAM_RAY_TOKEN": token})
     assert ok.returncode == 0 and "RAN 42" in ok.stdout, ok.stderr[-3000:]
     assert token not in ok.stdout + ok.stderr
+
+
+def test_expose_listens_wider_and_keeps_authentication_on():
+    """`expose="auto"`: Ray's ports answer beyond loopback, and still only with the token."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
+    base["HOME"] = "/nonexistent"
+    host = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
+        import json, os, sys, psutil, rollart_nb as rn
+        s = rn.Session.local({"cpu": 1}, serverless=False, expose="auto")
+        me = psutil.Process()
+        wide = sorted({c.laddr.ip for p in [me, *me.children(recursive=True)]
+                       for c in p.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN}
+                      - {"127.0.0.1", "::ffff:127.0.0.1", "::1"})
+        print(json.dumps({"address": s.address, "wide": wide}), flush=True)
+        sys.stdin.readline()
+        s.close()
+    """)], env=base, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        info = json.loads(host.stdout.readline())
+        assert info["wide"], "expose='auto' should listen beyond loopback"
+        assert not info["address"].startswith("127.")  # others are given the node's address
+        raw = _second_process(f"""
+            import ray
+            ray.init(address="{info['address']}", log_to_driver=False)
+            print("RAN", ray.get(ray.remote(lambda: 1).remote()))
+        """, {**base, "RAY_AUTH_MODE": "disabled"})
+        assert raw.returncode != 0 and "RAN" not in raw.stdout
+    finally:
+        host.stdin.write("\n")
+        host.stdin.flush()
+        host.wait(timeout=120)

@@ -179,7 +179,19 @@ class Pipeline:
         return self._finish_report(rep, batch, metrics, t0)
 
     def _update_weights(self, version: int) -> dict[str, float]:
-        """Generators switch to ``version``; returns weight-sync metrics (summed over generators)."""
+        """Generators switch to ``version``; returns weight-sync metrics (summed over generators).
+
+        Raises StateError, changing nothing, if ``version`` is older than the one served: the
+        trainer lost its state (a restarted worker starts from its initial weights), and
+        serving or training on older weights would go on silently.
+        """
+        if version < self.version:
+            where = (f"resume_from={str(self.run_dir)!r} (its newest autosave, {self.last_autosave})"
+                     if self.last_autosave else "resume_from=<a checkpoint saved with pipe.save(path)>")
+            raise StateError(
+                f"trainer {self.train.name} reports version {version}, older than the version {self.version} the "
+                f"generators serve: it lost its state (was a worker restarted?); nothing was changed. Rebuild the "
+                f"pipeline with sess.pipeline(..., {where}) to continue from a saved version")
         out: dict[str, float] = {}
         if self.transport is None:
             state = self.train.state_dict(blocking=False)  # an object ref: weights go trainer -> generators
@@ -246,6 +258,12 @@ class Pipeline:
             return self.last_autosave
         if self._train_fut is not None:
             self._train_fut.result()  # the checkpoint holds every batch taken; the result stays for the next step
+        trained = int(self.train.version())
+        if trained < self.version:  # a restarted trainer: saving it would make a lost state the latest
+            log.warning("not autosaving pipeline %s: its trainer is at version %d, behind the %d served (it lost its "
+                        "state); the newest good autosave stays %s", self.name, trained, self.version,
+                        self.last_autosave)
+            return None
         t = time.monotonic()
         write_checkpoint(self, path)
         self.last_autosave = str(path)
