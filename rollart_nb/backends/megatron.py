@@ -22,7 +22,6 @@ import logging
 import math
 import os
 import random
-import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -375,12 +374,8 @@ class MegatronTrainBackend:
             if "RANK" in os.environ:  # launched by torchrun / a Ray worker group
                 dist.init_process_group("nccl" if cuda else "gloo")
             elif tp == 1:  # a lone trainer process: a world of one
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", 0))
-                    port = s.getsockname()[1]
-                dist.init_process_group(
-                    "nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1
-                )
+                # An in-memory store: a TCPStore would listen on every interface, unauthenticated.
+                dist.init_process_group("nccl" if cuda else "gloo", store=dist.HashStore(), rank=0, world_size=1)
             else:
                 raise ConfigError(
                     f"tp={tp} needs {tp} processes with torch.distributed env (RANK, WORLD_SIZE, "

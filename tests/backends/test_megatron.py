@@ -131,6 +131,10 @@ def test_pp_is_rejected_with_a_reason(ref, megatron_device):
 def test_matches_torch_trainer_and_checkpoints(ref, tmp_path, megatron_device):
     algo = GRPO(group_size=4, lr=3e-3)
     mt = MegatronTrainBackend(ref, algo, device=megatron_device)
+    psutil = pytest.importorskip("psutil")
+    wide = [c.laddr for c in psutil.Process().net_connections(kind="inet")
+            if c.status == psutil.CONN_LISTEN and c.laddr.ip not in ("127.0.0.1", "::1", "::ffff:127.0.0.1")]
+    assert not wide, f"a lone trainer's process group listens beyond loopback: {wide}"  # no TCPStore
     tt = TorchTrainBackend(ref, algo, device=megatron_device)
     assert isinstance(mt, TrainBackend) and mt.version == 0
     prompt = tt.tokenizer.encode(format_history([("say 3", None)]))
