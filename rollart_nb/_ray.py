@@ -56,12 +56,21 @@ def is_initialized() -> bool:
 
 
 # -- where Ray listens and who may talk to it ----------------------------------------------
-_LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": Ray's node address is 127.0.0.1
-_ENV_KEYS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", _LOOPBACK_ENV)
+LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+"""Set to "0" in a loopback-only session (and its workers): Ray's node address is 127.0.0.1."""
+_ENV_KEYS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", LOOPBACK_ENV)
 _saved_env: dict[str, str | None] | None = None
 _auth_dir: str | None = None
 TOKEN_ENV = "RAY_AUTH_TOKEN"
 """Where :meth:`Session.attach` looks for a cluster's token by default (Ray's own variable)."""
+
+
+def _apply_env(values: dict[str, str | None]) -> None:
+    for k, v in values.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
 
 
 def _set_env(values: dict[str, str | None]) -> None:
@@ -69,11 +78,7 @@ def _set_env(values: dict[str, str | None]) -> None:
     global _saved_env
     if _saved_env is None:
         _saved_env = {k: os.environ.get(k) for k in _ENV_KEYS}
-    for k, v in values.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+    _apply_env(values)
     _refresh_ray_config()
 
 
@@ -82,7 +87,7 @@ def _refresh_ray_config() -> None:
     from ray._private import ray_constants
     from ray._raylet import AuthenticationTokenLoader, Config
 
-    ray_constants.ENABLE_RAY_CLUSTER = os.environ.get(_LOOPBACK_ENV, "1").lower() not in ("0", "false")
+    ray_constants.ENABLE_RAY_CLUSTER = os.environ.get(LOOPBACK_ENV, "1").lower() not in ("0", "false")
     Config.initialize("")
     AuthenticationTokenLoader.instance().reset_cache()
 
@@ -92,11 +97,7 @@ def restore_env() -> None:
     global _saved_env, _auth_dir
     if _saved_env is not None:
         saved, _saved_env = _saved_env, None
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        _apply_env(saved)
         with contextlib.suppress(Exception):
             _refresh_ray_config()
     if _auth_dir is not None:
@@ -155,7 +156,7 @@ def start_local(
         )
     restore_env()  # a session that died without closing left its settings behind
     _set_env({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": _write_token(secrets.token_hex(32)),
-              "RAY_AUTH_TOKEN": None, _LOOPBACK_ENV: "0" if expose is None else "1"})
+              "RAY_AUTH_TOKEN": None, LOOPBACK_ENV: "0" if expose is None else "1"})
     extra: dict[str, Any] = {}
     if expose not in (None, "auto"):
         extra["_node_ip_address"] = expose

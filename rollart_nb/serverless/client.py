@@ -5,8 +5,9 @@ JSON contract (request): ``{"args": [...], "kwargs": {...}}``; (response, 2xx):
 the start of the body; timeouts and 5xx / connection errors are retried with exponential
 backoff. A bearer token is read from an environment variable at call time and never stored
 in reprs, logs or exceptions; the process that reads it registers it with
-:func:`~rollart_nb.redact.register_secret`. Reprs and messages show the URL through
-:func:`~rollart_nb.redact.redact_url` (no userinfo, no query values).
+:func:`~rollart_nb.redact.register_secret`. Reprs show the URL through
+:func:`~rollart_nb.redact.redact_url` (no userinfo, no query values); error messages are
+redacted by the errors themselves (:class:`~rollart_nb.errors.RollartError`).
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ class Endpoint:
     def __post_init__(self) -> None:
         problems = []
         if not self.url.startswith(("http://", "https://")):
-            problems.append(f"url {redact_url(self.url)!r} must start with http:// or https://")
+            problems.append(f"url {self.url!r} must start with http:// or https://")
         if self.timeout_s <= 0:
             problems.append(f"timeout_s={self.timeout_s} must be > 0")
         if self.retries < 0:
@@ -81,14 +82,14 @@ def _check(ep: Endpoint, resp: httpx.Response) -> Any:
     if resp.status_code // 100 != 2:
         body = _body(resp)[:200].replace("\n", " ")
         raise ServerlessError(
-            f"endpoint {ep.name!r} ({redact_url(ep.url)}) answered {resp.status_code}: {body}", url=ep.url,
+            f"endpoint {ep.name!r} ({ep.url}) answered {resp.status_code}: {body}", url=ep.url,
             status=resp.status_code,
         )
     try:
         data = resp.json()
     except ValueError:
         raise ServerlessError(
-            f"endpoint {ep.name!r} ({redact_url(ep.url)}) answered non-JSON: {_body(resp)[:120]!r}", url=ep.url,
+            f"endpoint {ep.name!r} ({ep.url}) answered non-JSON: {_body(resp)[:120]!r}", url=ep.url,
             status=resp.status_code,
         ) from None
     if isinstance(data, dict) and "result" in data:
@@ -128,7 +129,7 @@ def call(ep: Endpoint, args: list[Any], kwargs: dict[str, Any], client: httpx.Cl
                 if attempt < ep.retries:
                     time.sleep(_delay(ep, attempt))
         raise ServerlessError(
-            f"endpoint {ep.name!r} ({redact_url(ep.url)}) failed after {ep.retries + 1} attempt(s): "
+            f"endpoint {ep.name!r} ({ep.url}) failed after {ep.retries + 1} attempt(s): "
             f"{type(last).__name__}; check the service is up, or raise timeout_s/retries", url=ep.url,
         )
     finally:
@@ -155,7 +156,7 @@ async def acall(ep: Endpoint, args: list[Any], kwargs: dict[str, Any], client: h
                 if attempt < ep.retries:
                     await asyncio.sleep(_delay(ep, attempt))
         raise ServerlessError(
-            f"endpoint {ep.name!r} ({redact_url(ep.url)}) failed after {ep.retries + 1} attempt(s): "
+            f"endpoint {ep.name!r} ({ep.url}) failed after {ep.retries + 1} attempt(s): "
             f"{type(last).__name__}; check the service is up, or raise timeout_s/retries", url=ep.url,
         )
     finally:

@@ -65,7 +65,7 @@ def _keep_replica_grpc_on_loopback() -> None:
     interface, no authentication) and with no setting to change it; the proxy reaches replicas
     through Ray, so nothing here needs it on another interface.
     """
-    if os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER") != "0":  # an exposed or attached cluster
+    if os.environ.get(_ray.LOOPBACK_ENV) != "0":  # an exposed or attached cluster
         return
     from ray.serve._private import replica
 
