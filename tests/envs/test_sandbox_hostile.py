@@ -642,8 +642,10 @@ HANGS = {
     "select_forever": "import select\nselect.select([], [], [])\n",
     "signals_ignored_busy": "import signal\nfor s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGXCPU):\n"
                             "    signal.signal(s, signal.SIG_IGN)\nwhile True:\n    pass\n",
-    "spinning_threads": "import threading\nfor _ in range(4):\n"
-                        "    threading.Thread(target=lambda: [0 for _ in iter(int, 1)], daemon=True).start()\n"
+    # the threads spin without allocating: a growing list would hit the memory limit (a failed load, not a
+    # hang) whenever the main thread waits long for the GIL between two starts on a busy machine
+    "spinning_threads": "import threading\ndef spin():\n    while True:\n        pass\nfor _ in range(4):\n"
+                        "    threading.Thread(target=spin, daemon=True).start()\n"
                         "threading.Event().wait()\n",
     "stop_self": "import os, signal\nos.kill(os.getpid(), signal.SIGSTOP)\nwhile True:\n    pass\n",
     "stop_own_group": "import os, signal\nos.kill(0, signal.SIGSTOP)\nwhile True:\n    pass\n",
