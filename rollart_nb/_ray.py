@@ -459,6 +459,24 @@ def kill(actor: Any) -> None:
         ray().kill(actor, no_restart=True)
 
 
+_ACTORS: dict[str, tuple[str, str]] = {}
+"""Actor id (hex) -> (worker, pool) of every worker a Cluster started: a death is named after the
+worker that died, even when another worker's call is where it surfaced (an argument it produced)."""
+
+
+def register_actor(actor: Any, worker: str, pool: str) -> None:
+    """Remember which worker ``actor`` is, for error messages."""
+    try:
+        _ACTORS[actor._actor_id.hex()] = (worker, pool)
+    except AttributeError:  # not a Ray actor handle
+        pass
+
+
+def actor_worker(e: BaseException) -> tuple[str, str] | None:
+    """(worker, pool) of the actor a Ray actor error is about, if a Cluster started it."""
+    return _ACTORS.get(getattr(e, "actor_id", None) or "")
+
+
 def get(refs: Any, *, timeout_s: float | None = None, what: str = "", worker: str = "", pool: str = "") -> Any:
     """``ray.get`` with Ray's failures turned into rollart_nb errors that name a fix."""
     r = ray()
@@ -467,8 +485,13 @@ def get(refs: Any, *, timeout_s: float | None = None, what: str = "", worker: st
     except r.exceptions.GetTimeoutError as e:
         raise ClusterError(f"{what or 'call'} on {worker or 'workers'} did not finish within {timeout_s}s") from e
     except (r.exceptions.RayActorError, r.exceptions.ActorDiedError) as e:
+        dead = actor_worker(e)
+        where = ""
+        if dead is not None and dead[0] != worker:  # e.g. the trainer, whose weights a generator was loading
+            where = f" (seen by {worker or 'a call'})"
+            worker, pool = dead
         raise WorkerDiedError(
-            f"worker {worker or '?'} (pool {pool or '?'}) died during {what or 'a call'}: {_short(e)}",
+            f"worker {worker or '?'} (pool {pool or '?'}) died during {what or 'a call'}{where}: {_short(e)}",
             worker=worker,
             pool=pool,
             fix="call cluster.restart_worker(index) to rebind it, or rebuild the cluster with sess.cluster(...)",

@@ -223,7 +223,10 @@ class SessionBase:
             **kwargs: ``redundancy``, ``rollout`` (RolloutConfig), ``validate_every``, ``pd``,
                 ``run_dir`` (``steps.jsonl`` appended per step), ``autosave_every=N`` (a checkpoint
                 in ``run_dir/checkpoints/`` every N steps and when paused or closed; ``run_dir``
-                defaults to ``runs/<name>``), ``keep_checkpoints`` (3), ...
+                defaults to ``runs/<name>``), ``keep_checkpoints`` (3), ``max_worker_restarts``
+                (3: automatic replacements of a dead generator or restores of a dead trainer per
+                worker slot; a trainer is restored only from an autosave), ``health_every_s`` (5.0:
+                how often a step waiting for its batch probes the workers), ...
 
         Example:
             >>> pipe.save("ckpt/run1")                          # doctest: +SKIP
@@ -253,6 +256,7 @@ class SessionBase:
             train.configure(algo)
         pipe = Pipeline(self, train, gen, tasks, batch_size=batch_size, alpha=alpha, mode=mode, name=name,
                         rewards=self._rewards, resume=resume, **kwargs)
+        pipe.algo = algo
         self._pipelines[name] = pipe
         if resume is not None:
             resume.warn_reward_changes(latest_reward_sources(pipe.reward_history()))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
+from typing import Any
 
 from rollart_nb.errors import ConfigError
 from rollart_nb.trajectory import Status, Trajectory
@@ -117,12 +118,17 @@ class SampleBuffer:
         return self.evict_stale()
 
     def evict_stale(self) -> list[Trajectory]:
+        return self.evict(self.is_stale)
+
+    def evict(self, pred: Any, reason: str | None = None) -> list[Trajectory]:
+        """Remove the buffered trajectories for which ``pred(t)`` holds (returned, marked
+        aborted_stale with ``reason``, or the staleness reason)."""
         out: list[Trajectory] = []
         for gid in list(self._groups):
             keep = []
             for t in self._groups[gid]:
-                if self.is_stale(t):
-                    t.status, t.reason = Status.ABORTED_STALE, self._stale_reason(t)
+                if pred(t):
+                    t.status, t.reason = Status.ABORTED_STALE, reason or self._stale_reason(t)
                     out.append(t)
                 else:
                     keep.append(t)

@@ -11,6 +11,12 @@ Each :meth:`Pipeline.step`::
                     (inside the generation backend, on their next turn) and continue
     (6) train_step  on the batch from (1), overlapped with the resumed rollout
 
+Failover, at every step and while a step waits for its batch: a generation worker that died
+is replaced on a compatible slot, loads the served weights, and takes over its routing (its
+trajectories moved to live workers at their next turn); a trainer that died is restored from
+the newest autosave and the pipeline continues from that version. Each shows up as an event
+in the StepReport. ``max_worker_restarts`` bounds the replacements per worker slot.
+
 Modes change a few switches (:mod:`rollart_nb.control.modes`), not the loop. Lifecycle:
 ``idle -> running -> paused -> closed``. :meth:`Pipeline.save` checkpoints the trainer and the
 pipeline's counters; ``sess.pipeline(..., resume_from=path)`` continues from them in a new
@@ -37,7 +43,7 @@ from rollart_nb.control.modes import mode as get_mode
 from rollart_nb.control.report import StepReport, env_fault_deltas
 from rollart_nb.control.rollout_worker import RolloutWorker
 from rollart_nb.control.scheduler import SchedulerConfig
-from rollart_nb.errors import ConfigError, StateError
+from rollart_nb.errors import ConfigError, StateError, WorkerDiedError
 from rollart_nb.trajectory import Trajectory, TrajectoryList
 from rollart_nb.views import view
 from rollart_nb.workers.routing import shape_affinity
@@ -71,8 +77,13 @@ class Pipeline:
                  max_inflight: int = 256, dispatch: str = "direct", rewards: dict[str, dict[str, Any]] | None = None,
                  step_timeout_s: float | None = None, weights: Any = "direct", hw_affinity: bool = True,
                  resume: PipelineCheckpoint | None = None, run_dir: str | os.PathLike[str] | None = None,
-                 autosave_every: int = 0, keep_checkpoints: int = 3) -> None:
+                 autosave_every: int = 0, keep_checkpoints: int = 3, max_worker_restarts: int = 3,
+                 health_every_s: float = 5.0) -> None:
         problems = []
+        if not isinstance(max_worker_restarts, int) or isinstance(max_worker_restarts, bool) or max_worker_restarts < 0:
+            problems.append(f"max_worker_restarts={max_worker_restarts!r} must be a whole number >= 0")
+        if not isinstance(health_every_s, int | float) or not health_every_s > 0:
+            problems.append(f"health_every_s={health_every_s!r} must be a number of seconds > 0")
         if not isinstance(autosave_every, int) or isinstance(autosave_every, bool) or autosave_every < 0:
             problems.append(f"autosave_every={autosave_every!r} must be a whole number of steps >= 0 (0: off)")
         if not isinstance(keep_checkpoints, int) or isinstance(keep_checkpoints, bool) or keep_checkpoints < 1:
@@ -101,6 +112,14 @@ class Pipeline:
         self.validation_seeds = validation_seeds or tasks.validation_seeds()
         self.last_validation: dict[str, dict[str, Any]] = {}
         self.step_timeout_s = step_timeout_s
+        # failover: what the rollout routes to and which trainer holds the state, to notice restarts
+        self.max_worker_restarts, self.health_every_s = max_worker_restarts, float(health_every_s)
+        self.algo: Any = None  # set by sess.pipeline: a restored trainer is configured with it again
+        self.events: list[dict[str, Any]] = []  # replacements and restores, oldest first
+        self._new_events: list[dict[str, Any]] = []  # since the last StepReport
+        self._restarts: collections.Counter[str] = collections.Counter()  # worker -> automatic restarts
+        self._routed = [h.actor for h in gen.workers]
+        self._trainer_actors = [h.actor for h in train.workers]
         # task -> preferred hardware: the generator's @hw_mapping, else the env's shape hint
         self.affinity = {t: gen.affinity("generate", t) or shape_affinity(getattr(env, "shape", None))
                          for t, env in tasks.envs.items()} if hw_affinity else {}
@@ -112,6 +131,7 @@ class Pipeline:
             self.rollout.set_reward(task, **spec)
         self.E = self.rollout.start()
         self.version = 0
+        self._served_state: Any = None  # object ref of the served weights (the direct path): replacements load it
         self.transport = session._weight_transport(weights, name)
         trained = int(train.version())
         if self.transport is not None:  # trainer publishes, generators pull in the background
@@ -138,7 +158,13 @@ class Pipeline:
         with self._lock:
             prev, self.state = self.state, "running"
             try:
-                return self._step()
+                try:
+                    return self._step()
+                except WorkerDiedError as e:  # a worker died mid-step: replace or restore it, step again
+                    if isinstance(e, _Final) or not self._heal(cause=e):
+                        raise
+                    self.rollout.resume()
+                    return self._step()
             finally:
                 if self.state == "running":
                     self.state = prev if prev != "running" else "idle"
@@ -148,7 +174,8 @@ class Pipeline:
         rep = StepReport(step=self.first_step + len(self.reports), version=self.version, mode=m.name,
                          started_at=time.time())
         t0 = self._clock()
-        self.rollout.wait_ready(n, self.step_timeout_s)                            # (1) get_batch
+        self._heal()                                                               # failover, if needed
+        self._wait_batch(n)                                                        # (1) get_batch
         batch: list[Trajectory] = self.rollout.take_batch(n)
         t1 = self._clock()
         rep.phases["rollout_wait"] = t1 - t0
@@ -178,14 +205,29 @@ class Pipeline:
             self._train_fut = self.train.train_step(batch, blocking=False)
         return self._finish_report(rep, batch, metrics, t0)
 
-    def _update_weights(self, version: int) -> dict[str, float]:
+    def _wait_batch(self, n: int) -> None:
+        """Wait for a batch of ``n``, replacing dead workers meanwhile (a probe every
+        ``health_every_s``, at once when the rollout sees a generator die)."""
+        deadline = None if self.step_timeout_s is None else self._clock() + self.step_timeout_s
+        while True:
+            poll = self.health_every_s if deadline is None else min(self.health_every_s,
+                                                                    max(0.0, deadline - self._clock()))
+            if self.rollout.wait_for_batch(n, poll)["ready"]:
+                return
+            self._heal()
+            if deadline is not None and self._clock() >= deadline:
+                self.rollout.wait_ready(n, 0)  # raises TimeoutError with the rollout's counts
+                return
+
+    def _update_weights(self, version: int, rollback: bool = False) -> dict[str, float]:
         """Generators switch to ``version``; returns weight-sync metrics (summed over generators).
 
         Raises StateError, changing nothing, if ``version`` is older than the one served: the
         trainer lost its state (a restarted worker starts from its initial weights), and
-        serving or training on older weights would go on silently.
+        serving or training on older weights would go on silently. ``rollback=True`` (a trainer
+        restored from an autosave) allows it, and the rollout drops what newer weights generated.
         """
-        if version < self.version:
+        if version < self.version and not rollback:
             where = (f"resume_from={str(self.run_dir)!r} (its newest autosave, {self.last_autosave})"
                      if self.last_autosave else "resume_from=<a checkpoint saved with pipe.save(path)>")
             raise StateError(
@@ -195,16 +237,134 @@ class Pipeline:
         out: dict[str, float] = {}
         if self.transport is None:
             state = self.train.state_dict(blocking=False)  # an object ref: weights go trainer -> generators
-            self.gen.load_weights(state.refs[0], version)
-        else:  # pulled in the background since the trainer published; wait only for the rest
-            for m in self.gen.apply_weights(version):
-                for k in ("pull_s", "exposed_pull_s", "bytes"):
-                    out[k] = out.get(k, 0.0) + float(m.get(k) or 0.0)
-            if out.get("pull_s"):
-                out["hidden_fraction"] = 1.0 - out["exposed_pull_s"] / out["pull_s"]
+            self._served_state = state.refs[0]
+        for attempt in range(len(self.gen.workers) * (self.max_worker_restarts + 1) + 1):
+            try:
+                if self.transport is None:
+                    self.gen.load_weights(self._served_state, version)
+                else:  # pulled in the background since the trainer published; wait only for the rest
+                    out = {}
+                    for m in self.gen.apply_weights(version):
+                        for k in ("pull_s", "exposed_pull_s", "bytes"):
+                            out[k] = out.get(k, 0.0) + float(m.get(k) or 0.0)
+                    if out.get("pull_s"):
+                        out["hidden_fraction"] = 1.0 - out["exposed_pull_s"] / out["pull_s"]
+                break
+            except WorkerDiedError as e:  # a generator died: its replacement loads this version, then all again
+                if _worker_of(e, self.train) is not None or not self._heal_generators(version, cause=e):
+                    raise
         self.version = version
-        self.rollout.set_version(version)
+        self.rollout.set_version(version, rollback=rollback)
         return out
+
+    # -- failover ----------------------------------------------------------------------
+    def _heal(self, cause: WorkerDiedError | None = None) -> bool:
+        """Replace dead generators and restore a dead or restarted trainer; True if it did
+        either. A generator restarted by hand (``gen.restart_worker(i)``) is taken over the
+        same way: it loads the served weights before it gets requests."""
+        acted = False
+        dead_t = self.train.dead_workers()
+        if cause is not None and (i := _worker_of(cause, self.train)) is not None:
+            dead_t.setdefault(i, str(cause))
+        restarted_t = [i for i, h in enumerate(self.train.workers) if h.actor is not self._trainer_actors[i]]
+        if dead_t or restarted_t:
+            self._restore_trainer(dead_t, restarted_t)
+            acted = True
+        return self._heal_generators(self.version, cause=cause) or acted
+
+    def _heal_generators(self, version: int, cause: WorkerDiedError | None = None) -> bool:
+        dead = self.gen.dead_workers()
+        dead.update({i: r for i, r in self.rollout.dead_targets().items() if i not in dead})
+        if cause is not None and (i := _worker_of(cause, self.gen)) is not None:
+            dead.setdefault(i, str(cause))
+        acted = False
+        for i, h in enumerate(self.gen.workers):
+            if i in dead:
+                self._replace_generator(i, dead[i], version, by_hand=h.actor is not self._routed[i])
+            elif h.actor is not self._routed[i]:
+                self._replace_generator(i, "restarted with restart_worker", version, by_hand=True)
+            else:
+                continue
+            acted = True
+        return acted
+
+    def _count_restart(self, cluster: Any, i: int, reason: str) -> None:
+        b = cluster.workers[i].binding
+        self._restarts[b.worker] += 1
+        if self._restarts[b.worker] > self.max_worker_restarts:
+            raise _Final(
+                f"{b.worker} (pool {b.pool}) died ({reason}); pipeline {self.name!r} restarted it "
+                f"{self._restarts[b.worker] - 1} time(s) already, the most max_worker_restarts="
+                f"{self.max_worker_restarts} allows. Look at {self.session.log_dir} for its log, then call "
+                f"{cluster.name}.restart_worker({i}) by hand, or raise max_worker_restarts",
+                worker=b.worker, pool=b.pool, fix=f"{cluster.name}.restart_worker({i})")
+
+    def _replace_generator(self, i: int, reason: str, version: int, by_hand: bool) -> None:
+        """Restart generator ``i`` (unless it was restarted by hand), load ``version``, route to it."""
+        t = time.monotonic()
+        if not by_hand:
+            self._count_restart(self.gen, i, reason)
+            log.warning("pipeline %s: generator %s died (%s); replacing it", self.name,
+                        self.gen.workers[i].binding.worker, reason)
+            self.gen.restart_worker(i)
+        h = self.gen.workers[i]
+        b = h.binding
+        if self.transport is not None:
+            self.gen.call_worker(i, "set_transport", self.transport)
+            if version:
+                self.gen.call_worker(i, "apply_weights", version)
+        elif version:
+            self.gen.call_worker(i, "load_weights", self._served_state, version)
+        self.rollout.replace_target(i, (h.actor, b.worker, b.hardware, b.pool))
+        self._routed[i] = h.actor
+        self._event("generator_replaced", worker=b.worker, pool=b.pool, node=b.node, reason=reason,
+                    by_hand=by_hand, fell_back=b.fell_back, binding=b.reason, version=version,
+                    seconds=round(time.monotonic() - t, 3))
+
+    def _restore_trainer(self, dead: dict[int, str], restarted: list[int]) -> None:
+        """A trainer worker died or was restarted: restore every trainer worker from the newest
+        autosave and roll the served version back to it."""
+        names = ", ".join(self.train.workers[i].binding.worker for i in sorted({*dead, *restarted}))
+        reason = "; ".join(f"{self.train.workers[i].binding.worker}: {r}" for i, r in sorted(dead.items())) or \
+            "restarted with restart_worker"
+        b0 = self.train.workers[min({*dead, *restarted})].binding
+        steps = self.first_step + len(self.reports)
+        if self.last_autosave is None:
+            raise _Final(
+                f"trainer {names} lost its state ({reason[:300]}), and pipeline {self.name!r} has no autosave to "
+                f"restore it from: the training up to version {self.version} ({steps} step(s)) is lost. Build the "
+                "trainer cluster and the pipeline again, with autosave_every=N so that a dead trainer is restored "
+                "by itself, or with resume_from=<a directory saved with pipe.save(path)>",
+                worker=b0.worker, pool=b0.pool, fix="sess.pipeline(..., autosave_every=N)")
+        if self.transport is not None:
+            raise StateError(
+                f"trainer {names} lost its state ({reason[:300]}); pipeline {self.name!r} restores a trainer only "
+                f"with weights='direct' (its transport still holds the lost versions). Resume with "
+                f"sess.pipeline(..., resume_from={str(self.run_dir)!r})")
+        from rollart_nb.control.checkpoint import read_checkpoint
+
+        t = time.monotonic()
+        for i in sorted(dead):
+            self._count_restart(self.train, i, dead[i])
+            log.warning("pipeline %s: trainer %s died (%s); restoring it from %s", self.name,
+                        self.train.workers[i].binding.worker, dead[i], self.last_autosave)
+            self.train.restart_worker(i)
+        ckpt = read_checkpoint(self.last_autosave)
+        restored = int(self.train.load_checkpoint(ckpt.trainer_dir))
+        if self.algo is not None:
+            self.train.configure(self.algo)
+        self._trainer_actors = [h.actor for h in self.train.workers]
+        self._train_fut = None  # the batch it was training on is lost with it
+        lost = self.version - restored
+        self._update_weights(restored, rollback=True)
+        self._event("trainer_restored", worker=names, pool=b0.pool, reason=reason, checkpoint=ckpt.path,
+                    version=restored, versions_lost=lost, seconds=round(time.monotonic() - t, 3))
+
+    def _event(self, kind: str, **fields: Any) -> None:
+        ev = {"kind": kind, "at": time.time(), "step": self.first_step + len(self.reports), **fields}
+        self.events.append(ev)
+        self._new_events.append(ev)
+        log.warning("pipeline %s: %s %s", self.name, kind, {k: v for k, v in fields.items() if k != "node"})
 
     def _finish_report(self, rep: StepReport, batch: list[Trajectory], metrics: dict[str, float],
                        t0: float) -> StepReport:
@@ -230,6 +390,7 @@ class Pipeline:
             rep.failures.setdefault(task, []).append(reason)
         if self.validate_every and (rep.step + 1) % self.validate_every == 0:
             rep.validation = self.validate()
+        rep.events, self._new_events = self._new_events, []
         self.reports.append(rep)
         self._record(rep)
         return rep
@@ -457,3 +618,15 @@ def _progress(total: int, desc: str) -> Any:
     except ImportError:  # pragma: no cover - tqdm is a core dependency
         return None
     return tqdm(total=total, desc=desc, leave=False)
+
+
+class _Final(WorkerDiedError):
+    """A worker died once more than ``max_worker_restarts`` allows: no further recovery."""
+
+
+def _worker_of(e: WorkerDiedError, cluster: Any) -> int | None:
+    """Index in ``cluster`` of the worker ``e`` names, or None."""
+    for i, h in enumerate(cluster.workers):
+        if h.binding.worker == e.worker:
+            return i
+    return None

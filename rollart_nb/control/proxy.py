@@ -10,6 +10,13 @@ turn goes by task hardware affinity (decode-heavy -> bandwidth-optimized, prefil
 compute-optimized, via the same rule as ``@hw_mapping``), least loaded. With
 ``pd=True`` the prefill runs on a compute-optimized worker and the decode on a
 bandwidth-optimized one (backends that implement ``prefill``/``decode``).
+
+Failover: a call that fails because its worker died (a Ray actor error) marks the worker dead;
+the turn goes again to a live worker, which recomputes the KV from the history the request
+carries (every request holds the whole trajectory so far, the same path a resumed trajectory
+takes after a weight update). While every worker is dead, turns wait up to
+``failover_wait_s`` for :meth:`LLMProxy.replace_target`, which the pipeline calls once a
+replacement has loaded the served weights.
 """
 
 from __future__ import annotations
@@ -36,6 +43,19 @@ class GenTarget:
     pool: str
 
 
+class _TargetDied(GenerationError):
+    """A generation worker died under a call: the turn is sent again to a live worker."""
+
+
+def _is_death(e: BaseException) -> bool:
+    """True if ``e`` says the worker's process is gone (not that the call itself failed)."""
+    try:
+        from ray.exceptions import RayActorError
+    except ImportError:  # pragma: no cover - ray is a core dependency
+        return False
+    return isinstance(e, RayActorError)
+
+
 class LLMProxy:
     """Routes per-trajectory generate requests; can be suspended, resumed and aborted.
 
@@ -44,10 +64,12 @@ class LLMProxy:
         affinity: task -> preferred hardware ("H20", "compute", "bandwidth") or None.
         max_inflight: requests in flight on one worker before it counts as busy.
         pd: prefill/decode disaggregation.
+        failover_wait_s: how long a turn waits for a replacement while every worker is dead.
     """
 
     def __init__(self, targets: list[GenTarget], affinity: dict[str, str | None] | None = None, *,
-                 max_inflight: int = 256, pd: bool = False, dispatch: str = "direct", max_batch: int = 64) -> None:
+                 max_inflight: int = 256, pd: bool = False, dispatch: str = "direct", max_batch: int = 64,
+                 failover_wait_s: float = 300.0) -> None:
         if not targets:
             raise GenerationError("LLMProxy needs at least one generation worker")
         if dispatch not in ("direct", "batched"):
@@ -72,35 +94,88 @@ class LLMProxy:
         self.fallbacks = 0
         self.requests = 0
         self.suspended_s = 0.0
+        self.failover_wait_s = failover_wait_s
+        self.dead: dict[int, str] = {}  # worker index -> why it is considered dead
+        self._revived = asyncio.Event()  # set whenever a worker is replaced
+        self.deaths = self.rerouted = self.replaced = 0
 
     # -- routing ---------------------------------------------------------------------
     def route(self, traj_id: str, task: str, pref: str | None = None) -> int:
         """Worker index for this trajectory's next turn (sticky once placed)."""
         idx = self._sticky.get(traj_id)
-        if idx is not None:
+        if idx is not None and idx not in self.dead:
             return idx
         pref = pref if pref is not None else self.affinity.get(task)
         idx, fell_back = pick_worker([(t.hardware, t.pool) for t in self.targets], self._inflight, pref,
-                                     self.max_inflight)
+                                     self.max_inflight, exclude=frozenset(self.dead))
         self.fallbacks += int(fell_back)
         self._sticky[traj_id] = idx
         return idx
 
     async def generate(self, req: GenerationRequest) -> GenerationResult:
-        """Generate one turn; waits while suspended. Raises GenerationError if aborted."""
+        """Generate one turn; waits while suspended. Raises GenerationError if aborted, or if no
+        worker is alive for ``failover_wait_s``."""
         if not self._admit.is_set():
             t0 = time.monotonic()
             await self._admit.wait()
             self.suspended_s += time.monotonic() - t0
-        if req.traj_id in self._aborted:
-            raise GenerationError(f"trajectory {req.traj_id} was aborted")
         self.requests += 1
-        if self.pd:
-            return await self._generate_pd(req)
-        idx = self.route(req.traj_id, req.task)
-        if self.dispatch == "batched":
-            return await self._enqueue(idx, req)
-        return await self._call(idx, req, "generate", req, req.task)
+        while True:
+            if req.traj_id in self._aborted:
+                raise GenerationError(f"trajectory {req.traj_id} was aborted")
+            await self._wait_for_live()
+            try:
+                if self.pd:
+                    return await self._generate_pd(req)
+                idx = self.route(req.traj_id, req.task)
+                if self.dispatch == "batched":
+                    return await self._enqueue(idx, req)
+                return await self._call(idx, req, "generate", req, req.task)
+            except _TargetDied:
+                self.rerouted += 1  # the history travels with the request: a live worker recomputes its KV
+
+    async def _wait_for_live(self) -> None:
+        """Return once some worker is alive; GenerationError after ``failover_wait_s``."""
+        deadline = time.monotonic() + self.failover_wait_s
+        while len(self.dead) >= len(self.targets):
+            self._revived.clear()
+            left = deadline - time.monotonic()
+            try:
+                if left <= 0:
+                    raise TimeoutError
+                await asyncio.wait_for(self._revived.wait(), timeout=left)
+            except TimeoutError:
+                why = "; ".join(f"{self.targets[i].name}: {r}" for i, r in sorted(self.dead.items()))
+                raise GenerationError(f"every generation worker is dead and none was replaced within "
+                                      f"{self.failover_wait_s:.0f}s ({why[:400]})") from None
+
+    def _mark_dead(self, idx: int, target: GenTarget, e: BaseException) -> None:
+        """Record that ``target`` (worker ``idx``) died; its trajectories move on their next turn."""
+        if self.targets[idx] is not target or idx in self.dead:
+            return  # already known, or a call to a worker that has been replaced since
+        self.deaths += 1
+        self.dead[idx] = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}"
+        for tid in [t for t, i in self._sticky.items() if i == idx]:
+            del self._sticky[tid]
+        queued, self._queues[idx] = self._queues[idx], []
+        for _, fut in queued:
+            if not fut.done():
+                fut.set_exception(_TargetDied(f"{target.name} died"))
+
+    def replace_target(self, idx: int, target: GenTarget) -> None:
+        """Route to ``target`` in place of worker ``idx`` (dead, or replaced by hand); the
+        trajectories placed on the old worker move on their next turn."""
+        old = self.targets[idx]
+        self.targets[idx] = target
+        self.dead.pop(idx, None)
+        for tid in [t for t, i in self._sticky.items() if i == idx]:
+            del self._sticky[tid]
+        queued, self._queues[idx] = self._queues[idx], []
+        for _, fut in queued:
+            if not fut.done():
+                fut.set_exception(_TargetDied(f"{old.name} was replaced"))
+        self.replaced += 1
+        self._revived.set()
 
     async def _enqueue(self, idx: int, req: GenerationRequest) -> GenerationResult:
         fut: asyncio.Future = asyncio.get_running_loop().create_future()
@@ -128,14 +203,21 @@ class LLMProxy:
                 if not live:
                     continue
                 self.batches += 1
+                target = self.targets[idx]
                 try:
-                    results = await self.targets[idx].handle.generate_many.remote([r for r, _ in live])
+                    results = await target.handle.generate_many.remote([r for r, _ in live])
                 except Exception as e:  # the whole call failed (worker died, ...)
-                    results = [e] * len(live)
+                    if _is_death(e):
+                        self._mark_dead(idx, target, e)
+                        results = [_TargetDied(f"{target.name} died")] * len(live)
+                    else:
+                        results = [e] * len(live)
                 for (r, f), res in zip(live, results, strict=True):
                     if f.done():
                         continue
-                    if isinstance(res, BaseException):
+                    if isinstance(res, _TargetDied):
+                        f.set_exception(res)
+                    elif isinstance(res, BaseException):
                         f.set_exception(GenerationError(f"{self.targets[idx].name} failed on trajectory "
                                                         f"{r.traj_id}: {type(res).__name__}: {str(res)[:200]}"))
                     else:
@@ -146,22 +228,26 @@ class LLMProxy:
     async def _generate_pd(self, req: GenerationRequest) -> GenerationResult:
         p = self.route(req.traj_id, req.task, pref="compute")
         d, fell_back = pick_worker([(t.hardware, t.pool) for t in self.targets], self._inflight, "bandwidth",
-                                   self.max_inflight)
+                                   self.max_inflight, exclude=frozenset(self.dead))
         self.fallbacks += int(fell_back)
         prefilled = await self._call(p, req, "prefill", req)
         return await self._call(d, req, "decode", req, prefilled)
 
     async def _call(self, idx: int, req: GenerationRequest, method: str, *args: Any) -> Any:
+        target = self.targets[idx]
         self._inflight[idx] += 1
         self._running[req.traj_id] = idx
         self._idle.clear()
         try:
-            return await getattr(self.targets[idx].handle, method).remote(*args)
+            return await getattr(target.handle, method).remote(*args)
         except asyncio.CancelledError:
-            self.targets[idx].handle.abort.remote(req.traj_id)  # stop the remote work too
+            target.handle.abort.remote(req.traj_id)  # stop the remote work too
             raise
         except Exception as e:
-            raise GenerationError(f"{self.targets[idx].name} failed on trajectory {req.traj_id}: "
+            if _is_death(e):
+                self._mark_dead(idx, target, e)
+                raise _TargetDied(f"{target.name} died") from e
+            raise GenerationError(f"{target.name} failed on trajectory {req.traj_id}: "
                                   f"{type(e).__name__}: {str(e)[:200]}") from e
         finally:
             self._inflight[idx] -= 1
@@ -190,8 +276,12 @@ class LLMProxy:
         for tid in traj_ids:
             self._aborted.add(tid)
             idx = self._running.get(tid)
-            if idx is not None:
-                await self.targets[idx].handle.abort.remote(tid)
+            if idx is not None and idx not in self.dead:
+                try:
+                    await self.targets[idx].handle.abort.remote(tid)
+                except Exception as e:  # a worker that died meanwhile has nothing left to abort
+                    if not _is_death(e):
+                        raise
 
     def forget(self, traj_id: str) -> None:
         """Drop routing state of a finished trajectory."""
@@ -201,4 +291,5 @@ class LLMProxy:
     def stats(self) -> dict[str, Any]:
         return {"requests": self.requests, "fallbacks": self.fallbacks, "inflight": list(self._inflight),
                 "sticky": len(self._sticky), "suspended_s": self.suspended_s, "batches": self.batches,
-                "dispatch": self.dispatch}
+                "dispatch": self.dispatch, "dead": dict(self.dead), "deaths": self.deaths,
+                "rerouted": self.rerouted, "replaced": self.replaced}

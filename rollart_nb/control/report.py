@@ -49,6 +49,10 @@ class StepReport:
         weights: weight-sync metrics (push_s, pull_s, exposed_pull_s, bytes, gbps).
         train: metrics from the train step (loss, grad norm, ...).
         started_at: unix time the step began (for timelines).
+        events: failover during the step, oldest first: ``{"kind": "generator_replaced" |
+            "trainer_restored", "worker", "pool", "reason", "version", "at", ...}`` (a replaced
+            generator also records its node, whether it fell back and why; a restored trainer
+            its checkpoint and ``versions_lost``).
     """
 
     step: int
@@ -69,6 +73,7 @@ class StepReport:
     weights: dict[str, float] = field(default_factory=dict)
     train: dict[str, float] = field(default_factory=dict)
     started_at: float = 0.0
+    events: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def mean_reward(self) -> float:
@@ -97,6 +102,8 @@ class StepReport:
         r["failed"] = self.counts.get("failed", 0)
         r["env_restarts"] = self.env.get("restarts", 0)
         r["env_timeouts"] = self.env.get("timeouts", 0)
+        r["replaced"] = sum(e["kind"] == "generator_replaced" for e in self.events)
+        r["restored"] = sum(e["kind"] == "trainer_restored" for e in self.events)
         return r
 
     def __repr__(self) -> str:
@@ -119,12 +126,17 @@ class StepReport:
                        f"</td></tr>" for k, v in self.reward.items())
         counts = ", ".join(f"{k}: {v}" for k, v in sorted(self.counts.items()))
         faults = ", ".join(f"{k.replace('_', ' ')}: {v}" for k, v in self.env.items() if v)
+        events = "".join(f"<div style='color:#b00'>&#9888; {html.escape(e['kind'].replace('_', ' '))}: "
+                         f"{html.escape(str(e.get('worker', '')))} on {html.escape(str(e.get('pool', '')))} "
+                         f"(version {e.get('version')}; {html.escape(str(e.get('reason', ''))[:200])})</div>"
+                         for e in self.events)
         return (
             f"<div><b>Step {self.step}</b> &middot; version {self.version} &middot; {self.mode} &middot; "
             f"{self.step_s:.2f}s &middot; {self.tokens} tokens &middot; {self.throughput:.0f} tok/s"
             f"<div>{bar}</div><small>{legend}</small>"
             f"<table><tr><th>task</th><th>reward</th><th>validation</th></tr>{rows}</table>"
-            f"<small>{html.escape(counts)}{' &middot; env ' + html.escape(faults) if faults else ''}</small></div>"
+            f"<small>{html.escape(counts)}{' &middot; env ' + html.escape(faults) if faults else ''}</small>"
+            f"{events}</div>"
         )
 
 

@@ -70,12 +70,46 @@ class RolloutWorker(Worker):
         await self._s().wait_ready(n, timeout_s)
 
     @register("one")
+    async def wait_for_batch(self, n: int, timeout_s: float) -> dict[str, Any]:
+        """Wait up to ``timeout_s`` for ``n`` samples, returning early when a generation worker
+        dies: ``{"ready": bool, "dead": {index: reason}}``. Raises what :meth:`wait_ready` raises
+        for a stalled rollout."""
+        s = self._s()
+        proxy = s.proxy
+        if proxy.dead:
+            return {"ready": False, "dead": dict(proxy.dead)}
+        deaths = proxy.deaths
+        waiting = asyncio.ensure_future(s.wait_ready(n, None))
+        try:
+            loop = asyncio.get_running_loop()
+            end = loop.time() + timeout_s
+            while not waiting.done() and proxy.deaths == deaths and loop.time() < end:
+                await asyncio.wait({waiting}, timeout=min(0.2, max(0.0, end - loop.time())))
+            if waiting.done():
+                waiting.result()
+                return {"ready": True, "dead": dict(proxy.dead)}
+            return {"ready": False, "dead": dict(proxy.dead)}
+        finally:
+            if not waiting.done():
+                waiting.cancel()
+
+    @register("one")
+    def dead_targets(self) -> dict[int, str]:
+        """Generation workers the proxy saw die and that are not replaced yet: index -> reason."""
+        return dict(self._s().proxy.dead)
+
+    @register("one")
+    def replace_target(self, index: int, target: tuple[Any, str, str, str]) -> None:
+        """Route to a new generation worker ``(handle, name, hardware, pool)`` in place of ``index``."""
+        self._s().proxy.replace_target(index, GenTarget(*target))
+
+    @register("one")
     def take_batch(self, n: int) -> list[Trajectory]:
         return self._s().take_batch(n)
 
     @register("one")
-    async def set_version(self, version: int) -> dict[str, int]:
-        return await self._s().set_version(version)
+    async def set_version(self, version: int, rollback: bool = False) -> dict[str, int]:
+        return await self._s().set_version(version, rollback=rollback)
 
     @register("one")
     async def suspend(self, timeout_s: float | None = None) -> None:

@@ -167,6 +167,17 @@ class ClusterBase:
     def _spawn(self, index: int, world: int, binding: Binding | None = None) -> Any:
         raise NotImplementedError
 
+    def call_worker(self, index: int, attr: str, *args: Any, **kwargs: Any) -> Any:
+        """Call ``attr`` on worker ``index`` only and wait for its result (e.g. load weights into
+        a replacement)."""
+        self._check_open()
+        refs = self._submit([index], attr, [(args, kwargs)])
+        return self._finish([index], refs, lambda r: r[0], True, f"{self.name}.{attr}")
+
+    def dead_workers(self, timeout_s: float = 2.0) -> dict[int, str]:
+        """Index -> reason for every worker whose process is gone (in-process workers never die)."""
+        return {}
+
     def _wait_ready(self, indices: range | list[int]) -> None:
         """Block until the workers at ``indices`` are up (nothing to wait for by default)."""
 
@@ -274,6 +285,7 @@ class Cluster(ClusterBase):
                  start_timeout_s: float) -> None:
         self._max_concurrency, self._start_timeout_s = max_concurrency, start_timeout_s
         self._lock = threading.Lock()
+        self.restarts: dict[int, int] = {}  # worker index -> restarts so far
         self.workers: list[WorkerHandle]
         super().__init__(session, name, worker_cls, replicas=replicas, pool=pool, fallback=fallback, slots=slots,
                          init_kwargs=init_kwargs, endpoints=endpoints, affinity=affinity)
@@ -295,6 +307,7 @@ class Cluster(ClusterBase):
         _ray.ship_by_value(self.worker_cls)
         cls = _ray.remote_class(actor_class_for(self.worker_cls), **opts)
         actor = cls.remote(b, world, self._session.log_dir, **self._init_kwargs)
+        _ray.register_actor(actor, b.worker, b.pool)
         return WorkerHandle(actor, b)
 
     def _wait_ready(self, indices: range | list[int]) -> None:
@@ -334,14 +347,39 @@ class Cluster(ClusterBase):
 
     # -- lifecycle -------------------------------------------------------------------
     def restart_worker(self, index: int) -> Binding:
-        """Failover: kill worker ``index``, rebind its slot (another node if possible), respawn it."""
+        """Failover: kill worker ``index``, rebind its slot (another node if possible, by the
+        pool's fallback rules; the binding records why), respawn it and wait until it is up.
+
+        A pipeline using this cluster notices the new worker at its next step: a generator
+        loads the served weights before it gets requests, a trainer is restored from the
+        pipeline's newest autosave.
+        """
         self._check_open()
+        if not 0 <= index < len(self.workers):
+            raise ConfigError(f"{self.name} has workers 0..{len(self.workers) - 1}, not {index}")
         old = self.workers[index]
         _ray.kill(old.actor)
         b = self._session._resources.rebind(self.name, index)
         self.workers[index] = self._spawn(index, len(self.workers), binding=b)
+        self.restarts[index] = self.restarts.get(index, 0) + 1
         self._wait_ready([index])
         return self.workers[index].binding
+
+    def dead_workers(self, timeout_s: float = 2.0) -> dict[int, str]:
+        """Health probe: index -> reason for every worker whose process is gone. A worker that
+        is only slow to answer (busy past ``timeout_s``) does not count as dead."""
+        r = _ray.ray()
+        refs = {h.actor._rn_info.remote(): i for i, h in enumerate(self.workers)}
+        ready, _ = _ray.wait(list(refs), num_returns=len(refs), timeout_s=timeout_s)
+        out = {}
+        for ref in ready:
+            try:
+                r.get(ref, timeout=0)
+            except r.exceptions.RayActorError as e:
+                out[refs[ref]] = f"{type(e).__name__}: {_ray._short(e, 200)}"
+            except Exception:  # noqa: S110 - alive, only the probe failed
+                pass
+        return out
 
     def info(self) -> list[dict[str, Any]]:
         """Live info from every worker (node, pid, hardware); raises WorkerDiedError for a dead one."""

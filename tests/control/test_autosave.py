@@ -188,29 +188,3 @@ def test_a_save_that_dies_midway_leaves_the_previous_checkpoint_whole(sess, tmp_
     assert after.steps == before.steps == 1 and after.files == before.files
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # the partial write was removed
     pipe.close()
-
-
-def test_a_restarted_trainer_never_takes_the_version_backwards(sess, tmp_path):
-    from rollart_nb.envs import Arithmetic
-    from rollart_nb.errors import StateError
-    from rollart_nb.workers.roles import SimGenerator, SimTrainer
-
-    spec = rn.models.spec("qwen3-0.6b")
-    gen = sess.cluster("actor_gen", SimGenerator, pool="H20", model=spec, time_scale=1e-4, mean_response_tokens=8)
-    train = sess.cluster("actor_train", SimTrainer, pool="H800", model=spec, time_scale=1e-4)
-    tasks = sess.tasks({"math": Arithmetic()}, envs_per_task=8)
-    run_dir = tmp_path / "back"
-    pipe = sess.pipeline(train, gen, tasks, batch_size=8, group_size=4, mode="sync", name="back",
-                         run_dir=run_dir, autosave_every=2)
-    pipe.run(3, progress=False)
-    assert pipe.version == 3
-    train.restart_worker(0)  # a fresh trainer: version 0, initial weights
-    with pytest.raises(StateError, match=r"reports version 1, older than the version 3 .* resume_from=.*step-000002"):
-        pipe.step()
-    assert pipe.version == 3 and gen.version() == [3]  # nothing served went backwards
-    pipe.close()  # and no autosave of the lost state
-    assert [p.name for p in run_checkpoints(run_dir)] == ["step-000002"]
-    pipe = sess.pipeline(train, gen, tasks, batch_size=8, group_size=4, mode="sync", name="back",
-                         resume_from=run_dir)  # the way on: from the newest intact autosave
-    assert pipe.version == train.version() == 2 and pipe.step().step == 2  # step numbers go on from it
-    pipe.close()
