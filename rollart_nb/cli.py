@@ -1,49 +1,85 @@
 """``rollart-nb`` command line: ``demo`` (the main job), ``bench`` (what-if experiments) and
-``env-server`` (serve an env class over HTTP, see :mod:`rollart_nb.envs.server`)."""
+``env-server`` (serve an env class over HTTP, see :mod:`rollart_nb.envs.server`).
+
+Bad flag values end in a usage error (exit status 2) before anything starts. A
+:class:`~rollart_nb.errors.RollartError` raised by the run itself prints ``error: <message>`` on
+one line and exits with 2 (a :class:`~rollart_nb.errors.ConfigError`) or 1 (any other).
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import logging
+import math
 import os
 import sys
+from collections.abc import Callable
+from typing import Any
 
+from rollart_nb import __version__
+from rollart_nb.errors import ConfigError, RollartError
 from rollart_nb.redact import RedactingFilter
 
-__all__ = ["main"]
+__all__ = ["build_parser", "main"]
 
 
-def _demo(args: argparse.Namespace) -> int:
-    from rollart_nb.demo import DemoConfig, run_demo
+class _Help(argparse.ArgumentDefaultsHelpFormatter):
+    """Appends each flag's default to its help, unless the help already says it."""
 
-    # Flags left out keep DemoConfig's defaults (one place defines them).
-    given = {f: getattr(args, f) for f in _DEMO_FLAGS if getattr(args, f) is not None}
-    given["entropy_coef"] = given.pop("entropy", DemoConfig.entropy_coef)
-    if "kl" in given:
-        given["kl_coef"] = given.pop("kl")
-    if "tasks" in given:
-        given["tasks"] = tuple(t.strip() for t in given["tasks"].split(",") if t.strip())
-    if "weights" in given:
-        given["task_weights"] = _parse_weights(given.pop("weights"))
-    if args.no_std:
-        given["scale_by_std"] = False
-    result = run_demo(DemoConfig(**given), quiet=args.quiet)
-    print("RESULT " + json.dumps(result), flush=True)
-    return 0
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "(default" in text or action.default in (None, argparse.SUPPRESS):
+            return text
+        if action.nargs == 0:  # an on/off flag
+            return f"{text} (default: {'on' if action.default else 'off'})"
+        return f"{text} (default: %(default)s)"
 
 
-_DEMO_FLAGS = ("steps", "minutes", "mode", "alpha", "generator", "batch_size", "group_size", "envs_per_task",
-               "lr", "entropy", "kl", "loss_agg", "math_reward", "math_curriculum", "tasks", "weights",
-               "validate_every", "seed", "out")
+# -- flag value types: each raises ArgumentTypeError, which argparse turns into a usage error ----
+def _whole(lo: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = lo - 1
+        if value < lo:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= {lo}")
+        return value
+
+    return parse
+
+
+def _number(lo: float, hi: float = math.inf, *, above: bool = False) -> Callable[[str], float]:
+    """A finite float in [lo, hi] (in (lo, hi] with ``above``)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not (math.isfinite(value) and (value > lo if above else value >= lo) and value <= hi):
+            bound = f"> {lo:g}" if above else f">= {lo:g}"
+            bound += f" and <= {hi:g}" if math.isfinite(hi) else ""
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number {bound}")
+        return value
+
+    return parse
+
+
+def _task_list(text: str) -> tuple[str, ...]:
+    from rollart_nb.demo import TASKS
+
+    names = tuple(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
+    unknown = [t for t in names if t not in TASKS]
+    if unknown or not names:
+        got = f"unknown task {', '.join(map(repr, unknown))}" if unknown else f"no task in {text!r}"
+        raise argparse.ArgumentTypeError(f"{got}; choose from {', '.join(TASKS)} (comma-separated)")
+    return names
 
 
 def _parse_weights(text: str) -> dict[str, float]:
     """``"frozenlake=1,math=3"`` -> ``{"frozenlake": 1.0, "math": 3.0}``."""
-    import math
-
-    from rollart_nb.errors import ConfigError
-
     out: dict[str, float] = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
         name, eq, value = (x.strip() for x in part.partition("="))
@@ -58,7 +94,143 @@ def _parse_weights(text: str) -> dict[str, float]:
     return out
 
 
+def _weights(text: str) -> dict[str, float]:
+    from rollart_nb.demo import TASKS
+
+    try:
+        weights = _parse_weights(text)
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("--weights: ")) from e
+    unknown = [t for t in weights if t not in TASKS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown task {', '.join(map(repr, unknown))}; "
+                                         f"choose from {', '.join(TASKS)}")
+    negative = [t for t, w in weights.items() if w < 0]
+    if negative or not weights:
+        raise argparse.ArgumentTypeError(f"{text!r}: give each task a share >= 0 (e.g. frozenlake=1,math=3)")
+    return weights
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{text!r} is not JSON: {e}") from e
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a JSON object, e.g. '{{\"size\": 4}}'")
+    return value
+
+
+# -- demo ------------------------------------------------------------------------------------
+# flag dest -> DemoConfig field (the flags' defaults are DemoConfig's: one place defines them)
+_DEMO_FIELDS = {"steps": "steps", "minutes": "minutes", "mode": "mode", "alpha": "alpha", "generator": "generator",
+                "batch_size": "batch_size", "group_size": "group_size", "envs_per_task": "envs_per_task",
+                "lr": "lr", "entropy": "entropy_coef", "kl": "kl_coef", "loss_agg": "loss_agg",
+                "math_reward": "math_reward", "math_curriculum": "math_curriculum", "tasks": "tasks",
+                "weights": "task_weights", "validate_every": "validate_every", "seed": "seed", "out": "out"}
+
+
+def _add_demo(sub: argparse._SubParsersAction) -> None:
+    from rollart_nb.algo.grpo import LOSS_AGGS
+    from rollart_nb.control.modes import MODES
+    from rollart_nb.demo import MATH_REWARDS, DemoConfig
+
+    c = DemoConfig()
+    d = sub.add_parser("demo", help="train a tiny model on FrozenLake + Arithmetic on Session.local()",
+                       description="The main job: GRPO on a tiny locally built model, FrozenLake and Arithmetic, "
+                                   "on Session.local(); prints a table per step, writes an HTML report and "
+                                   "ends with RESULT {json}.",
+                       usage="%(prog)s [options]", formatter_class=_Help)
+    d.add_argument("--steps", type=_whole(1), default=c.steps, help="training steps (the run also stops at --minutes)")
+    d.add_argument("--minutes", type=_number(0, above=True), default=c.minutes, help="wall-clock budget for training")
+    d.add_argument("--mode", choices=list(MODES), default=c.mode, help="pipeline mode")
+    d.add_argument("--alpha", type=_whole(0), default=c.alpha,
+                   help="staleness bound, per trajectory, in policy versions")
+    d.add_argument("--generator", choices=["hf", "vllm"], default=c.generator, help="generation backend")
+    d.add_argument("--batch-size", type=_whole(1), default=c.batch_size,
+                   help="trajectories per training step (a multiple of --group-size)")
+    d.add_argument("--group-size", type=_whole(1), default=c.group_size, help="GRPO group size")
+    d.add_argument("--envs-per-task", type=_whole(1), default=c.envs_per_task, help="concurrent envs per task")
+    d.add_argument("--lr", type=_number(0, above=True), default=c.lr, help="learning rate")
+    d.add_argument("--entropy", type=_number(0), default=c.entropy_coef, help="entropy bonus coefficient")
+    d.add_argument("--kl", type=_number(0), default=c.kl_coef, help="k3 KL coefficient to the warm start")
+    d.add_argument("--loss-agg", choices=LOSS_AGGS, default=c.loss_agg,
+                   help="how token losses average over the batch (see GRPO.loss_agg)")
+    d.add_argument("--math-reward", choices=MATH_REWARDS, default=c.math_reward,
+                   help="math's training reward: partial credit by distance (close) or exact match; "
+                        "validation is exact match either way")
+    d.add_argument("--math-curriculum", type=_number(0, 1), metavar="UNIFORM", default=c.math_curriculum,
+                   help="draw math's prompts by learnability (PromptCurriculum), this share uniformly "
+                        "(default: off, random prompts)")
+    d.add_argument("--no-std", action="store_true",
+                   help="mean-only group baseline (Dr. GRPO) for every task, not only for math")
+    d.add_argument("--tasks", type=_task_list, default=",".join(c.tasks), help="comma-separated tasks to train")
+    d.add_argument("--weights", type=_weights, help="share of each batch per task (default: "
+                   + ",".join(f"{t}={w:g}" for t, w in (c.task_weights or {}).items()) + ")")
+    d.add_argument("--validate-every", type=_whole(0), default=c.validate_every,
+                   help="steps between greedy validations (0: only before and after training)")
+    d.add_argument("--seed", type=_whole(0), default=c.seed, help="seed everything derives from")
+    d.add_argument("--out", default=c.out, help="directory for report.html, curves.svg and steps.jsonl")
+    d.add_argument("--quiet", action="store_true", help="print only the RESULT line")
+    d.set_defaults(fn=_demo, check=_check_demo, error=d.error)
+
+
+def _check_demo(args: argparse.Namespace) -> str | None:
+    if args.batch_size % args.group_size:
+        return f"--batch-size {args.batch_size} is not a multiple of --group-size {args.group_size}"
+    return None
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from rollart_nb.demo import DemoConfig, run_demo
+
+    given = {field: getattr(args, dest) for dest, field in _DEMO_FIELDS.items() if getattr(args, dest) is not None}
+    if args.no_std:
+        given["scale_by_std"] = False
+    result = run_demo(DemoConfig(**given), quiet=args.quiet)
+    print("RESULT " + json.dumps(result), flush=True)
+    return 0
+
+
+# -- bench -----------------------------------------------------------------------------------
+def _add_bench(sub: argparse._SubParsersAction) -> None:
+    b = sub.add_parser("bench", help="what-if experiments on a simulated cluster (sim backend)",
+                       description="The RollArt paper's experiments on simulated clusters, next to the paper's "
+                                   "numbers; ends with RESULT {json}.", formatter_class=_Help)
+    b.add_argument("experiment", nargs="?",
+                   help="an experiment or its alias, or 'all' (default: list the experiments)")
+    b.add_argument("--list", action="store_true", help="list the experiments and exit")
+    b.add_argument("--out", default="rollart_bench", help="directory for the figures")
+    b.add_argument("--quick", action="store_true", help="fewer configurations and steps (a smoke run)")
+    b.set_defaults(fn=_bench, check=_check_bench, error=b.error)
+
+
+def _experiments() -> list[tuple[str, list[str], str]]:
+    """(name, aliases, one-line description) of every experiment."""
+    from rollart_nb.bench import _ALIASES, EXPERIMENTS
+
+    return [(name, [a for a, n in _ALIASES.items() if n == name], (fn.__doc__ or "").strip().splitlines()[0])
+            for name, fn in EXPERIMENTS.items()]
+
+
+def _check_bench(args: argparse.Namespace) -> str | None:
+    if args.list or args.experiment is None or args.experiment == "all":
+        return None
+    known = [(name, *aliases) for name, aliases, _ in _experiments()]
+    if not any(args.experiment in names for names in known):
+        return (f"unknown experiment {args.experiment!r}; choose 'all' or one of "
+                f"{', '.join(n[0] for n in known)} (rollart-nb bench --list)")
+    return None
+
+
 def _bench(args: argparse.Namespace) -> int:
+    if args.list or args.experiment is None:
+        rows = [(name, ", ".join(aliases), doc.replace("``", "")) for name, aliases, doc in _experiments()]
+        rows.append(("all", "", "every experiment above, in this order"))
+        w0, w1 = (max(len(r[i]) for r in rows) for i in (0, 1))
+        for name, aliases, doc in rows:
+            print(f"{name:<{w0}}  {aliases:<{w1}}  {doc}")
+        return 0
     from rollart_nb.bench import run_experiments
 
     result = run_experiments(args.experiment, out=args.out, quick=args.quick)
@@ -66,88 +238,88 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- env-server ------------------------------------------------------------------------------
+def _add_env_server(sub: argparse._SubParsersAction) -> None:
+    e = sub.add_parser("env-server", help="serve an env class over HTTP/JSON (protocol v1) for RemoteEnv",
+                       description="Serve an env class over HTTP/JSON (protocol v1); prints LISTENING <url> "
+                                   "once it accepts connections.", usage="%(prog)s --env MODULE:CLASS [options]",
+                       formatter_class=_Help)
+    e.add_argument("--env", required=True, metavar="MODULE:CLASS",
+                   help="env class to serve, e.g. rollart_nb.envs:FrozenLake (required)")
+    e.add_argument("--kwargs", type=_json_object, default="{}",
+                   help="JSON object of constructor arguments, e.g. '{\"size\": 4}'")
+    e.add_argument("--host", default="127.0.0.1", help="interface to bind (0.0.0.0 only inside a pod)")
+    e.add_argument("--port", type=_whole(0), default=8000, help="port; 0 picks a free one (see the LISTENING line)")
+    e.add_argument("--task", help="task name reported by /v1/metadata (default: none)")
+    e.add_argument("--replica-id", help="name of this replica in answers (default: host:port)")
+    e.add_argument("--max-episodes", type=_whole(1), default=256, help="concurrent episodes before 503")
+    e.add_argument("--idle-timeout", type=_number(0, above=True), default=600.0,
+                   help="seconds before an idle episode closes")
+    e.add_argument("--threads", type=_whole(1), default=8, help="threads for sync env methods")
+    e.add_argument("--max-body-bytes", type=_whole(1), default=1 << 20, help="larger request bodies get 413")
+    e.add_argument("--exit-with-parent", action="store_true", help="stop when the starting process dies")
+    e.set_defaults(fn=_env_server, check=_check_port, error=e.error)
+
+
+def _check_port(args: argparse.Namespace) -> str | None:
+    return f"--port {args.port} is not a port (0-65535)" if args.port > 65535 else None
+
+
 def _env_server(args: argparse.Namespace) -> int:
     import asyncio
 
     from rollart_nb.envs.server import EnvServer, load_env_factory, serve
-    from rollart_nb.errors import ConfigError
 
-    try:
-        kwargs = json.loads(args.kwargs)
-    except ValueError as e:
-        raise ConfigError(f"--kwargs {args.kwargs!r} is not JSON: {e}") from e
-    if not isinstance(kwargs, dict):
-        raise ConfigError(f"--kwargs must be a JSON object (e.g. '{{\"size\": 4}}'), got {args.kwargs!r}")
-    server = EnvServer(load_env_factory(args.env, kwargs), task=args.task, replica_id=args.replica_id,
+    server = EnvServer(load_env_factory(args.env, args.kwargs), task=args.task, replica_id=args.replica_id,
                        max_episodes=args.max_episodes, idle_timeout_s=args.idle_timeout,
                        threads=args.threads, max_body_bytes=args.max_body_bytes)
     asyncio.run(serve(server, args.host, args.port, exit_with_parent=args.exit_with_parent))
     return 0
 
 
-def _add_env_server(sub: argparse._SubParsersAction) -> None:
-    e = sub.add_parser("env-server", help="serve an env class over HTTP/JSON (protocol v1) for RemoteEnv")
-    e.add_argument("--env", required=True, help="module:Class, e.g. rollart_nb.envs:FrozenLake")
-    e.add_argument("--kwargs", default="{}", help="JSON object of constructor arguments, e.g. '{\"size\": 4}'")
-    e.add_argument("--host", default="127.0.0.1", help="interface to bind (0.0.0.0 only inside a pod)")
-    e.add_argument("--port", type=int, default=8000, help="0 picks a free port (see the LISTENING line)")
-    e.add_argument("--task", help="task name reported by /v1/metadata")
-    e.add_argument("--replica-id", help="name of this replica in answers (default host:port)")
-    e.add_argument("--max-episodes", type=int, default=256, help="concurrent episodes before 503")
-    e.add_argument("--idle-timeout", type=float, default=600.0, help="seconds before an idle episode closes")
-    e.add_argument("--threads", type=int, default=8, help="threads for sync env methods")
-    e.add_argument("--max-body-bytes", type=int, default=1 << 20, help="larger request bodies get 413")
-    e.add_argument("--exit-with-parent", action="store_true", help="stop when the starting process dies")
-    e.set_defaults(fn=_env_server)
+# -- entry point -----------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    """The ``rollart-nb`` argument parser (every flag with its help and default)."""
+    p = argparse.ArgumentParser(prog="rollart-nb", formatter_class=_Help,
+                                description="rollart_nb from a shell: the main job (demo), what-if experiments on a "
+                                            "simulated cluster (bench), and an env served over HTTP (env-server).")
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+    _add_demo(sub)
+    _add_bench(sub)
+    _add_env_server(sub)
+    return p
+
+
+def _one_line(err: BaseException) -> str:
+    """A (possibly multi-problem) error message on one line."""
+    lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+    return " ".join(lines[:1] + ["; ".join(ln.removeprefix("- ") for ln in lines[1:])]).strip()
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``rollart-nb`` script."""
-    from rollart_nb.algo.grpo import LOSS_AGGS
-    from rollart_nb.demo import MATH_REWARDS
+    """Entry point of the ``rollart-nb`` script; returns the exit status.
 
-    p = argparse.ArgumentParser(prog="rollart-nb", description=__doc__)
-    sub = p.add_subparsers(dest="cmd", required=True)
-    d = sub.add_parser("demo", help="train a tiny model on FrozenLake + Arithmetic on Session.local()")
-    d.add_argument("--steps", type=int, help="training steps (default: DemoConfig.steps)")
-    d.add_argument("--minutes", type=float, help="stop training after this many minutes")
-    d.add_argument("--mode", choices=["sync", "sync+", "one-off", "areal", "rollart"])
-    d.add_argument("--alpha", type=int, help="staleness bound")
-    d.add_argument("--generator", choices=["hf", "vllm"])
-    d.add_argument("--batch-size", type=int)
-    d.add_argument("--group-size", type=int)
-    d.add_argument("--envs-per-task", type=int)
-    d.add_argument("--lr", type=float)
-    d.add_argument("--entropy", type=float, help="entropy bonus coefficient")
-    d.add_argument("--kl", type=float, help="k3 KL coefficient to the warm start")
-    d.add_argument("--loss-agg", choices=LOSS_AGGS,
-                   help="how token losses average over the batch (see GRPO.loss_agg)")
-    d.add_argument("--math-reward", choices=MATH_REWARDS,
-                   help="math's training reward: partial credit by distance (default) or exact match; "
-                        "validation is exact match either way")
-    d.add_argument("--math-curriculum", type=float, metavar="UNIFORM",
-                   help="draw math's prompts by learnability (PromptCurriculum), this share uniformly")
-    d.add_argument("--no-std", action="store_true",
-                   help="mean-only group baseline (Dr. GRPO) for every task (default: math only)")
-    d.add_argument("--tasks", help="comma-separated subset of frozenlake,math (default: both)")
-    d.add_argument("--weights", help="share of each batch per task, e.g. frozenlake=1,math=3")
-    d.add_argument("--validate-every", type=int, help="steps between validations")
-    d.add_argument("--seed", type=int)
-    d.add_argument("--out", help="directory for report.html and steps.jsonl (default rollart_demo)")
-    d.add_argument("--quiet", action="store_true")
-    d.set_defaults(fn=_demo)
-    b = sub.add_parser("bench", help="what-if experiments on a simulated cluster (sim backend)")
-    b.add_argument("experiment", nargs="?", default="all")
-    b.add_argument("--out", default="rollart_bench")
-    b.add_argument("--quick", action="store_true", help="fewer iterations (smoke run)")
-    b.set_defaults(fn=_bench)
-    _add_env_server(sub)
-    args = p.parse_args(argv)
+    Args:
+        argv: the arguments after the program name (default: ``sys.argv[1:]``).
+    """
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        problem = args.check(args)
+        if problem:
+            args.error(problem)
+    except SystemExit as e:  # --help, --version, or a usage error (status 2)
+        return e.code if isinstance(e.code, int) else 0 if e.code is None else 2
     logging.basicConfig(level=os.environ.get("ROLLART_LOG", "WARNING"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for h in logging.getLogger().handlers:
         h.addFilter(RedactingFilter())
-    return args.fn(args)
+    try:
+        return args.fn(args)
+    except RollartError as e:  # messages say what to do; a traceback would bury that
+        print(f"error: {_one_line(e)}", file=sys.stderr, flush=True)
+        return 2 if isinstance(e, ConfigError) else 1
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ MATH_REWARDS = ("close", "exact")  # DemoConfig.math_reward: rewards.close_answe
 @dataclass
 class DemoConfig:
     """Knobs of the demo (the CLI flags). The defaults are the best settings found so far on a
-    2-core CPU box; the README's "what we tried for learning" table has the alternatives.
+    2-core CPU box; docs/learning.md has the alternatives measured.
 
     Attributes:
         steps: training steps (the run also stops at ``minutes``, which usually comes first).

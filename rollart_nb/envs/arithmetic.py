@@ -79,7 +79,7 @@ class Arithmetic:
         balance_answers: training seeds give every answer the same frequency. Without it
             single-digit sums are 9 ten times as often as 0 or 18, and a small policy that cannot
             read the operands yet maximises its reward by always answering 9: RL collapses onto
-            that answer before it learns the sums (README: "What we tried for learning").
+            that answer before it learns the sums (docs/learning.md: "Why math collapses").
 
     Example:
         >>> env = Arithmetic()

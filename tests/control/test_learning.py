@@ -3,7 +3,7 @@
 A tiny model with a format-only warm start (random directions, never the right one) learns
 FrozenLake 4x4 in ``rollart`` mode. Seeded and bounded by steps, not by wall time; greedy
 validation over every start cell is taken every few steps. Greedy success is still unstable
-from one validation to the next (see the README's learning table), so the assertion is on the
+from one validation to the next (docs/learning.md, "One task at a time"), so the assertion is on the
 best validation of the run, with a generous margin over the warm start, plus a rise of the
 sampled training reward (the first 10 steps against the last 20: one step's 32 samples vary by
 +-0.15 from step to step).

@@ -121,7 +121,7 @@ def test_a_launcher_nobody_closes_stops_its_replicas_when_collected():
 
 def test_a_replica_that_cannot_start_reports_its_log():
     lau = LocalLauncher("rollart_nb.envs:FrozenLake", {"size": 1}, replicas=1, sandbox=False)
-    with pytest.raises(ConnectError, match=r"(?s)lake-0: exited with code 1.*size must be >= 2"):
+    with pytest.raises(ConnectError, match=r"(?s)lake-0: exited with code 2.*size must be >= 2"):
         lau.start()
     assert lau.state == "closed" and not _alive(lau.replicas[0].pid)
     with pytest.raises(ConfigError, match="not importable here"):

@@ -1,0 +1,197 @@
+"""``rollart-nb`` argument handling, in process: versions, help, defaults, usage errors and the
+exit status of errors raised by a run. Nothing here starts Ray: ``run_demo`` and
+``run_experiments`` are replaced where a test reaches them."""
+
+import argparse
+import json
+import re
+
+import pytest
+
+import rollart_nb
+import rollart_nb.bench
+import rollart_nb.demo
+from rollart_nb.bench import EXPERIMENTS
+from rollart_nb.cli import build_parser, main
+from rollart_nb.demo import DemoConfig
+from rollart_nb.errors import ConfigError, StateError
+
+
+@pytest.fixture
+def no_runs(monkeypatch):
+    """Any attempt to start a demo or an experiment fails the test."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a usage error must not start a run")
+
+    monkeypatch.setattr(rollart_nb.demo, "run_demo", refuse)
+    monkeypatch.setattr(rollart_nb.bench, "run_experiments", refuse)
+
+
+@pytest.fixture
+def fake_demo(monkeypatch):
+    """Records the DemoConfig and ``quiet`` that ``rollart-nb demo`` passes to run_demo."""
+    calls = []
+
+    def run_demo(cfg, *, quiet=False):
+        calls.append((cfg, quiet))
+        return {"first": {"math": 0.1}, "last": {"math": 0.2}, "wall_s": 1.0}
+
+    monkeypatch.setattr(rollart_nb.demo, "run_demo", run_demo)
+    return calls
+
+
+def test_version_prints_the_package_version(capsys):
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out == f"rollart-nb {rollart_nb.__version__}\n"
+
+
+def _option_blocks(help_text: str) -> dict[str, str]:
+    """Option string -> its help text, from argparse's formatted help."""
+    blocks: dict[str, str] = {}
+    current = None
+    for line in help_text.splitlines():
+        m = re.match(r"  (-{1,2}[\w-]+)", line)
+        if m:
+            current = m.group(1)
+            blocks[current] = line[m.end():]
+        elif current is not None and line.startswith("   "):
+            blocks[current] += " " + line.strip()
+        else:
+            current = None
+    return blocks
+
+
+@pytest.mark.parametrize("cmd", ["demo", "bench", "env-server"])
+def test_every_flag_has_help_that_shows_its_default(cmd, capsys):
+    commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    sub = commands.choices[cmd]
+    flags = [a for a in sub._actions if a.option_strings and a.dest != "help"]
+    assert flags
+    assert main([cmd, "--help"]) == 0
+    blocks = _option_blocks(capsys.readouterr().out)
+    for action in flags:
+        text = " ".join(blocks[action.option_strings[-1]].split())
+        assert action.help, action.option_strings
+        assert "(default: " in text or (action.required and "(required)" in text), (action.option_strings, text)
+
+
+def test_demo_help_shows_demo_config_defaults(capsys):
+    assert main(["demo", "--help"]) == 0
+    blocks = {k: " ".join(v.split()) for k, v in _option_blocks(capsys.readouterr().out).items()}
+    c = DemoConfig()
+    assert f"(default: {c.steps})" in blocks["--steps"]
+    assert f"(default: {c.minutes})" in blocks["--minutes"]
+    assert f"(default: {c.alpha})" in blocks["--alpha"]
+    assert f"(default: {c.lr})" in blocks["--lr"]
+    assert "(default: frozenlake,math)" in blocks["--tasks"]
+    assert "(default: frozenlake=1,math=3)" in blocks["--weights"]
+    assert "None" not in " ".join(blocks.values())
+
+
+def test_demo_without_flags_runs_the_default_config(fake_demo, capsys):
+    assert main(["demo"]) == 0
+    (cfg, quiet), = fake_demo
+    assert cfg == DemoConfig() and quiet is False
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert json.loads(last.removeprefix("RESULT ")) == {"first": {"math": 0.1}, "last": {"math": 0.2}, "wall_s": 1.0}
+
+
+def test_demo_flags_reach_the_config(fake_demo):
+    assert main(["demo", "--steps", "3", "--minutes", "0.5", "--mode", "areal", "--alpha", "0", "--batch-size", "16",
+                 "--group-size", "4", "--entropy", "0.01", "--kl", "0", "--tasks", "math", "--weights", "math=2",
+                 "--no-std", "--math-curriculum", "0.25", "--math-reward", "exact", "--validate-every", "0",
+                 "--seed", "7", "--out", "somewhere", "--quiet"]) == 0
+    (cfg, quiet), = fake_demo
+    assert quiet is True
+    assert (cfg.steps, cfg.minutes, cfg.mode, cfg.alpha, cfg.batch_size, cfg.group_size) == (3, 0.5, "areal", 0, 16, 4)
+    assert (cfg.entropy_coef, cfg.kl_coef, cfg.tasks, cfg.task_weights) == (0.01, 0.0, ("math",), {"math": 2.0})
+    assert (cfg.scale_by_std, cfg.math_curriculum, cfg.math_reward) == (False, 0.25, "exact")
+    assert (cfg.validate_every, cfg.seed, cfg.out) == (0, 7, "somewhere")
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["demo", "--steps", "-1"], "--steps: '-1' is not a whole number >= 1"),
+    (["demo", "--steps", "abc"], "--steps: 'abc'"),
+    (["demo", "--minutes", "nan"], "--minutes: 'nan'"),
+    (["demo", "--mode", "nope"], "--mode: invalid choice: 'nope'"),
+    (["demo", "--alpha", "0.5"], "--alpha: '0.5' is not a whole number >= 0"),
+    (["demo", "--alpha", "-1"], "--alpha: '-1'"),
+    (["demo", "--lr", "0"], "--lr: '0' is not a number > 0"),
+    (["demo", "--math-curriculum", "1.5"], "--math-curriculum: '1.5'"),
+    (["demo", "--weights", "junk"], "--weights: 'junk' is not task=number"),
+    (["demo", "--weights", "chess=1"], "unknown task 'chess'; choose from frozenlake, math"),
+    (["demo", "--weights", "math=-1"], "share >= 0"),
+    (["demo", "--tasks", "frozenlake,chess"], "unknown task 'chess'; choose from frozenlake, math"),
+    (["demo", "--tasks", ","], "no task in ','"),
+    (["demo", "--batch-size", "12"], "--batch-size 12 is not a multiple of --group-size 8"),
+    (["demo", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+    (["bench", "nosuch"], "unknown experiment 'nosuch'; choose 'all' or one of r1_affinity"),
+    (["env-server", "--env", "rollart_nb.envs:FrozenLake", "--kwargs", "{size: 4}"], "--kwargs: '{size: 4}' is not JSON"),
+    (["env-server", "--env", "rollart_nb.envs:FrozenLake", "--kwargs", "[1]"], "must be a JSON object"),
+    (["env-server", "--env", "rollart_nb.envs:FrozenLake", "--port", "70000"], "--port 70000 is not a port"),
+    (["env-server"], "the following arguments are required: --env"),
+    ([], "the following arguments are required: COMMAND"),
+])
+def test_bad_values_are_a_one_line_usage_error_with_status_2(argv, says, no_runs, capsys):
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "Traceback" not in err
+    *usage, last = err.strip().splitlines()
+    assert usage[0].startswith("usage: rollart-nb")
+    assert re.match(r"rollart-nb( [\w-]+)?: error: ", last) and says in last, err
+
+
+@pytest.mark.parametrize(("error", "status"), [
+    (ConfigError(["batch too small", "group too big"], where="pipeline config"), 2),
+    (StateError("Pipeline is closed; create a new one with session.pipeline(...)"), 1),
+])
+def test_an_error_of_the_run_prints_one_line_and_its_status(error, status, monkeypatch, capsys):
+    def run_demo(cfg, *, quiet=False):
+        raise error
+
+    monkeypatch.setattr(rollart_nb.demo, "run_demo", run_demo)
+    assert main(["demo", "--steps", "1"]) == status
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    if status == 2:
+        assert err == "error: invalid pipeline config: 2 problems: batch too small; group too big\n"
+    else:
+        assert err == f"error: {error}\n"
+
+
+def test_an_unexpected_exception_keeps_its_traceback(monkeypatch):
+    def run_demo(cfg, *, quiet=False):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(rollart_nb.demo, "run_demo", run_demo)
+    with pytest.raises(RuntimeError, match="a bug"):
+        main(["demo"])
+
+
+def test_env_server_that_cannot_load_its_env_says_so_in_one_line(capsys):
+    assert main(["env-server", "--env", "no_such_module_here:Env"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: cannot load env 'no_such_module_here:Env'") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("argv", [["bench"], ["bench", "--list"], ["bench", "all", "--list"]])
+def test_bench_lists_every_experiment_with_one_line_each(argv, no_runs, capsys):
+    assert main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [ln.split()[0] for ln in lines] == [*EXPERIMENTS, "all"]
+    assert all(len(ln.split()) > 3 for ln in lines[:-1])  # name, aliases, a description
+    assert re.search(r"^alpha_sweep\s+alpha, r4\s+R4: ", "\n".join(lines), re.M)
+
+
+def test_bench_runs_an_experiment_by_alias(monkeypatch, capsys):
+    calls = []
+
+    def run_experiments(name, out, quick):
+        calls.append((name, out, quick))
+        return {"wall_s": 0.1}
+
+    monkeypatch.setattr(rollart_nb.bench, "run_experiments", run_experiments)
+    assert main(["bench", "r1", "--quick", "--out", "figs"]) == 0
+    assert calls == [("r1", "figs", True)]
+    assert capsys.readouterr().out.strip() == 'RESULT {"wall_s": 0.1}'
