@@ -238,6 +238,9 @@ class Dashboard(widgets.VBox):
         faults = figures.env_faults_line(reports)  # env restarts / timeouts: rare, so a line, not a chart
         if faults:
             parts.append(html.escape(faults))
+        failover = figures.failover_line(reports)  # replaced generators, restored trainers
+        if failover:
+            parts.append(f"<span style='color:#d62728'>{html.escape(failover)}</span>")
         if note:
             parts.append(html.escape(note))
         self.status.value = " &middot; ".join(parts)

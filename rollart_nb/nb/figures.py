@@ -17,6 +17,7 @@ from rollart_nb.trajectory import Trajectory
 __all__ = [
     "curves_svg",
     "env_faults_line",
+    "failover_line",
     "failures_figure",
     "reward_figure",
     "report_html",
@@ -143,6 +144,21 @@ def env_faults_line(reports: Sequence[StepReport]) -> str:
     return "env faults: " + ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in totals.items())
 
 
+def failover_line(reports: Sequence[StepReport]) -> str:
+    """Worker replacements and trainer restores over all ``reports`` as one short line ("" when
+    there were none), e.g. ``"failover: 2 generators replaced (actor_gen/0, actor_gen/1), 1
+    trainer restore (to v10)"``."""
+    events = [e for r in reports for e in r.events]
+    gens = [e["worker"] for e in events if e["kind"] == "generator_replaced"]
+    restores = [e for e in events if e["kind"] == "trainer_restored"]
+    parts = []
+    if gens:
+        parts.append(f"{len(gens)} generator(s) replaced ({', '.join(sorted(set(gens)))})")
+    if restores:
+        parts.append(f"{len(restores)} trainer restore(s) (last to v{restores[-1]['version']})")
+    return "failover: " + ", ".join(parts) if parts else ""
+
+
 def throughput_figure(reports: Sequence[StepReport]) -> Any:
     """Tokens per second per step (the paper's throughput metric)."""
     go = _go()
@@ -208,6 +224,14 @@ def utilization_figure(trajectories: Iterable[Trajectory], reports: Sequence[Ste
         fig.add_trace(go.Bar(y=[s["row"] for s in ks], x=[s["end"] - s["start"] for s in ks],
                              base=[s["start"] - t0 for s in ks], orientation="h", name=kind,
                              marker_color=color, hovertext=[s["label"] for s in ks], hoverinfo="text+x"))
+    events = [e for r in reports for e in r.events if segs and e.get("at", 0) >= t0]
+    if events:  # replacements and restores: a mark on the worker's row when it happened
+        fig.add_trace(go.Scatter(
+            y=[TRAIN_ROW if e["kind"] == "trainer_restored" else e["worker"] for e in events],
+            x=[e["at"] - t0 for e in events], mode="markers", name="failover",
+            marker={"symbol": "x", "size": 12, "color": "#d62728"},
+            hovertext=[f"{e['kind'].replace('_', ' ')}: {e['worker']} (v{e.get('version')}; "
+                       f"{str(e.get('reason', ''))[:120]})" for e in events], hoverinfo="text"))
     busy = {row: _busy(segs, row) / span for row in sorted({s["row"] for s in segs})} if span > 0 else {}
     util = ", ".join(f"{row} {frac:.0%}" for row, frac in busy.items())
     fig.update_layout(title=f"Pool utilization ({util})" if util else "Pool utilization", barmode="overlay",

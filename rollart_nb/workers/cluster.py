@@ -174,7 +174,7 @@ class ClusterBase:
         refs = self._submit([index], attr, [(args, kwargs)])
         return self._finish([index], refs, lambda r: r[0], True, f"{self.name}.{attr}")
 
-    def dead_workers(self, timeout_s: float = 2.0) -> dict[int, str]:
+    def dead_workers(self, timeout_s: float = 0.0) -> dict[int, str]:
         """Index -> reason for every worker whose process is gone (in-process workers never die)."""
         return {}
 
@@ -286,6 +286,7 @@ class Cluster(ClusterBase):
         self._max_concurrency, self._start_timeout_s = max_concurrency, start_timeout_s
         self._lock = threading.Lock()
         self.restarts: dict[int, int] = {}  # worker index -> restarts so far
+        self._probes: dict[int, tuple[Any, Any]] = {}  # worker index -> (health probe in flight, its actor)
         self.workers: list[WorkerHandle]
         super().__init__(session, name, worker_cls, replicas=replicas, pool=pool, fallback=fallback, slots=slots,
                          init_kwargs=init_kwargs, endpoints=endpoints, affinity=affinity)
@@ -365,18 +366,29 @@ class Cluster(ClusterBase):
         self._wait_ready([index])
         return self.workers[index].binding
 
-    def dead_workers(self, timeout_s: float = 2.0) -> dict[int, str]:
-        """Health probe: index -> reason for every worker whose process is gone. A worker that
-        is only slow to answer (busy past ``timeout_s``) does not count as dead."""
+    def dead_workers(self, timeout_s: float = 0.0) -> dict[int, str]:
+        """Health probe: index -> reason for every worker whose process is gone.
+
+        Probes are sent ahead and answered in the background, so a call costs no wait: it
+        reports what the probes that came back found (waiting up to ``timeout_s`` for those in
+        flight) and sends fresh ones. A worker that is only slow to answer never counts as dead.
+        """
         r = _ray.ray()
-        refs = {h.actor._rn_info.remote(): i for i, h in enumerate(self.workers)}
+        with self._lock:
+            for i, h in enumerate(self.workers):
+                probe = self._probes.get(i)
+                if probe is None or probe[1] is not h.actor:  # none in flight, or one to a replaced worker
+                    self._probes[i] = (h.actor._rn_info.remote(), h.actor)
+            refs = {ref: i for i, (ref, _) in self._probes.items()}
         ready, _ = _ray.wait(list(refs), num_returns=len(refs), timeout_s=timeout_s)
         out = {}
         for ref in ready:
+            i = refs[ref]
+            self._probes.pop(i, None)  # answered: the next call sends a fresh one
             try:
                 r.get(ref, timeout=0)
             except r.exceptions.RayActorError as e:
-                out[refs[ref]] = f"{type(e).__name__}: {_ray._short(e, 200)}"
+                out[i] = f"{type(e).__name__}: {_ray._short(e, 200)}"
             except Exception:  # noqa: S110 - alive, only the probe failed
                 pass
         return out

@@ -132,3 +132,20 @@ def test_step_reports_round_trip_through_their_json_lines():
     rep = make_report(2, validation={"math": 0.5})
     back = StepReport.from_dict(json.loads(json.dumps(rep.to_dict())))
     assert back == rep and back.staleness == {0: 6, 1: 2}
+
+
+def test_failover_events_are_marked_on_the_pool_timeline_and_summed_in_a_line():
+    trajs = [make_trajectory(0, versions=(0, 0, 0))]
+    events = [{"kind": "generator_replaced", "worker": "actor_gen/0", "pool": "H20", "version": 3, "at": T0 + 1.5,
+               "reason": "ActorDiedError: killed"},
+              {"kind": "trainer_restored", "worker": "actor_train/0", "pool": "H800", "version": 2, "at": T0 + 2.0,
+               "reason": "ActorDiedError", "versions_lost": 1}]
+    reps = [make_report(0), make_report(1, events=events)]
+    fig = figures.utilization_figure(trajs, reps)
+    marks = next(t for t in fig.data if t.name == "failover")
+    assert list(marks.y) == ["actor_gen/0", figures.TRAIN_ROW] and list(marks.x) == pytest.approx([1.5, 2.0])
+    assert "generator replaced: actor_gen/0" in marks.hovertext[0]
+    line = figures.failover_line(reps)
+    assert line == "failover: 1 generator(s) replaced (actor_gen/0), 1 trainer restore(s) (last to v2)"
+    assert figures.failover_line([make_report(0)]) == ""
+    assert not any(t.name == "failover" for t in figures.utilization_figure(trajs, [make_report(0)]).data)
