@@ -23,7 +23,8 @@ __version__ = "0.1.0"
 
 # Subpackages load on first use (``rn.models.tiny_qwen``, ``rn.envs.FrozenLake``, ...), so
 # ``import rollart_nb`` stays cheap and starts nothing.
-_LAZY = ("algo", "backends", "control", "envs", "models", "nb", "rewards", "serverless", "sim", "weights", "workers")
+_LAZY = ("algo", "backends", "control", "envs", "models", "nb", "rewards", "serverless", "sim", "trackers", "weights",
+         "workers")
 _LAZY_NAMES = {"plan": "rollart_nb.planner",  # rn.plan(workload, budget): the what-if advisor
                "PromptCurriculum": "rollart_nb.control.curriculum"}
 

@@ -78,7 +78,7 @@ class Pipeline:
                  step_timeout_s: float | None = None, weights: Any = "direct", hw_affinity: bool = True,
                  resume: PipelineCheckpoint | None = None, run_dir: str | os.PathLike[str] | None = None,
                  autosave_every: int = 0, keep_checkpoints: int = 3, max_worker_restarts: int = 3,
-                 health_every_s: float = 5.0) -> None:
+                 health_every_s: float = 5.0, trackers: Any = None) -> None:
         problems = []
         if not isinstance(max_worker_restarts, int) or isinstance(max_worker_restarts, bool) or max_worker_restarts < 0:
             problems.append(f"max_worker_restarts={max_worker_restarts!r} must be a whole number >= 0")
@@ -120,6 +120,10 @@ class Pipeline:
         self._restarts: collections.Counter[str] = collections.Counter()  # worker -> automatic restarts
         self._routed = [h.actor for h in gen.workers]
         self._trainer_actors = [h.actor for h in train.workers]
+        from rollart_nb.trackers import resolve_trackers
+
+        # experiment trackers (TensorBoard, W&B, MLflow, ...): each StepReport goes to each of them
+        self.trackers = resolve_trackers(trackers, run_dir=self.run_dir, name=name)
         # task -> preferred hardware: the generator's @hw_mapping, else the env's shape hint
         self.affinity = {t: gen.affinity("generate", t) or shape_affinity(getattr(env, "shape", None))
                          for t, env in tasks.envs.items()} if hw_affinity else {}
@@ -238,7 +242,7 @@ class Pipeline:
         if self.transport is None:
             state = self.train.state_dict(blocking=False)  # an object ref: weights go trainer -> generators
             self._served_state = state.refs[0]
-        for attempt in range(len(self.gen.workers) * (self.max_worker_restarts + 1) + 1):
+        for _ in range(len(self.gen.workers) * (self.max_worker_restarts + 1) + 1):
             try:
                 if self.transport is None:
                     self.gen.load_weights(self._served_state, version)
@@ -355,7 +359,7 @@ class Pipeline:
             self.train.configure(self.algo)
         self._trainer_actors = [h.actor for h in self.train.workers]
         self._train_fut = None  # the batch it was training on is lost with it
-        lost = self.version - restored
+        lost = max(0, self.version - restored)  # overlapped modes autosave the trainer one version ahead
         self._update_weights(restored, rollback=True)
         self._event("trainer_restored", worker=names, pool=b0.pool, reason=reason, checkpoint=ckpt.path,
                     version=restored, versions_lost=lost, seconds=round(time.monotonic() - t, 3))
@@ -393,7 +397,41 @@ class Pipeline:
         rep.events, self._new_events = self._new_events, []
         self.reports.append(rep)
         self._record(rep)
+        self._track(rep)
         return rep
+
+    def _track(self, rep: StepReport) -> None:
+        """Send the step to every tracker; a tracker that fails is reported once, never fatal."""
+        if not self.trackers:
+            return
+        if not getattr(self, "_tracking_started", False):
+            self._tracking_started = True
+            config = self.run_config()
+            for t in self.trackers:
+                try:
+                    t.start(config)
+                except Exception as e:
+                    log.warning("tracker %r could not start (%s); it gets no steps from pipeline %s", t, e, self.name)
+                    t.failed = True
+        for t in self.trackers:
+            if getattr(t, "failed", False):
+                continue
+            try:
+                t.log_step(rep)
+            except Exception as e:  # a tracker's outage must not stop training
+                log.warning("tracker %r failed at step %d (%s); it gets no more steps", t, rep.step, e)
+                t.failed = True
+
+    def run_config(self) -> dict[str, Any]:
+        """What a tracker records as the run's parameters: mode, alpha, sizes, tasks, algorithm."""
+        algo = self.algo
+        return {"pipeline": self.name, "mode": self.mode.name, "alpha": self.cfg.alpha,
+                "batch_size": self.cfg.batch_size, "group_size": self.cfg.group_size,
+                "redundancy": self.cfg.redundancy, "seed": self.cfg.seed, "tasks": sorted(self.tasks.envs),
+                "generators": len(self.gen.workers), "trainers": len(self.train.workers),
+                "algo": type(algo).__name__ if algo is not None else None,
+                **({f"algo.{k}": v for k, v in vars(algo).items() if isinstance(v, int | float | str | bool)}
+                   if algo is not None and hasattr(algo, "__dict__") else {})}
 
     # -- the run folder: steps.jsonl and autosaves ----------------------------------------
     def _record(self, rep: StepReport) -> None:
@@ -596,6 +634,11 @@ class Pipeline:
             if self._train_fut is not None:
                 self._train_fut.result(timeout=300)
         finally:
+            for t in self.trackers:
+                try:
+                    t.close()
+                except Exception as e:
+                    log.warning("tracker %r failed to close: %s", t, e)
             self.session.close_cluster(self.rollout.name)
             self.state = "closed"
             self.session._pipelines.pop(self.name, None)

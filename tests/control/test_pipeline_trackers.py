@@ -1,0 +1,64 @@
+"""A pipeline feeds every step to its trackers; a tracker that fails is dropped, training goes on."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+import rollart_nb as rn
+from rollart_nb.envs import Arithmetic
+from rollart_nb.errors import ConfigError
+from rollart_nb.trackers import Tracker, step_scalars
+from rollart_nb.workers.roles import SimGenerator, SimTrainer
+
+
+class Recorder(Tracker):
+    def __init__(self) -> None:
+        self.config, self.steps, self.closed = None, [], False
+
+    def start(self, config):
+        self.config = config
+
+    def log_step(self, report):
+        self.steps.append((report.step, step_scalars(report)))
+
+    def close(self):
+        self.closed = True
+
+
+class Broken(Tracker):
+    calls = 0
+
+    def log_step(self, report):
+        self.calls += 1
+        raise ConnectionError("tracking server unreachable")
+
+
+@pytest.fixture(scope="module")
+def sess():
+    with rn.Session.local({"H800": 1, "H20": 1, "cpu": 2}, serverless=False) as s:
+        yield s
+
+
+def test_every_step_reaches_each_tracker_and_a_failing_one_is_dropped(sess, caplog):
+    spec = rn.models.spec("qwen3-0.6b")
+    gen = sess.cluster("actor_gen", SimGenerator, pool="H20", model=spec, time_scale=1e-4, mean_response_tokens=8)
+    train = sess.cluster("actor_train", SimTrainer, pool="H800", model=spec, time_scale=1e-4)
+    tasks = sess.tasks({"math": Arithmetic()}, envs_per_task=8)
+    rec, broken = Recorder(), Broken()
+    with pytest.raises(ConfigError, match="not a tracker"):
+        sess.pipeline(train, gen, tasks, batch_size=8, group_size=4, name="tr", trackers=[object()])
+    pipe = sess.pipeline(train, gen, tasks, algo=rn.GRPO(group_size=4), batch_size=8, mode="sync", name="tr",
+                         trackers=[rec, broken])
+    with caplog.at_level(logging.WARNING, logger="rollart_nb.control.pipeline"):
+        pipe.run(3, progress=False)
+    assert [s for s, _ in rec.steps] == [0, 1, 2]
+    assert rec.steps[-1][1]["step/version"] == 3.0 and "reward/math" in rec.steps[-1][1]
+    assert rec.config["mode"] == "sync" and rec.config["batch_size"] == 8 and rec.config["algo"] == "GRPO"
+    assert broken.calls == 1 and broken.failed  # dropped after its first failure, reported once
+    assert sum("tracking server unreachable" in r.getMessage() for r in caplog.records) == 1
+    pipe.close()
+    assert rec.closed
+    gen.close()
+    train.close()
