@@ -105,11 +105,27 @@ def restore_env() -> None:
         _auth_dir = None
 
 
+_OWNER = "owner.json"
+"""In a session's auth directory: the pid and start time of the process that started its Ray, so
+a later session can tell that it died without closing (see :func:`clean_stale`)."""
+
+
+def _proc_start(pid: int) -> int | None:
+    """Start time of process ``pid`` (clock ticks since boot), or None if there is none."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rpartition(")")[2].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def _write_token(token: str) -> str:
     """Keep ``token`` in a file only this user can read; returns its path."""
     global _auth_dir
     if _auth_dir is None:
         _auth_dir = tempfile.mkdtemp(prefix="rollart_auth_")  # mode 0700
+        with open(os.path.join(_auth_dir, _OWNER), "w") as f:
+            json.dump({"pid": os.getpid(), "start": _proc_start(os.getpid())}, f)
     path = os.path.join(_auth_dir, "token")
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
@@ -117,6 +133,52 @@ def _write_token(token: str) -> str:
     with os.fdopen(fd, "w") as f:
         f.write(token)
     return path
+
+
+def clean_stale() -> list[dict[str, Any]]:
+    """Clean up after local sessions whose process died without closing (a killed kernel, a
+    SIGKILLed script): stop the Ray processes they left running (Ray's dashboard and runtime-env
+    agents outlive a killed driver) and delete their auth token. Returns what was cleaned, one
+    dict per dead session: ``driver_pid``, ``processes`` (names of those stopped), ``token_dir``.
+
+    A session is recognised by its auth directory's owner record; its processes by the token
+    path in their environment. Sessions of live processes, and directories without a record,
+    are left alone.
+    """
+    if not os.path.isdir("/proc"):
+        return []
+    out = []
+    for d in sorted(Path(tempfile.gettempdir()).glob("rollart_auth_*")):
+        if str(d) == _auth_dir:
+            continue
+        try:
+            owner = json.loads((d / _OWNER).read_text())
+            pid, start = int(owner["pid"]), owner["start"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if start is not None and _proc_start(pid) == start:
+            continue  # its session is alive
+        entry = f"RAY_AUTH_TOKEN_PATH={d / 'token'}".encode()
+        stopped = []
+        for p in os.listdir("/proc"):
+            if not p.isdigit() or int(p) == os.getpid():
+                continue
+            try:
+                with open(f"/proc/{p}/environ", "rb") as f:
+                    if entry not in f.read().split(b"\0"):
+                        continue
+                with open(f"/proc/{p}/comm") as f:
+                    name = f.read().strip()
+                os.kill(int(p), 9)
+                stopped.append(name)
+            except (OSError, ProcessLookupError):
+                continue
+        shutil.rmtree(d, ignore_errors=True)
+        out.append({"driver_pid": pid, "processes": stopped, "token_dir": str(d)})
+        log.warning("cleaned up after a local Ray session whose process (pid %d) died without closing: stopped %d "
+                    "leftover process(es)%s and deleted its auth token", pid, len(stopped),
+                    f" ({', '.join(sorted(set(stopped)))})" if stopped else "")
+    return out
 
 
 def token_path() -> str | None:
@@ -155,6 +217,7 @@ def start_local(
             "call ray.shutdown() first, or use rn.Session.attach(...) to use that cluster."
         )
     restore_env()  # a session that died without closing left its settings behind
+    cleaned = clean_stale()  # ... or, in another process, its Ray agents and token
     _set_env({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": _write_token(secrets.token_hex(32)),
               "RAY_AUTH_TOKEN": None, LOOPBACK_ENV: "0" if expose is None else "1"})
     extra: dict[str, Any] = {}
@@ -173,7 +236,7 @@ def start_local(
                 configure_logging=False,
                 **extra,
             )
-            return dict(ctx.address_info)
+            return {**ctx.address_info, "rollart_cleaned": cleaned}
         except Exception as e:
             # Ray waits a fixed 30 s for its raylet; on an overloaded machine that can lapse.
             if "timed out during startup" not in str(e) or attempt == 2:

@@ -307,6 +307,7 @@ class Session(SessionBase):
         self.log_dir = ""
         self.seed = 0
         self._owns_ray = False
+        self.cleaned: list[dict[str, Any]] = []  # Session.local: what dead sessions left behind, now cleaned
         self._resources: ResourceManager | None = None  # type: ignore[assignment]
         self.store: Any = None
 
@@ -372,6 +373,7 @@ class Session(SessionBase):
                                 log_to_driver=log_to_driver, object_store_memory=int(object_store_gb * 2**30),
                                 expose=expose)
         s._owns_ray = True
+        s.cleaned = info.get("rollart_cleaned", [])  # what sessions that died without closing left behind
         s.address = info.get("gcs_address", info.get("address", ""))
         try:
             s._finish_attach(pool_map=None, serverless=serverless, store=store)

@@ -44,7 +44,7 @@ pipe.run(2, progress=False)
 torch.save({{"weights": train.state_dict(), "optimizer": train.optimizer_state(), "version": train.version()}},
            {dump!r})
 pipe.step()
-print("KILLING", flush=True)
+print("KILLING", os.getpid(), sess.token_path, flush=True)
 os.kill(os.getpid(), signal.SIGKILL)
 """
 
@@ -74,7 +74,25 @@ def killed_run(tmp_path_factory):
     code = textwrap.dedent(DRIVER).format(pools=POOLS, run_dir=str(run_dir), dump=str(dump))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert out.returncode == -signal.SIGKILL and "KILLING" in out.stdout, out.stderr[-3000:]
-    return run_dir, dump
+    pid, token = out.stdout.split("KILLING")[1].split()
+    time.sleep(1.0)
+    # Ray's agents outlive a SIGKILLed driver: they are what a new session must clean up
+    assert _holding(token), "expected the killed driver's Ray agents to be left running"
+    return run_dir, dump, int(pid), token
+
+
+def _holding(token: str) -> list[int]:
+    """Processes whose environment names ``token`` as their Ray auth token."""
+    entry = f"RAY_AUTH_TOKEN_PATH={token}".encode()
+    out = []
+    for p in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{p}/environ", "rb") as f:
+                if entry in f.read().split(b"\0"):
+                    out.append(int(p))
+        except OSError:
+            pass
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -83,8 +101,17 @@ def sess(killed_run):
         yield s
 
 
+def test_a_new_session_cleans_up_what_a_killed_driver_left_and_says_so(killed_run, sess):
+    _, _, pid, token = killed_run
+    mine = [c for c in sess.cleaned if c["driver_pid"] == pid]
+    assert len(mine) == 1 and mine[0]["token_dir"] == os.path.dirname(token)
+    assert mine[0]["processes"] and all(n.startswith("ray::") or "ray" in n.lower() for n in mine[0]["processes"])
+    assert not _holding(token) and not os.path.exists(token)  # the processes are gone, and so is the token
+    assert sess.state == "attached"
+
+
 def test_a_killed_driver_resumes_with_identical_weights_and_optimizer(killed_run, sess):
-    run_dir, dump = killed_run
+    run_dir, dump, _, _ = killed_run
     lines = (run_dir / "steps.jsonl").read_text().splitlines()
     assert [json.loads(ln)["step"] for ln in lines] == [0, 1, 2]  # every finished step was on disk
     assert [p.name for p in run_checkpoints(run_dir)] == ["step-000002"]
