@@ -120,6 +120,8 @@ class Pipeline:
         self._restarts: collections.Counter[str] = collections.Counter()  # worker -> automatic restarts
         self._routed = [h.actor for h in gen.workers]
         self._trainer_actors = [h.actor for h in train.workers]
+        # workers in separate processes can die (Ray actors); in-process ones (a SimSession) cannot
+        self._failover = hasattr(gen, "restart_worker") and hasattr(train, "restart_worker")
         from rollart_nb.trackers import resolve_trackers
 
         # experiment trackers (TensorBoard, W&B, MLflow, ...): each StepReport goes to each of them
@@ -212,6 +214,9 @@ class Pipeline:
     def _wait_batch(self, n: int) -> None:
         """Wait for a batch of ``n``, replacing dead workers meanwhile (a probe every
         ``health_every_s``, at once when the rollout sees a generator die)."""
+        if not self._failover:  # in-process workers (a SimSession) never die: no probes, no polling
+            self.rollout.wait_ready(n, self.step_timeout_s)
+            return
         deadline = None if self.step_timeout_s is None else self._clock() + self.step_timeout_s
         while True:
             poll = self.health_every_s if deadline is None else min(self.health_every_s,
@@ -266,6 +271,8 @@ class Pipeline:
         """Replace dead generators and restore a dead or restarted trainer; True if it did
         either. A generator restarted by hand (``gen.restart_worker(i)``) is taken over the
         same way: it loads the served weights before it gets requests."""
+        if not self._failover:
+            return False
         acted = False
         dead_t = self.train.dead_workers()
         if cause is not None and (i := _worker_of(cause, self.train)) is not None:

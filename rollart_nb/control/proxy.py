@@ -97,6 +97,7 @@ class LLMProxy:
         self.failover_wait_s = failover_wait_s
         self.dead: dict[int, str] = {}  # worker index -> why it is considered dead
         self._revived = asyncio.Event()  # set whenever a worker is replaced
+        self.died = asyncio.Event()  # set while some worker is dead and not replaced
         self.deaths = self.rerouted = self.replaced = 0
 
     # -- routing ---------------------------------------------------------------------
@@ -154,6 +155,7 @@ class LLMProxy:
         if self.targets[idx] is not target or idx in self.dead:
             return  # already known, or a call to a worker that has been replaced since
         self.deaths += 1
+        self.died.set()
         self.dead[idx] = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}"
         for tid in [t for t, i in self._sticky.items() if i == idx]:
             del self._sticky[tid]
@@ -168,6 +170,8 @@ class LLMProxy:
         old = self.targets[idx]
         self.targets[idx] = target
         self.dead.pop(idx, None)
+        if not self.dead:
+            self.died.clear()
         for tid in [t for t, i in self._sticky.items() if i == idx]:
             del self._sticky[tid]
         queued, self._queues[idx] = self._queues[idx], []

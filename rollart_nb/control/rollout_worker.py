@@ -78,20 +78,18 @@ class RolloutWorker(Worker):
         proxy = s.proxy
         if proxy.dead:
             return {"ready": False, "dead": dict(proxy.dead)}
-        deaths = proxy.deaths
         waiting = asyncio.ensure_future(s.wait_ready(n, None))
+        died = asyncio.ensure_future(proxy.died.wait())
         try:
-            loop = asyncio.get_running_loop()
-            end = loop.time() + timeout_s
-            while not waiting.done() and proxy.deaths == deaths and loop.time() < end:
-                await asyncio.wait({waiting}, timeout=min(0.2, max(0.0, end - loop.time())))
+            await asyncio.wait({waiting, died}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
             if waiting.done():
                 waiting.result()
                 return {"ready": True, "dead": dict(proxy.dead)}
             return {"ready": False, "dead": dict(proxy.dead)}
         finally:
-            if not waiting.done():
-                waiting.cancel()
+            for f in (waiting, died):
+                if not f.done():
+                    f.cancel()
 
     @register("one")
     def dead_targets(self) -> dict[int, str]:
