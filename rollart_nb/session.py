@@ -175,9 +175,38 @@ class SessionBase:
         Example:
             >>> sess.reward("math", rn.rewards.close_answer, validate_with=rn.rewards.exact_answer)  # doctest: +SKIP
         """
+        import math
+        import numbers
+
         self._check()
+        p = []
+        if not isinstance(task, str) or not task:
+            p.append(f"task={task!r} must be a task name (a non-empty string, as in sess.tasks({{name: env}}))")
         if (fn is None) == (url is None):
-            raise ConfigError(f"sess.reward({task!r}, ...): give a function or url=..., not both or neither")
+            p.append("give a reward function fn(trajectory) -> float, or url=... of an HTTP endpoint "
+                     "(not both, not neither)")
+        elif fn is not None and not callable(fn):
+            if isinstance(fn, Endpoint) or isinstance(fn, str) and fn.startswith(("http://", "https://")):
+                hint = "; for an HTTP endpoint pass its address as url=..."
+            else:
+                hint = ", e.g. rn.rewards.exact_answer or lambda t: ..."
+            p.append(f"fn={fn!r:.80} ({type(fn).__name__}) is not callable; pass a function "
+                     f"fn(trajectory) -> float{hint}")
+        if url is not None and not isinstance(url, str):
+            p.append(f"url={url!r:.80} must be a string http(s)://...")
+        if url is not None and serverless:
+            p.append("serverless=True deploys fn on Ray Serve; url=... is an endpoint already running: drop one")
+        if serve_options and not serverless:
+            p.append(f"{', '.join(sorted(serve_options))}: options of serverless=True only (add it, or drop them)")
+        if validate_with is not None and not callable(validate_with):
+            p.append(f"validate_with={validate_with!r:.80} ({type(validate_with).__name__}) must be callable: "
+                     "fn(trajectory) -> float, e.g. rn.rewards.exact_answer")
+        if isinstance(timeout_s, bool) or not isinstance(timeout_s, numbers.Real) or not 0 < timeout_s < math.inf:
+            p.append(f"timeout_s={timeout_s!r} must be a finite number of seconds > 0")
+        if isinstance(retries, bool) or not isinstance(retries, numbers.Integral) or retries < 0:
+            p.append(f"retries={retries!r} must be a whole number >= 0 (0: no retry)")
+        if p:
+            raise ConfigError(p, where=f"sess.reward({task!r}, ...)")
         if url is not None:
             spec: dict[str, Any] = {"endpoint": Endpoint(f"{task}-reward", url, token_env=token_env,
                                                          timeout_s=timeout_s, retries=0)}
@@ -190,9 +219,6 @@ class SessionBase:
         if validate_with is None:  # keep the task's validation scorer for pipelines built later too
             validate_with = self._rewards.get(task, {}).get("validate_with")
         if validate_with is not None:
-            if not callable(validate_with):
-                raise ConfigError(f"sess.reward({task!r}, ...): validate_with must be callable, "
-                                  f"got {type(validate_with).__name__}")
             spec["validate_with"] = validate_with
         self._rewards[task] = spec
         for pipe in self._pipelines.values():
@@ -207,7 +233,9 @@ class SessionBase:
         Args:
             train: the ActorTrain cluster (e.g. TorchTrainer, SimTrainer).
             gen: the ActorGen cluster (e.g. HFGenerator, SimGenerator).
-            tasks: from :meth:`tasks`.
+            tasks: from :meth:`tasks`. A reward registered (:meth:`reward`) for a task that neither
+                ``tasks`` nor an earlier pipeline of this session has raises ConfigError (a typo);
+                that registration is dropped, so fixing the name and calling again works.
             algo: e.g. ``rn.GRPO(group_size=8)``; its ``group_size`` sets the GRPO group size and
                 the trainer is configured with it.
             batch_size: trajectories per training step (a multiple of the group size).
@@ -226,7 +254,8 @@ class SessionBase:
                 defaults to ``runs/<name>``), ``keep_checkpoints`` (3), ``max_worker_restarts``
                 (3: automatic replacements of a dead generator or restores of a dead trainer per
                 worker slot; a trainer is restored only from an autosave), ``health_every_s`` (5.0:
-                how often a step waiting for its batch probes the workers), ...
+                how often a step waiting for its batch probes the workers), ``trackers`` (names
+                "tensorboard", "wandb", "mlflow", or tracker objects; see :mod:`rollart_nb.trackers`), ...
 
         Example:
             >>> pipe.save("ckpt/run1")                          # doctest: +SKIP
@@ -234,10 +263,33 @@ class SessionBase:
             >>> pipe = sess.pipeline(train, gen, tasks, algo=rn.GRPO(group_size=8),
             ...                      resume_from="ckpt/run1")       # doctest: +SKIP
         """
+        import difflib
+
         from rollart_nb.control.checkpoint import latest_reward_sources, resolve_checkpoint
         from rollart_nb.control.pipeline import Pipeline
 
         self._check()
+        if not isinstance(tasks, TaskSet):
+            raise ConfigError(f"tasks={tasks!r:.80} must be a TaskSet; build it with sess.tasks({{name: env}})",
+                              where=f"sess.pipeline(name={name!r})")
+        # A reward for a task that neither this TaskSet nor an earlier pipeline of this session has
+        # is a typo, or belongs to a pipeline not built yet: it would be silently ignored, so refuse
+        # it and drop it (else every later pipeline would refuse it too; there is no unregister).
+        used = self.__dict__.setdefault("_pipeline_tasks", set())  # tasks of this session's pipelines
+        stray = [t for t in self._rewards if t not in tasks.envs and t not in used]
+        if stray:
+            known = sorted(tasks.envs)
+            p = []
+            for t in stray:
+                self._rewards.pop(t)
+                close = difflib.get_close_matches(t, known, n=1)
+                fix = f"did you mean {close[0]!r}? " if close else ""
+                p.append(f"a reward is registered for task {t!r}, which this pipeline's tasks {known} do not "
+                         f"have; {fix}the registration for {t!r} was dropped: register the reward again under "
+                         f"one of these names, e.g. sess.reward({(close or known)[0]!r}, fn), then call "
+                         "sess.pipeline(...) again")
+            raise ConfigError(p, where=f"sess.pipeline(name={name!r})")
+        used.update(tasks.envs)
         resume = None
         if resume_from is not None:  # check everything before anything changes
             resume = resolve_checkpoint(resume_from)

@@ -123,14 +123,33 @@ class RewardDispatcher:
     def set(self, task: str, fn: Any = None, *, endpoint: Endpoint | None = None, timeout_s: float = 30.0,
             retries: int = 1, validate_with: Any = None) -> RewardSpec:
         """Register (or swap) ``task``'s reward; returns the new version's spec. ``validate_with``
-        (a local callable) scores ``task``'s validation rollouts from now on instead of the reward."""
+        (a local callable) scores ``task``'s validation rollouts from now on instead of the reward.
+
+        Raises:
+            ConfigError: listing every bad argument (nothing is registered then).
+        """
+        import numbers
+
+        p = []
+        if not isinstance(task, str) or not task:
+            p.append(f"task={task!r} must be a task name (a non-empty string)")
         if (fn is None) == (endpoint is None):
-            raise ConfigError(f"reward for {task!r}: give exactly one of a callable or an endpoint")
-        if fn is not None and not callable(fn):
-            raise ConfigError(f"reward for {task!r} must be callable, got {type(fn).__name__}")
+            p.append("give exactly one of a callable fn or an endpoint")
+        elif fn is not None and not callable(fn):
+            p.append(f"fn={fn!r:.80} ({type(fn).__name__}) must be callable: fn(trajectory) -> float")
+        elif endpoint is not None and not isinstance(endpoint, Endpoint):
+            p.append(f"endpoint={endpoint!r:.80} must be an Endpoint(name, url); for a bare URL use "
+                     "sess.reward(task, url=...)")
+        if validate_with is not None and not callable(validate_with):
+            p.append(f"validate_with={validate_with!r:.80} ({type(validate_with).__name__}) must be callable: "
+                     "fn(trajectory) -> float")
+        if isinstance(timeout_s, bool) or not isinstance(timeout_s, numbers.Real) or not 0 < timeout_s < math.inf:
+            p.append(f"timeout_s={timeout_s!r} must be a finite number of seconds > 0")
+        if isinstance(retries, bool) or not isinstance(retries, numbers.Integral) or retries < 0:
+            p.append(f"retries={retries!r} must be a whole number >= 0 (0: no retry)")
+        if p:
+            raise ConfigError(p, where=f"reward for task {task!r}")
         if validate_with is not None:
-            if not callable(validate_with):
-                raise ConfigError(f"validate_with for {task!r} must be callable, got {type(validate_with).__name__}")
             self.validators[task] = validate_with
         old = self.current.get(task)
         spec = RewardSpec(task, 0 if old is None else old.version + 1, fn, endpoint, timeout_s, retries,

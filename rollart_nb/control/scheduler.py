@@ -55,14 +55,15 @@ class SchedulerConfig:
     """What the scheduler needs to know about the run.
 
     Attributes:
-        batch_size: trajectories per training batch (a multiple of group_size).
-        group_size: GRPO group size.
-        alpha: staleness bound (versions).
-        mode: pipeline mode switches.
+        batch_size: trajectories per training batch (a whole number >= 1, a multiple of group_size).
+        group_size: GRPO group size (a whole number >= 1).
+        alpha: staleness bound (a whole number of versions >= 0).
+        mode: pipeline mode switches: a :class:`~rollart_nb.control.modes.Mode`, or the name of
+            one of :data:`~rollart_nb.control.modes.MODES` (replaced by that Mode).
         redundancy: extra members launched per group (cancelled once the group is complete).
-        seed: seeds env seeds and task sampling.
-        task_weights: task -> weight in each batch (default uniform).
-        max_group_failures: failures after which a group is abandoned (its env keeps failing).
+        seed: seeds env seeds and task sampling (a whole number).
+        task_weights: task -> weight in each batch (finite, >= 0, a positive sum; default uniform).
+        max_group_failures: failures after which a group is abandoned (its env keeps failing; >= 1).
         rollout: EnvManager settings.
         curricula: task -> :class:`~rollart_nb.control.curriculum.PromptCurriculum` (or anything
             with ``next_seed(rng)`` and ``update(seed, reward)``): that task's groups draw their
@@ -82,15 +83,54 @@ class SchedulerConfig:
     curricula: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
-        p = curriculum_problems(self.curricula or {})
-        if self.group_size < 1:
-            p.append(f"group_size={self.group_size} must be >= 1")
-        if self.batch_size < 1 or (self.group_size >= 1 and self.batch_size % self.group_size):
-            p.append(f"batch_size={self.batch_size} must be a positive multiple of group_size={self.group_size}")
-        if self.alpha < 0:
-            p.append(f"alpha={self.alpha} must be >= 0")
-        if self.redundancy < 0:
-            p.append(f"redundancy={self.redundancy} must be >= 0")
+        import difflib
+        import math
+        import numbers
+
+        from rollart_nb.control.modes import MODES
+
+        def whole(value: Any) -> bool:  # int or numpy integer, not bool
+            return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+        if isinstance(self.curricula or {}, dict):
+            p = curriculum_problems(self.curricula or {})
+        else:
+            p = [f"curricula={self.curricula!r} must be a dict task -> curriculum, or None"]
+        group_ok = whole(self.group_size) and self.group_size >= 1
+        if not group_ok:
+            p.append(f"group_size={self.group_size!r} must be a whole number >= 1 (trajectories per GRPO group)")
+        if not whole(self.batch_size) or self.batch_size < 1 or group_ok and self.batch_size % self.group_size:
+            msg = f"batch_size={self.batch_size!r} must be a positive multiple of group_size={self.group_size!r}"
+            if group_ok and isinstance(self.batch_size, numbers.Real) and 0 < self.batch_size < math.inf:
+                lo = max(int(self.batch_size // self.group_size), 1) * self.group_size
+                msg += f"; use e.g. batch_size={lo} or {lo + self.group_size}"
+            p.append(msg)
+        if not whole(self.alpha) or self.alpha < 0:
+            p.append(f"alpha={self.alpha!r} must be a whole number of versions >= 0 (0: on-policy only)")
+        if not whole(self.redundancy) or self.redundancy < 0:
+            p.append(f"redundancy={self.redundancy!r} must be a whole number >= 0 (extra members per group)")
+        if not whole(self.max_group_failures) or self.max_group_failures < 1:
+            p.append(f"max_group_failures={self.max_group_failures!r} must be a whole number >= 1")
+        if not whole(self.seed):
+            p.append(f"seed={self.seed!r} must be a whole number")
+        if isinstance(self.mode, str) and self.mode in MODES:
+            object.__setattr__(self, "mode", MODES[self.mode])  # a name stands for its Mode
+        elif not isinstance(self.mode, Mode):
+            close = difflib.get_close_matches(str(self.mode), MODES, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            p.append(f"mode={self.mode!r} is not a known mode{hint}; choose one of {', '.join(MODES)}")
+        if not isinstance(self.rollout, RolloutConfig):
+            p.append(f"rollout={self.rollout!r} must be a RolloutConfig(...)")
+        weights = self.task_weights
+        if weights is not None and not isinstance(weights, dict):
+            p.append(f"task_weights={weights!r} must be a dict task -> weight, or None (uniform)")
+        elif weights:
+            bad = {t: w for t, w in weights.items()
+                   if isinstance(w, bool) or not isinstance(w, numbers.Real) or not (math.isfinite(w) and w >= 0)}
+            if bad:
+                p.append(f"task_weights {bad!r} must be finite numbers >= 0")
+            elif not sum(weights.values()) > 0:
+                p.append(f"task_weights={weights!r} must have a positive sum (give some task a weight > 0)")
         if p:
             raise ConfigError(p, where="pipeline config")
 

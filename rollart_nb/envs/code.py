@@ -8,6 +8,7 @@ Action format (see :func:`extract_code`): the code inside the last fenced block
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,6 +16,11 @@ from rollart_nb.envs.sandbox import ISOLATION_MODES, SandboxResult, arun_sandbox
 from rollart_nb.errors import ConfigError
 
 __all__ = ["PROBLEMS", "CodeProblem", "CodeTask", "extract_code"]
+
+# run_sandboxed's limits (rollart_nb.envs.sandbox._check_args): one run's wall clock and address space
+_MAX_TIMEOUT_S = 86_400
+_MIN_MEMORY_MB, _MAX_MEMORY_MB = 32, 1 << 20
+_PROBLEM_FIELDS = ("name", "prompt", "tests")
 
 _FENCE_RE = re.compile(r"```[ \t]*(?:python|py)?[ \t]*\n?(.*?)```", re.DOTALL | re.IGNORECASE)
 _ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
@@ -112,8 +118,8 @@ class CodeTask:
 
     Args:
         problems: the problem set (default :data:`PROBLEMS`).
-        timeout_s: wall-clock limit per sandboxed run.
-        memory_mb: address-space limit per sandboxed run.
+        timeout_s: wall-clock limit per sandboxed run, in (0, 86400] seconds.
+        memory_mb: address-space limit per sandboxed run, a whole number of MiB in [32, 1048576].
         isolation: ``"bwrap"`` (OS isolation, the default) or ``"none"`` (warns on every run);
             see :func:`~rollart_nb.envs.run_sandboxed`.
 
@@ -131,18 +137,31 @@ class CodeTask:
         self, problems: tuple[CodeProblem, ...] = PROBLEMS, timeout_s: float = 5.0, memory_mb: int = 256,
         isolation: str = "bwrap",
     ) -> None:
+        if isinstance(problems, Iterable) and not isinstance(problems, str):
+            problems = tuple(problems)
         bad = []
-        if not problems:
-            bad.append("problems must not be empty")
-        if not (isinstance(timeout_s, int | float) and timeout_s > 0):
-            bad.append(f"timeout_s must be > 0, got {timeout_s!r}")
-        if not (isinstance(memory_mb, int) and memory_mb >= 32):
-            bad.append(f"memory_mb must be an int >= 32, got {memory_mb!r}")
+        if not isinstance(problems, tuple) or not problems:
+            bad.append(f"problems={problems!r} must be a non-empty sequence of CodeProblem (default: PROBLEMS)")
+        else:
+            wrong = [q for q in problems if not all(isinstance(getattr(q, a, None), str) for a in _PROBLEM_FIELDS)]
+            if wrong:
+                bad.append(f"problems holds {wrong[0]!r}, not a CodeProblem(name, prompt, tests, solution) "
+                           "of strings")
+        # the sandbox's own limits (run_sandboxed refuses anything else), checked here so a bad
+        # value fails when the task is built, not in every rollout
+        number = isinstance(timeout_s, int | float) and not isinstance(timeout_s, bool)
+        if not (number and 0 < timeout_s <= _MAX_TIMEOUT_S):
+            bad.append(f"timeout_s={timeout_s!r} must be a number of seconds in (0, {_MAX_TIMEOUT_S}] "
+                       "(the wall-clock limit of one sandboxed run)")
+        whole = isinstance(memory_mb, int) and not isinstance(memory_mb, bool)
+        if not (whole and _MIN_MEMORY_MB <= memory_mb <= _MAX_MEMORY_MB):
+            bad.append(f"memory_mb={memory_mb!r} must be a whole number of MiB in "
+                       f"[{_MIN_MEMORY_MB}, {_MAX_MEMORY_MB}] (the address-space limit of one sandboxed run)")
         if isolation not in ISOLATION_MODES:
-            bad.append(f"isolation must be one of {ISOLATION_MODES}, got {isolation!r}")
+            bad.append(f"isolation={isolation!r} must be one of {', '.join(map(repr, ISOLATION_MODES))}")
         if bad:
             raise ConfigError(bad, where="CodeTask")
-        self.problems = tuple(problems)
+        self.problems: tuple[CodeProblem, ...] = problems
         self.timeout_s, self.memory_mb, self.isolation = timeout_s, memory_mb, isolation
         self._problem: CodeProblem | None = None
 

@@ -8,7 +8,12 @@ bytes per parameter. Real model directories are described by :func:`rollart_nb.m
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+import numbers
+from dataclasses import dataclass, fields
+from typing import Any
+
+from rollart_nb.errors import ConfigError
 
 __all__ = ["SPECS", "ModelSpec", "spec"]
 
@@ -25,7 +30,14 @@ class ModelSpec:
         hidden: hidden size.
         kv_heads: key/value heads (GQA).
         head_dim: per-head dimension.
-        bytes_per_param: 2 for bf16.
+        bytes_per_param: 2 for bf16, 1 for fp8.
+
+    Every size is positive (``params`` and ``active_params`` numbers, the rest whole numbers)
+    and ``active_params <= params``; anything else raises :class:`ConfigError`.
+
+    Example:
+        >>> ModelSpec("dense-1b", 1e9, 1e9, 16, 2048, 8, 64).kv_bytes_per_token
+        32768
     """
 
     name: str
@@ -36,6 +48,22 @@ class ModelSpec:
     kv_heads: int
     head_dim: int
     bytes_per_param: int = 2
+
+    def __post_init__(self) -> None:
+        p = []
+        if not isinstance(self.name, str) or not self.name:
+            p.append(f"name={self.name!r} must be a non-empty string, e.g. 'qwen3-8b'")
+        for f in fields(self)[1:]:  # every size field
+            value = getattr(self, f.name)
+            whole = f.name in _WHOLE_FIELDS
+            if not _positive(value, whole=whole):
+                kind = "a whole number >= 1" if whole else "a finite number > 0"
+                p.append(f"{f.name}={value!r} must be {kind}; take it from the model card or config.json")
+        if _positive(self.params) and _positive(self.active_params) and self.active_params > self.params:
+            p.append(f"active_params={self.active_params!r} must be <= params={self.params!r} "
+                     "(equal for a dense model, the routed share for an MoE model)")
+        if p:
+            raise ConfigError(p, where=f"ModelSpec {self.name!r}")
 
     @property
     def moe(self) -> bool:
@@ -55,6 +83,16 @@ class ModelSpec:
         from rollart_nb.sim.tokenizer import SimTokenizer
 
         return SimTokenizer()
+
+
+_WHOLE_FIELDS = frozenset({"layers", "hidden", "kv_heads", "head_dim", "bytes_per_param"})
+
+
+def _positive(value: Any, *, whole: bool = False) -> bool:
+    """``value`` is a number (not a bool) > 0 and finite; with ``whole``, also an integer."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral if whole else numbers.Real):
+        return False
+    return math.isfinite(value) and value > 0
 
 
 # Public configs (Qwen3 technical report / HF config.json of each model).
@@ -82,7 +120,5 @@ def spec(name: str) -> ModelSpec:
     """
     key = name.lower()
     if key not in SPECS:
-        from rollart_nb.errors import ConfigError
-
         raise ConfigError(f"unknown model spec {name!r}; known: {', '.join(sorted(SPECS))}")
     return SPECS[key]
