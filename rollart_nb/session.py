@@ -175,8 +175,7 @@ class SessionBase:
         Example:
             >>> sess.reward("math", rn.rewards.close_answer, validate_with=rn.rewards.exact_answer)  # doctest: +SKIP
         """
-        import math
-        import numbers
+        from rollart_nb.control.reward import option_problems
 
         self._check()
         p = []
@@ -198,13 +197,7 @@ class SessionBase:
             p.append("serverless=True deploys fn on Ray Serve; url=... is an endpoint already running: drop one")
         if serve_options and not serverless:
             p.append(f"{', '.join(sorted(serve_options))}: options of serverless=True only (add it, or drop them)")
-        if validate_with is not None and not callable(validate_with):
-            p.append(f"validate_with={validate_with!r:.80} ({type(validate_with).__name__}) must be callable: "
-                     "fn(trajectory) -> float, e.g. rn.rewards.exact_answer")
-        if isinstance(timeout_s, bool) or not isinstance(timeout_s, numbers.Real) or not 0 < timeout_s < math.inf:
-            p.append(f"timeout_s={timeout_s!r} must be a finite number of seconds > 0")
-        if isinstance(retries, bool) or not isinstance(retries, numbers.Integral) or retries < 0:
-            p.append(f"retries={retries!r} must be a whole number >= 0 (0: no retry)")
+        p += option_problems(validate_with, timeout_s, retries)
         if p:
             raise ConfigError(p, where=f"sess.reward({task!r}, ...)")
         if url is not None:

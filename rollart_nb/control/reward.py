@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import math
+import numbers
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -87,6 +88,19 @@ def _source(fn: Any) -> str:
         return repr(fn)
 
 
+def option_problems(validate_with: Any, timeout_s: Any, retries: Any) -> list[str]:
+    """What is wrong with a reward's ``validate_with``, ``timeout_s`` and ``retries`` (empty: nothing)."""
+    p = []
+    if validate_with is not None and not callable(validate_with):
+        p.append(f"validate_with={validate_with!r:.80} ({type(validate_with).__name__}) must be callable: "
+                 "fn(trajectory) -> float, e.g. rn.rewards.exact_answer")
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, numbers.Real) or not 0 < timeout_s < math.inf:
+        p.append(f"timeout_s={timeout_s!r} must be a finite number of seconds > 0")
+    if isinstance(retries, bool) or not isinstance(retries, numbers.Integral) or retries < 0:
+        p.append(f"retries={retries!r} must be a whole number >= 0 (0: no retry)")
+    return p
+
+
 class RewardDispatcher:
     """Holds each task's current reward (and its history) and scores trajectories.
 
@@ -128,8 +142,6 @@ class RewardDispatcher:
         Raises:
             ConfigError: listing every bad argument (nothing is registered then).
         """
-        import numbers
-
         p = []
         if not isinstance(task, str) or not task:
             p.append(f"task={task!r} must be a task name (a non-empty string)")
@@ -140,13 +152,7 @@ class RewardDispatcher:
         elif endpoint is not None and not isinstance(endpoint, Endpoint):
             p.append(f"endpoint={endpoint!r:.80} must be an Endpoint(name, url); for a bare URL use "
                      "sess.reward(task, url=...)")
-        if validate_with is not None and not callable(validate_with):
-            p.append(f"validate_with={validate_with!r:.80} ({type(validate_with).__name__}) must be callable: "
-                     "fn(trajectory) -> float")
-        if isinstance(timeout_s, bool) or not isinstance(timeout_s, numbers.Real) or not 0 < timeout_s < math.inf:
-            p.append(f"timeout_s={timeout_s!r} must be a finite number of seconds > 0")
-        if isinstance(retries, bool) or not isinstance(retries, numbers.Integral) or retries < 0:
-            p.append(f"retries={retries!r} must be a whole number >= 0 (0: no retry)")
+        p += option_problems(validate_with, timeout_s, retries)
         if p:
             raise ConfigError(p, where=f"reward for task {task!r}")
         if validate_with is not None:
