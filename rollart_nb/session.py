@@ -8,6 +8,7 @@ names the fix.
 from __future__ import annotations
 
 import html
+import inspect
 import logging
 import os
 import tempfile
@@ -259,7 +260,10 @@ class SessionBase:
         import difflib
 
         from rollart_nb.control.checkpoint import latest_reward_sources, resolve_checkpoint
+        from rollart_nb.control.env_manager import RolloutConfig
+        from rollart_nb.control.modes import mode as get_mode
         from rollart_nb.control.pipeline import Pipeline
+        from rollart_nb.control.scheduler import SchedulerConfig
 
         self._check()
         if not isinstance(tasks, TaskSet):
@@ -282,6 +286,14 @@ class SessionBase:
                          f"one of these names, e.g. sess.reward({(close or known)[0]!r}, fn), then call "
                          "sess.pipeline(...) again")
             raise ConfigError(p, where=f"sess.pipeline(name={name!r})")
+        # The loop's own settings, checked before anything changes (a same-named pipeline is
+        # closed below): the values Pipeline would use, its defaults read from its signature.
+        defaults = {k: v.default for k, v in inspect.signature(Pipeline.__init__).parameters.items()}
+        SchedulerConfig(batch_size=batch_size, alpha=alpha, mode=get_mode(mode),
+                        group_size=kwargs.get("group_size", algo.group_size if algo is not None
+                                              else defaults["group_size"]),
+                        redundancy=kwargs.get("redundancy", defaults["redundancy"]),
+                        rollout=kwargs.get("rollout") or RolloutConfig())
         used.update(tasks.envs)
         resume = None
         if resume_from is not None:  # check everything before anything changes

@@ -231,3 +231,16 @@ def test_a_reward_for_an_unknown_task_is_refused_at_pipeline_time(parts):
     sess.pipeline(train, gen, only_count, batch_size=4, group_size=4, mode="sync", name="u").close()
     assert "math" in sess._rewards
     sess._rewards.clear()
+
+
+def test_a_bad_value_leaves_the_running_pipeline_of_that_name_open(parts):
+    sess, train, gen = parts
+    tasks = sess.tasks({"math": Arithmetic()}, envs_per_task=2)
+    pipe = sess.pipeline(train, gen, tasks, batch_size=4, group_size=4, mode="sync", name="keep")
+    for bad in ({"alpha": 0.5}, {"mode": "rolart"}, {"batch_size": 6}):
+        args = {"batch_size": 4, "group_size": 4, "mode": "sync", "name": "keep", **bad}
+        with pytest.raises(ConfigError):
+            sess.pipeline(train, gen, tasks, **args)
+        assert pipe.state != "closed" and sess._pipelines["keep"] is pipe  # checked before anything changed
+    assert pipe.step().step == 0
+    pipe.close()
