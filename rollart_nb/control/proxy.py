@@ -157,12 +157,7 @@ class LLMProxy:
         self.deaths += 1
         self.died.set()
         self.dead[idx] = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}"
-        for tid in [t for t, i in self._sticky.items() if i == idx]:
-            del self._sticky[tid]
-        queued, self._queues[idx] = self._queues[idx], []
-        for _, fut in queued:
-            if not fut.done():
-                fut.set_exception(_TargetDied(f"{target.name} died"))
+        self._move_off(idx, f"{target.name} died")
 
     def replace_target(self, idx: int, target: GenTarget) -> None:
         """Route to ``target`` in place of worker ``idx`` (dead, or replaced by hand); the
@@ -172,14 +167,18 @@ class LLMProxy:
         self.dead.pop(idx, None)
         if not self.dead:
             self.died.clear()
+        self._move_off(idx, f"{old.name} was replaced")
+        self.replaced += 1
+        self._revived.set()
+
+    def _move_off(self, idx: int, why: str) -> None:
+        """Unpin the trajectories placed on worker ``idx`` and send its queued turns elsewhere."""
         for tid in [t for t, i in self._sticky.items() if i == idx]:
             del self._sticky[tid]
         queued, self._queues[idx] = self._queues[idx], []
         for _, fut in queued:
             if not fut.done():
-                fut.set_exception(_TargetDied(f"{old.name} was replaced"))
-        self.replaced += 1
-        self._revived.set()
+                fut.set_exception(_TargetDied(why))
 
     async def _enqueue(self, idx: int, req: GenerationRequest) -> GenerationResult:
         fut: asyncio.Future = asyncio.get_running_loop().create_future()

@@ -46,9 +46,11 @@ def accounted(pipe) -> dict:
     return acc
 
 
-def test_a_killed_generator_is_replaced_and_the_run_goes_on_without_failures(sess):
+@pytest.mark.parametrize("dispatch", ["direct", "batched"])
+def test_a_killed_generator_is_replaced_and_the_run_goes_on_without_failures(sess, dispatch):
     train, gen, tasks = build(sess)
-    pipe = sess.pipeline(train, gen, tasks, batch_size=16, group_size=4, mode="rollart", name="gfail")
+    pipe = sess.pipeline(train, gen, tasks, batch_size=16, group_size=4, mode="rollart", name="gfail",
+                         dispatch=dispatch)
     pipe.run(2, progress=False)
     old = gen.workers[0].actor
     pipe.run(8, background=True, progress=False)
