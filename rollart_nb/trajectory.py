@@ -117,6 +117,11 @@ class Trajectory:
         return min([self.start_version, *self.versions])
 
     @property
+    def max_version(self) -> int:
+        """Newest policy version that generated a turn of this trajectory (its start version if none)."""
+        return max(self.versions, default=self.start_version)
+
+    @property
     def env_return(self) -> float:
         """Sum of the env's own step rewards."""
         return float(sum(t.env_reward for t in self.turns))
@@ -160,7 +165,7 @@ class Trajectory:
         r = "-" if math.isnan(self.reward) else f"{self.reward:.3g}"
         return (
             f"Trajectory(id={self.id!r}, task={self.task!r}, status={self.status.value}, "
-            f"turns={len(self.turns)}, reward={r}, versions={self.start_version}..{max(self.versions, default=self.start_version)})"
+            f"turns={len(self.turns)}, reward={r}, versions={self.start_version}..{self.max_version})"
         )
 
     def _repr_html_(self) -> str:

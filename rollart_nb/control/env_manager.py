@@ -71,14 +71,8 @@ class RolloutConfig:
     assistant_tag: str = "<|assistant|>"
 
     def __post_init__(self) -> None:
-        import math
-        import numbers
-
-        def _whole(value: Any) -> bool:  # int or numpy integer, not bool
-            return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-        def _number(value: Any) -> bool:
-            return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+        from rollart_nb._checks import is_number as _number
+        from rollart_nb._checks import is_whole as _whole
 
         p = []
         for name, low in (("max_turns", 1), ("max_new_tokens", 1), ("max_abandoned_threads", 0)):

@@ -126,6 +126,7 @@ class Pipeline:
 
         # experiment trackers (TensorBoard, W&B, MLflow, ...): each StepReport goes to each of them
         self.trackers = resolve_trackers(trackers, run_dir=self.run_dir, name=name)
+        self._tracking_started = False  # trackers get the run's config before its first step
         # task -> preferred hardware: the generator's @hw_mapping, else the env's shape hint
         self.affinity = {t: gen.affinity("generate", t) or shape_affinity(getattr(env, "shape", None))
                          for t, env in tasks.envs.items()} if hw_affinity else {}
@@ -247,7 +248,7 @@ class Pipeline:
         if self.transport is None:
             state = self.train.state_dict(blocking=False)  # an object ref: weights go trainer -> generators
             self._served_state = state.refs[0]
-        for _ in range(len(self.gen.workers) * (self.max_worker_restarts + 1) + 1):
+        while True:  # ends: a generator dies only so often before _count_restart raises
             try:
                 if self.transport is None:
                     self.gen.load_weights(self._served_state, version)
@@ -290,13 +291,10 @@ class Pipeline:
             dead.setdefault(i, str(cause))
         acted = False
         for i, h in enumerate(self.gen.workers):
-            if i in dead:
-                self._replace_generator(i, dead[i], version, by_hand=h.actor is not self._routed[i])
-            elif h.actor is not self._routed[i]:
-                self._replace_generator(i, "restarted with restart_worker", version, by_hand=True)
-            else:
-                continue
-            acted = True
+            by_hand = h.actor is not self._routed[i]  # restart_worker was called: the new worker is up
+            if i in dead or by_hand:
+                self._replace_generator(i, dead.get(i, "restarted with restart_worker"), version, by_hand)
+                acted = True
         return acted
 
     def _count_restart(self, cluster: Any, i: int, reason: str) -> None:
@@ -411,7 +409,7 @@ class Pipeline:
         """Send the step to every tracker; a tracker that fails is reported once, never fatal."""
         if not self.trackers:
             return
-        if not getattr(self, "_tracking_started", False):
+        if not self._tracking_started:
             self._tracking_started = True
             config = self.run_config()
             for t in self.trackers:

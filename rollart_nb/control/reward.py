@@ -18,11 +18,11 @@ from __future__ import annotations
 import asyncio
 import inspect
 import math
-import numbers
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from rollart_nb._checks import is_number, is_whole
 from rollart_nb.envs.base import DEFAULT_MAX_REPLACEMENTS, BlockingPool
 from rollart_nb.errors import ConfigError, RewardError
 from rollart_nb.redact import redact_url
@@ -94,9 +94,9 @@ def option_problems(validate_with: Any, timeout_s: Any, retries: Any) -> list[st
     if validate_with is not None and not callable(validate_with):
         p.append(f"validate_with={validate_with!r:.80} ({type(validate_with).__name__}) must be callable: "
                  "fn(trajectory) -> float, e.g. rn.rewards.exact_answer")
-    if isinstance(timeout_s, bool) or not isinstance(timeout_s, numbers.Real) or not 0 < timeout_s < math.inf:
+    if not (is_number(timeout_s) and timeout_s > 0):
         p.append(f"timeout_s={timeout_s!r} must be a finite number of seconds > 0")
-    if isinstance(retries, bool) or not isinstance(retries, numbers.Integral) or retries < 0:
+    if not is_whole(retries) or retries < 0:
         p.append(f"retries={retries!r} must be a whole number >= 0 (0: no retry)")
     return p
 

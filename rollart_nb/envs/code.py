@@ -12,14 +12,19 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from rollart_nb.envs.sandbox import ISOLATION_MODES, SandboxResult, arun_sandboxed, run_sandboxed
+from rollart_nb.envs.sandbox import (
+    ISOLATION_MODES,
+    MAX_MEMORY_MB,
+    MAX_TIMEOUT_S,
+    MIN_MEMORY_MB,
+    SandboxResult,
+    arun_sandboxed,
+    run_sandboxed,
+)
 from rollart_nb.errors import ConfigError
 
 __all__ = ["PROBLEMS", "CodeProblem", "CodeTask", "extract_code"]
 
-# run_sandboxed's limits (rollart_nb.envs.sandbox._check_args): one run's wall clock and address space
-_MAX_TIMEOUT_S = 86_400
-_MIN_MEMORY_MB, _MAX_MEMORY_MB = 32, 1 << 20
 _PROBLEM_FIELDS = ("name", "prompt", "tests")
 
 _FENCE_RE = re.compile(r"```[ \t]*(?:python|py)?[ \t]*\n?(.*?)```", re.DOTALL | re.IGNORECASE)
@@ -150,13 +155,13 @@ class CodeTask:
         # the sandbox's own limits (run_sandboxed refuses anything else), checked here so a bad
         # value fails when the task is built, not in every rollout
         number = isinstance(timeout_s, int | float) and not isinstance(timeout_s, bool)
-        if not (number and 0 < timeout_s <= _MAX_TIMEOUT_S):
-            bad.append(f"timeout_s={timeout_s!r} must be a number of seconds in (0, {_MAX_TIMEOUT_S}] "
+        if not (number and 0 < timeout_s <= MAX_TIMEOUT_S):
+            bad.append(f"timeout_s={timeout_s!r} must be a number of seconds in (0, {MAX_TIMEOUT_S}] "
                        "(the wall-clock limit of one sandboxed run)")
         whole = isinstance(memory_mb, int) and not isinstance(memory_mb, bool)
-        if not (whole and _MIN_MEMORY_MB <= memory_mb <= _MAX_MEMORY_MB):
+        if not (whole and MIN_MEMORY_MB <= memory_mb <= MAX_MEMORY_MB):
             bad.append(f"memory_mb={memory_mb!r} must be a whole number of MiB in "
-                       f"[{_MIN_MEMORY_MB}, {_MAX_MEMORY_MB}] (the address-space limit of one sandboxed run)")
+                       f"[{MIN_MEMORY_MB}, {MAX_MEMORY_MB}] (the address-space limit of one sandboxed run)")
         if isolation not in ISOLATION_MODES:
             bad.append(f"isolation={isolation!r} must be one of {', '.join(map(repr, ISOLATION_MODES))}")
         if bad:

@@ -64,6 +64,8 @@ _MAX_OUTPUT = 10_000  # characters of stdout/stderr kept per stream
 _MAX_DRAIN = 4 * 1024 * 1024  # bytes of output after which the program is stopped
 _GRACE_S = 0.2  # how long the solution may take to exit after the grader is done
 _TAG = "@@"  # verdict lines of the grader (only the parent reads its stdout)
+MAX_TIMEOUT_S = 86_400  # the longest wall clock one run may get
+MIN_MEMORY_MB, MAX_MEMORY_MB = 32, 1 << 20  # the address space one run may get (MiB)
 
 # Runs in both processes: limits and a length-prefixed JSON codec of plain data.
 _COMMON = r'''
@@ -470,10 +472,10 @@ def _split_tests(tests: str) -> tuple[list[tuple[str, str]], list[str]]:
 
 def _check_args(timeout_s: float, memory_mb: int, isolation: str) -> None:
     problems = []
-    if not (isinstance(timeout_s, int | float) and 0 < timeout_s <= 86_400):
-        problems.append(f"timeout_s must be a number of seconds in (0, 86400], got {timeout_s!r}")
-    if not (isinstance(memory_mb, int) and 32 <= memory_mb <= 1 << 20):
-        problems.append(f"memory_mb must be an int in [32, 1048576], got {memory_mb!r}")
+    if not (isinstance(timeout_s, int | float) and 0 < timeout_s <= MAX_TIMEOUT_S):
+        problems.append(f"timeout_s must be a number of seconds in (0, {MAX_TIMEOUT_S}], got {timeout_s!r}")
+    if not (isinstance(memory_mb, int) and MIN_MEMORY_MB <= memory_mb <= MAX_MEMORY_MB):
+        problems.append(f"memory_mb must be an int in [{MIN_MEMORY_MB}, {MAX_MEMORY_MB}], got {memory_mb!r}")
     if isolation not in ISOLATION_MODES:
         problems.append(f"isolation must be one of {ISOLATION_MODES}, got {isolation!r}")
     if problems:

@@ -8,11 +8,10 @@ bytes per parameter. Real model directories are described by :func:`rollart_nb.m
 
 from __future__ import annotations
 
-import math
-import numbers
 from dataclasses import dataclass, fields
 from typing import Any
 
+from rollart_nb._checks import is_number, is_whole
 from rollart_nb.errors import ConfigError
 
 __all__ = ["SPECS", "ModelSpec", "spec"]
@@ -90,9 +89,7 @@ _WHOLE_FIELDS = frozenset({"layers", "hidden", "kv_heads", "head_dim", "bytes_pe
 
 def _positive(value: Any, *, whole: bool = False) -> bool:
     """``value`` is a number (not a bool) > 0 and finite; with ``whole``, also an integer."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral if whole else numbers.Real):
-        return False
-    return math.isfinite(value) and value > 0
+    return (is_whole(value) if whole else is_number(value)) and value > 0
 
 
 # Public configs (Qwen3 technical report / HF config.json of each model).

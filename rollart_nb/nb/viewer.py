@@ -81,7 +81,7 @@ def logprob_strip_html(logprobs: list[float], *, floor: float = -10.0) -> str:
 def trajectory_summary(t: Trajectory) -> str:
     """One line: id, task, status, reward, versions, turns (the selector's labels)."""
     r = "-" if math.isnan(t.reward) else f"{t.reward:.3g}"
-    vmax = max(t.versions, default=t.start_version)
+    vmax = t.max_version
     return f"{t.id} · {t.task} · {t.status.value} · r={r} · v{t.start_version}..{vmax} · {len(t.turns)} turns"
 
 
@@ -367,7 +367,7 @@ def _row(t: Trajectory) -> dict[str, Any]:
         "id": t.id, "task": t.task, "status": t.status.value, "reason": t.reason,
         "reward": t.reward, "reward_version": t.reward_version, "env_return": t.env_return,
         "seed": t.seed, "group_id": t.group_id, "start_version": t.start_version,
-        "min_version": t.min_version, "max_version": max(versions, default=t.start_version),
+        "min_version": t.min_version, "max_version": t.max_version,
         "version_changes": sum(1 for a, b in zip([t.start_version, *versions], versions, strict=False) if a != b),
         "turns": len(t.turns), "tokens": t.num_tokens,
         "trained_tokens": sum(sum(u.loss_mask) for u in t.turns),
