@@ -9,6 +9,7 @@ import json
 import math
 import struct
 import sys
+import time
 from pathlib import Path
 
 import psutil
@@ -166,6 +167,8 @@ def _wandb_records(path: Path) -> list:
             pos += block - pos % block
             continue
         _, n, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        if pos + 7 + n > len(data):
+            break  # a chunk still being written
         buf += data[pos + 7:pos + 7 + n]
         pos += 7 + n
         if kind in (1, 4):
@@ -201,7 +204,13 @@ def test_wandb_offline_run_holds_the_history_and_config(tmp_path, wandb_env):
     assert isinstance(t, WandbTracker) and t.mode == "offline" and t.log_dir == tmp_path / "wandb"
     reports = _feed(t)
     (run_dir,) = (t.log_dir / "wandb").glob(f"offline-run-*-{t.run.id}")
-    records = _wandb_records(run_dir / f"run-{t.run.id}.wandb")
+    # finish() returns once the run is closed; W&B's service writes the file's tail a moment later
+    deadline = time.monotonic() + 30
+    while True:
+        records = _wandb_records(run_dir / f"run-{t.run.id}.wandb")
+        if any(r.WhichOneof("record_type") == "exit" for r in records) or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
     history: dict[str, list[tuple[int, float]]] = {}
     for rec in records:
         if rec.WhichOneof("record_type") == "history":
