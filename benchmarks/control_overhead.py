@@ -94,14 +94,29 @@ def raw_ray(envs: int, seconds: float) -> dict:
 
 def full_path(sess, envs: int, seconds: float, dispatch: str) -> dict:
     m = spec("qwen3-0.6b")
-    gen = sess.cluster("actor_gen", SimGenerator, pool="H20", replicas=2, model=m, time_scale=0.0,
-                       mean_response_tokens=1)
+    gen = sess.cluster(
+        "actor_gen", SimGenerator, pool="H20", replicas=2, model=m, time_scale=0.0, mean_response_tokens=1
+    )
     targets = [(h.actor, h.binding.worker, h.binding.hardware, h.binding.pool) for h in gen.workers]
     batch = 32
-    cfg = SchedulerConfig(batch_size=batch, group_size=4, alpha=1, mode=MODES["rollart"],
-                          rollout=RolloutConfig(max_turns=20, max_new_tokens=1, max_context=10**6))
-    ro = sess.cluster("rollout", RolloutWorker, pool="cpu", envs={"t": [InstantEnv() for _ in range(envs)]},
-                      model=m, targets=targets, task_affinity={}, config=cfg, dispatch=dispatch)
+    cfg = SchedulerConfig(
+        batch_size=batch,
+        group_size=4,
+        alpha=1,
+        mode=MODES["rollart"],
+        rollout=RolloutConfig(max_turns=20, max_new_tokens=1, max_context=10**6),
+    )
+    ro = sess.cluster(
+        "rollout",
+        RolloutWorker,
+        pool="cpu",
+        envs={"t": [InstantEnv() for _ in range(envs)]},
+        model=m,
+        targets=targets,
+        task_affinity={},
+        config=cfg,
+        dispatch=dispatch,
+    )
     ro.start()
     stop = time.monotonic() + 2.0
     while time.monotonic() < stop:  # warm-up; batches are consumed so envs never idle
@@ -133,14 +148,23 @@ def main() -> None:
     print(f"full path, direct dispatch (one actor hop per turn), {a.envs} envs: {direct['turns_per_s']:.0f} turns/s")
     print(f"full path, batched dispatch (queued turns share a hop):  {batched['turns_per_s']:.0f} turns/s")
     print(f"raw Ray, one async hop per call, {a.envs} loops:            {raw['calls_per_s']:.0f} calls/s")
-    print(f"direct / raw Ray: {direct['turns_per_s'] / raw['calls_per_s']:.2f}; batched / raw Ray: "
-          f"{batched['turns_per_s'] / raw['calls_per_s']:.2f}; driver->actor RTT {raw['rtt_ms']:.2f} ms; "
-          "target >= 1000 turns/s")
-    print("RESULT " + json.dumps({"turns_per_s": round(max(direct["turns_per_s"], batched["turns_per_s"]), 1),
-                                  "turns_per_s_direct": round(direct["turns_per_s"], 1),
-                                  "turns_per_s_batched": round(batched["turns_per_s"], 1),
-                                  "raw_ray_calls_per_s": round(raw["calls_per_s"], 1),
-                                  "ray_rtt_ms": round(raw["rtt_ms"], 3)}))
+    print(
+        f"direct / raw Ray: {direct['turns_per_s'] / raw['calls_per_s']:.2f}; batched / raw Ray: "
+        f"{batched['turns_per_s'] / raw['calls_per_s']:.2f}; driver->actor RTT {raw['rtt_ms']:.2f} ms; "
+        "target >= 1000 turns/s"
+    )
+    print(
+        "RESULT "
+        + json.dumps(
+            {
+                "turns_per_s": round(max(direct["turns_per_s"], batched["turns_per_s"]), 1),
+                "turns_per_s_direct": round(direct["turns_per_s"], 1),
+                "turns_per_s_batched": round(batched["turns_per_s"], 1),
+                "raw_ray_calls_per_s": round(raw["calls_per_s"], 1),
+                "ray_rtt_ms": round(raw["rtt_ms"], 3),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -77,7 +77,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=200, help="pipeline steps (default: %(default)s)")
     ap.add_argument("--replicas", type=int, default=3, help="env-server replicas (default: %(default)s)")
-    ap.add_argument("--kill-every", type=int, default=20, help="SIGKILL one replica every N steps (default: %(default)s)")
+    ap.add_argument(
+        "--kill-every", type=int, default=20, help="SIGKILL one replica every N steps (default: %(default)s)"
+    )
     ap.add_argument("--p-raise", type=float, default=0.10, help="env steps that raise (default: %(default)s)")
     ap.add_argument("--p-hang", type=float, default=0.05, help="env steps that hang (default: %(default)s)")
     ap.add_argument("--p-500", type=float, default=0.20, help="reward calls answered HTTP 500 (default: %(default)s)")
@@ -85,7 +87,9 @@ def main() -> None:
     ap.add_argument("--envs", type=int, default=16, help="env instances (default: %(default)s)")
     ap.add_argument("--batch", type=int, default=16, help="trajectories per step (default: %(default)s)")
     ap.add_argument("--group", type=int, default=4, help="GRPO group size (default: %(default)s)")
-    ap.add_argument("--sandbox", choices=["on", "off"], default="on", help="replicas under bubblewrap (default: %(default)s)")
+    ap.add_argument(
+        "--sandbox", choices=["on", "off"], default="on", help="replicas under bubblewrap (default: %(default)s)"
+    )
     ap.add_argument("--seed", type=int, default=0, help="failure streams' base seed (default: %(default)s)")
     a = ap.parse_args()
 
@@ -97,16 +101,35 @@ def main() -> None:
         train = sess.cluster("actor_train", SimTrainer, pool="H800", model=model, time_scale=1e-4)
         launcher = LocalLauncher(
             "rollart_nb.envs.factories:with_failures",
-            {"env": "rollart_nb.envs:Arithmetic", "p_raise": a.p_raise, "p_hang": a.p_hang, "hang_s": 3600.0,
-             "on": ["step"], "seed": a.seed},
-            replicas=a.replicas, task="math", sandbox=a.sandbox == "on")
+            {
+                "env": "rollart_nb.envs:Arithmetic",
+                "p_raise": a.p_raise,
+                "p_hang": a.p_hang,
+                "hang_s": 3600.0,
+                "on": ["step"],
+                "seed": a.seed,
+            },
+            replicas=a.replicas,
+            task="math",
+            sandbox=a.sandbox == "on",
+        )
         tasks = sess.tasks({"math": launcher}, envs_per_task=a.envs)
         sess.reward("math", lambda t, p=a.p_500: flaky_reward(t, p), serverless=True, retries=1)
-        pipe = sess.pipeline(train, gen, tasks, algo=rn.GRPO(group_size=a.group), batch_size=a.batch, name="soak",
-                             rollout=RolloutConfig(max_turns=2, env_timeout_s=a.env_timeout))
-        print(f"soak: {a.steps} steps, {a.replicas} replicas ({launcher.urls}), {a.envs} envs, env steps "
-              f"raise {a.p_raise:.0%} / hang {a.p_hang:.0%}, a replica killed every {a.kill_every} steps, "
-              f"reward HTTP 500 on {a.p_500:.0%}", flush=True)
+        pipe = sess.pipeline(
+            train,
+            gen,
+            tasks,
+            algo=rn.GRPO(group_size=a.group),
+            batch_size=a.batch,
+            name="soak",
+            rollout=RolloutConfig(max_turns=2, env_timeout_s=a.env_timeout),
+        )
+        print(
+            f"soak: {a.steps} steps, {a.replicas} replicas ({launcher.urls}), {a.envs} envs, env steps "
+            f"raise {a.p_raise:.0%} / hang {a.p_hang:.0%}, a replica killed every {a.kill_every} steps, "
+            f"reward HTTP 500 on {a.p_500:.0%}",
+            flush=True,
+        )
         counts: collections.Counter[str] = collections.Counter()
         kills = 0
         for step in range(a.steps):
@@ -117,13 +140,17 @@ def main() -> None:
             counts.update(rep.counts)
             if step % 10 == 0 or step == a.steps - 1:
                 acc = pipe.stats()["accounting"]
-                print(f"step {step:>4}  {rep.step_s:6.2f}s  reward {rep.mean_reward:.2f}  "
-                      f"failed so far {acc.get('failed', 0)}  env restarts {launcher.restarts}", flush=True)
+                print(
+                    f"step {step:>4}  {rep.step_s:6.2f}s  reward {rep.mean_reward:.2f}  "
+                    f"failed so far {acc.get('failed', 0)}  env restarts {launcher.restarts}",
+                    flush=True,
+                )
         pipe.pause()
         stats = pipe.stats()
         acc, env = stats["accounting"], stats.get("env", {})
-        reasons = collections.Counter(r.split(":")[0] for reps in pipe.reports for rs in reps.failures.values()
-                                      for r in rs)
+        reasons = collections.Counter(
+            r.split(":")[0] for reps in pipe.reports for rs in reps.failures.values() for r in rs
+        )
         restarts = launcher.restarts
         pipe.close()
     finally:

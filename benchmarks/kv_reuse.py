@@ -45,8 +45,9 @@ async def rollouts(be: HFBackend, n: int, rep: int) -> tuple[float, list[list[in
         obs, _ = env.reset(seed=i)
         prompt, out = enc(obs), []
         for turn in range(env.max_turns):
-            r = await be.generate(GenerationRequest(f"r{rep}e{i}", "frozenlake", list(prompt), 4, 1.0,
-                                                    seed=rep * 10_000 + i * 100 + turn))
+            r = await be.generate(
+                GenerationRequest(f"r{rep}e{i}", "frozenlake", list(prompt), 4, 1.0, seed=rep * 10_000 + i * 100 + turn)
+            )
             out += r.token_ids
             obs, _, terminated, truncated, _ = env.step(r.text)
             if terminated or truncated:
@@ -66,8 +67,10 @@ def main() -> None:
     args = ap.parse_args()
     env = FrozenLake()
     ref = tiny_qwen(task_vocab=sorted(env.vocab), size="s")
-    sides = {"reuse": HFBackend(ref, kv_reuse=True, max_batch_size=64),
-             "no_reuse": HFBackend(ref, kv_reuse=False, max_batch_size=64)}
+    sides = {
+        "reuse": HFBackend(ref, kv_reuse=True, max_batch_size=64),
+        "no_reuse": HFBackend(ref, kv_reuse=False, max_batch_size=64),
+    }
     walls: dict[str, list[float]] = {k: [] for k in sides}
     same = True
     for rep in range(args.reps):
@@ -79,19 +82,31 @@ def main() -> None:
         print(f"rep {rep}: " + "  ".join(f"{k} {v[-1]:.2f}s" for k, v in walls.items()), flush=True)
     med = {k: statistics.median(v) for k, v in walls.items()}
     st = sides["reuse"].stats
-    per_req = {k: (be.stats["prefill_tokens"] + be.stats["reused_tokens"]) / be.stats["requests"]
-               for k, be in sides.items()}
+    per_req = {
+        k: (be.stats["prefill_tokens"] + be.stats["reused_tokens"]) / be.stats["requests"] for k, be in sides.items()
+    }
     prefilled = st["prefill_tokens"] / st["requests"]
-    print(f"median wall: reuse {med['reuse']:.2f}s, no reuse {med['no_reuse']:.2f}s -> "
-          f"speedup {med['no_reuse'] / med['reuse']:.2f}x")
-    print(f"prompt tokens per turn {per_req['reuse']:.1f}; prefilled with reuse {prefilled:.1f} "
-          f"({st['reused_tokens'] / (st['reused_tokens'] + st['prefill_tokens']):.0%} reused); "
-          f"same tokens on both sides: {same}")
-    print("RESULT " + json.dumps({"speedup": round(med["no_reuse"] / med["reuse"], 3),
-                                  "wall_s": {k: round(v, 3) for k, v in med.items()},
-                                  "prefill_tokens_per_turn": {"reuse": round(prefilled, 1),
-                                                              "no_reuse": round(per_req["no_reuse"], 1)},
-                                  "same_tokens": same, "envs": args.envs}))
+    print(
+        f"median wall: reuse {med['reuse']:.2f}s, no reuse {med['no_reuse']:.2f}s -> "
+        f"speedup {med['no_reuse'] / med['reuse']:.2f}x"
+    )
+    print(
+        f"prompt tokens per turn {per_req['reuse']:.1f}; prefilled with reuse {prefilled:.1f} "
+        f"({st['reused_tokens'] / (st['reused_tokens'] + st['prefill_tokens']):.0%} reused); "
+        f"same tokens on both sides: {same}"
+    )
+    print(
+        "RESULT "
+        + json.dumps(
+            {
+                "speedup": round(med["no_reuse"] / med["reuse"], 3),
+                "wall_s": {k: round(v, 3) for k, v in med.items()},
+                "prefill_tokens_per_turn": {"reuse": round(prefilled, 1), "no_reuse": round(per_req["no_reuse"], 1)},
+                "same_tokens": same,
+                "envs": args.envs,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

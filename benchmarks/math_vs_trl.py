@@ -134,9 +134,10 @@ class GreedyEval:
             self.gen.load_weights(state, version)
 
         async def run():
-            reqs = [GenerationRequest(f"val-{i}", "math", p, max_new_tokens=MAX_NEW, temperature=0.0,
-                                      last_turn=True)
-                    for i, p in enumerate(self.prompts)]
+            reqs = [
+                GenerationRequest(f"val-{i}", "math", p, max_new_tokens=MAX_NEW, temperature=0.0, last_turn=True)
+                for i, p in enumerate(self.prompts)
+            ]
             return await asyncio.gather(*[self.gen.generate(r) for r in reqs])
 
         res = asyncio.run(run())
@@ -171,14 +172,28 @@ class Clock:
 
 def summary(curve: list[tuple[float, int, float]], steps: int, target: float) -> dict:
     hit = next((t for t, _, a in curve if a >= target), None)
-    return {f"t_to_{target:g}": hit, "best": max(a for _, _, a in curve), "last": curve[-1][2], "steps": steps,
-            "curve": curve}
+    return {
+        f"t_to_{target:g}": hit,
+        "best": max(a for _, _, a in curve),
+        "last": curve[-1][2],
+        "steps": steps,
+        "curve": curve,
+    }
 
 
 # -- ours ------------------------------------------------------------------------------------
-def run_ours(model_path: str, *, seconds: float, seed: int, eval_every: float, target: float,
-             reward_kind: str, curriculum: float | None = None, skip_flat: bool = False,
-             overlap: bool = False) -> dict:
+def run_ours(
+    model_path: str,
+    *,
+    seconds: float,
+    seed: int,
+    eval_every: float,
+    target: float,
+    reward_kind: str,
+    curriculum: float | None = None,
+    skip_flat: bool = False,
+    overlap: bool = False,
+) -> dict:
     from rollart_nb.backends.torch_train import ReferencePolicy, TorchTrainBackend
     from rollart_nb.control.curriculum import PromptCurriculum
     from rollart_nb.trajectory import Trajectory, Turn
@@ -186,8 +201,15 @@ def run_ours(model_path: str, *, seconds: float, seed: int, eval_every: float, t
     env = Arithmetic()
     # --skip-flat: groups whose samples all scored the same get no forward/backward at all (TRL
     # always trains every row, as ours does by default when a KL term acts on them)
-    algo = GRPO(group_size=GROUP, lr=LR, kl_coef=KL, scale_by_std=False, micro_batch_size=GROUP * PROMPTS,
-                regularize_all_rows=not skip_flat, epochs=EPOCHS)
+    algo = GRPO(
+        group_size=GROUP,
+        lr=LR,
+        kl_coef=KL,
+        scale_by_std=False,
+        micro_batch_size=GROUP * PROMPTS,
+        regularize_all_rows=not skip_flat,
+        epochs=EPOCHS,
+    )
     trainer = TorchTrainBackend(model_path, algo, seed=seed, device="cpu")
     gen = HFBackend(model_path, device="cpu", batch_wait_s=0.001, max_batch_size=GROUP * PROMPTS, seed=seed)
     evaluate = GreedyEval(model_path, env)
@@ -198,9 +220,18 @@ def run_ours(model_path: str, *, seconds: float, seed: int, eval_every: float, t
     cur_rng = random.Random(seed)
 
     async def sample(step: int, prompts: list[list[int]]):
-        reqs = [GenerationRequest(f"{step}-{i}", "math", prompts[i // GROUP], max_new_tokens=MAX_NEW,
-                                  temperature=TEMPERATURE, seed=(seed * 10**6 + step) * 64 + i, last_turn=True)
-                for i in range(GROUP * len(prompts))]
+        reqs = [
+            GenerationRequest(
+                f"{step}-{i}",
+                "math",
+                prompts[i // GROUP],
+                max_new_tokens=MAX_NEW,
+                temperature=TEMPERATURE,
+                seed=(seed * 10**6 + step) * 64 + i,
+                last_turn=True,
+            )
+            for i in range(GROUP * len(prompts))
+        ]
         return await asyncio.gather(*[gen.generate(r) for r in reqs])
 
     # --overlap: the sampler thread also runs the KL reference pass (a ReferencePolicy: the
@@ -217,8 +248,9 @@ def run_ours(model_path: str, *, seconds: float, seed: int, eval_every: float, t
         for i, r in enumerate(results):
             s, text, answer = probs[i // GROUP]
             t = Trajectory(task="math", seed=s, group_id=f"{b}-{i // GROUP}", info={"answer": str(answer)})
-            t.turns.append(Turn(text, r.text, prompts[i // GROUP], r.token_ids, r.logprobs,
-                                [1] * len(r.token_ids), r.version))
+            t.turns.append(
+                Turn(text, r.text, prompts[i // GROUP], r.token_ids, r.logprobs, [1] * len(r.token_ids), r.version)
+            )
             t.reward = train_reward(reward_kind, r.text, answer)
             batch.append(t)
         t2 = time.perf_counter()
@@ -302,8 +334,7 @@ def run_ours(model_path: str, *, seconds: float, seed: int, eval_every: float, t
 
 
 # -- TRL (runs in the --trl-python interpreter) ------------------------------------------------
-def run_trl(model_path: str, *, seconds: float, seed: int, eval_every: float, target: float,
-            reward_kind: str) -> dict:
+def run_trl(model_path: str, *, seconds: float, seed: int, eval_every: float, target: float, reward_kind: str) -> dict:
     import trl
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, TrainerCallback
@@ -326,14 +357,38 @@ def run_trl(model_path: str, *, seconds: float, seed: int, eval_every: float, ta
 
     out = tempfile.mkdtemp(prefix="math_vs_trl-")
     cfg = GRPOConfig(
-        output_dir=out, seed=seed, data_seed=seed, use_cpu=True, bf16=False, fp16=False,
-        gradient_checkpointing=False, report_to="none", save_strategy="no", logging_steps=10**9,
-        disable_tqdm=True, dataloader_num_workers=0,
-        learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0,
-        per_device_train_batch_size=GROUP * PROMPTS, gradient_accumulation_steps=1, steps_per_generation=1,
-        num_generations=GROUP, num_iterations=EPOCHS, max_steps=n_steps, shuffle_dataset=False,
-        max_completion_length=MAX_NEW, temperature=TEMPERATURE, top_p=1.0, top_k=0,
-        beta=KL, epsilon=0.2, scale_rewards="none", loss_type="dapo",
+        output_dir=out,
+        seed=seed,
+        data_seed=seed,
+        use_cpu=True,
+        bf16=False,
+        fp16=False,
+        gradient_checkpointing=False,
+        report_to="none",
+        save_strategy="no",
+        logging_steps=10**9,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        learning_rate=LR,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        per_device_train_batch_size=GROUP * PROMPTS,
+        gradient_accumulation_steps=1,
+        steps_per_generation=1,
+        num_generations=GROUP,
+        num_iterations=EPOCHS,
+        max_steps=n_steps,
+        shuffle_dataset=False,
+        max_completion_length=MAX_NEW,
+        temperature=TEMPERATURE,
+        top_p=1.0,
+        top_k=0,
+        beta=KL,
+        epsilon=0.2,
+        scale_rewards="none",
+        loss_type="dapo",
     )
     tok = PreTrainedTokenizerFast.from_pretrained(model_path)
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype="float32")
@@ -356,8 +411,9 @@ def run_trl(model_path: str, *, seconds: float, seed: int, eval_every: float, ta
                 control.should_training_stop = True
 
     timer = Timer()
-    trainer = GRPOTrainer(model=model, reward_funcs=math_reward, args=cfg, train_dataset=data,
-                          processing_class=tok, callbacks=[timer])
+    trainer = GRPOTrainer(
+        model=model, reward_funcs=math_reward, args=cfg, train_dataset=data, processing_class=tok, callbacks=[timer]
+    )
     # Time TRL's sampling phase (generation, rewards, reference logprobs) apart from the rest of
     # its step (policy pass, backward, optimizer), for comparison with ours' ms_per_step.
     sampling = trainer._generate_and_score_completions
@@ -378,24 +434,50 @@ def run_trl(model_path: str, *, seconds: float, seed: int, eval_every: float, ta
         clock.tick(steps, weights_of(trainer.model), force=True)
     res = {**summary(clock.curve, steps, target), "trl": trl.__version__}
     step_ms = 1000 * clock.now() / max(steps, 1)
-    res["ms_per_step"] = {"sample_score_ref": round(1000 * spent[0] / max(steps, 1), 1),
-                          "rest": round(step_ms - 1000 * spent[0] / max(steps, 1), 1)}
+    res["ms_per_step"] = {
+        "sample_score_ref": round(1000 * spent[0] / max(steps, 1), 1),
+        "rest": round(step_ms - 1000 * spent[0] / max(steps, 1), 1),
+    }
     if lengths[1]:
         res["response_tokens"] = round(lengths[0] / lengths[1], 2)
     return res
 
 
 def trl_side(python: str, model_path: str, a: argparse.Namespace) -> dict:
-    probe = subprocess.run([python, "-c", "import trl, sys; print(trl.__version__)"], capture_output=True,
-                           text=True)
+    probe = subprocess.run([python, "-c", "import trl, sys; print(trl.__version__)"], capture_output=True, text=True)
     if probe.returncode != 0:
         reason = (probe.stderr.strip().splitlines() or ["import trl failed"])[-1]
         return {"skipped": f"{python}: {reason}"}
-    cmd = [python, str(Path(__file__).resolve()), "--child", "trl", "--model-path", model_path,
-           "--seconds", str(a.seconds), "--seed", str(a.seed), "--eval-every", str(a.eval_every),
-           "--target", str(a.target), "--threads", str(a.threads), "--reward", a.reward,
-           "--group", str(a.group), "--prompts", str(a.prompts), "--lr", str(a.lr), "--kl", str(a.kl),
-           "--epochs", str(a.epochs)]
+    cmd = [
+        python,
+        str(Path(__file__).resolve()),
+        "--child",
+        "trl",
+        "--model-path",
+        model_path,
+        "--seconds",
+        str(a.seconds),
+        "--seed",
+        str(a.seed),
+        "--eval-every",
+        str(a.eval_every),
+        "--target",
+        str(a.target),
+        "--threads",
+        str(a.threads),
+        "--reward",
+        a.reward,
+        "--group",
+        str(a.group),
+        "--prompts",
+        str(a.prompts),
+        "--lr",
+        str(a.lr),
+        "--kl",
+        str(a.kl),
+        "--epochs",
+        str(a.epochs),
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": str(a.threads), "TOKENIZERS_PARALLELISM": "false"}
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=a.seconds * 3 + 600)
@@ -406,7 +488,7 @@ def trl_side(python: str, model_path: str, a: argparse.Namespace) -> dict:
         tail = "\n".join((p.stderr or p.stdout).strip().splitlines()[-20:])
         print(f"TRL side failed (rc {p.returncode}):\n{tail}", file=sys.stderr)
         return {"error": f"rc {p.returncode}: {tail.splitlines()[-1] if tail else ''}"}
-    return json.loads(lines[-1][len("CHILD "):])
+    return json.loads(lines[-1][len("CHILD ") :])
 
 
 def print_curve(name: str, res: dict) -> None:
@@ -442,25 +524,44 @@ def across_seeds(runs: list[dict], key: str, seconds: float) -> dict:
             continue
         times = sorted(math.inf if d.get(key) is None else d[key] for d in done)
         med = statistics.median(times)
-        summary[side] = {"seeds": len(done), "reached": sum(t != math.inf for t in times),
-                         f"median_{key}": None if math.isinf(med) else round(med, 1),
-                         "median_best": round(statistics.median(d["best"] for d in done), 3),
-                         "median_last": round(statistics.median(d["last"] for d in done), 3),
-                         "median_steps_per_s": round(statistics.median(d["steps"] / seconds for d in done), 2)}
+        summary[side] = {
+            "seeds": len(done),
+            "reached": sum(t != math.inf for t in times),
+            f"median_{key}": None if math.isinf(med) else round(med, 1),
+            "median_best": round(statistics.median(d["best"] for d in done), 3),
+            "median_last": round(statistics.median(d["last"] for d in done), 3),
+            "median_steps_per_s": round(statistics.median(d["steps"] / seconds for d in done), 2),
+        }
     if "ours" in summary and "trl" in summary:
         first = dict.fromkeys(("ours", "trl", "tie", "neither"), 0)
         for r in (r for r in runs if key in r.get("ours", {}) and key in r.get("trl", {})):
             o, t = r["ours"][key], r["trl"][key]
-            first["neither" if o is None and t is None else "trl" if o is None else "ours" if t is None
-                  else "ours" if o < t else "trl" if t < o else "tie"] += 1
+            first[
+                "neither"
+                if o is None and t is None
+                else "trl"
+                if o is None
+                else "ours"
+                if t is None
+                else "ours"
+                if o < t
+                else "trl"
+                if t < o
+                else "tie"
+            ] += 1
         summary["first_to_target"] = first
     return summary
 
 
 def side_kw(a: argparse.Namespace) -> dict:
     """The arguments both sides' runners take, from the command line."""
-    return {"seconds": a.seconds, "seed": a.seed, "eval_every": a.eval_every, "target": a.target,
-            "reward_kind": a.reward}
+    return {
+        "seconds": a.seconds,
+        "seed": a.seed,
+        "eval_every": a.eval_every,
+        "target": a.target,
+        "reward_kind": a.reward,
+    }
 
 
 def run_seed(a: argparse.Namespace, seed: int) -> dict:
@@ -473,13 +574,17 @@ def run_seed(a: argparse.Namespace, seed: int) -> dict:
     base = tiny_qwen(task_vocab=env.vocab, seed=seed)
     model = format_warm_start(base, {"math": env}, steps=60, seed=seed)
     sides = a.sides.split(",")
-    print(f"model {model.path} ({model.params} params); {a.seconds:g} s per side, seed {seed}, "
-          f"{PROMPTS}x{GROUP} completions per step, greedy eval on {len(env.validation_seeds())} problems "
-          f"every {a.eval_every:g} s", flush=True)
+    print(
+        f"model {model.path} ({model.params} params); {a.seconds:g} s per side, seed {seed}, "
+        f"{PROMPTS}x{GROUP} completions per step, greedy eval on {len(env.validation_seeds())} problems "
+        f"every {a.eval_every:g} s",
+        flush=True,
+    )
     res: dict = {"seed": seed}
     if "ours" in sides:
-        res["ours"] = run_ours(model.path, **side_kw(a), curriculum=a.curriculum, skip_flat=a.skip_flat,
-                               overlap=a.overlap)
+        res["ours"] = run_ours(
+            model.path, **side_kw(a), curriculum=a.curriculum, skip_flat=a.skip_flat, overlap=a.overlap
+        )
         print_curve("ours", res["ours"])
     if "trl" in sides:
         res["trl"] = trl_side(a.trl_python, model.path, a)
@@ -497,34 +602,62 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=float, default=300, help="training seconds per side")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--seeds", default=None, metavar="LIST",
-                    help="several seeds, one after the other (e.g. 0-7 or 0,2,5); RESULT then holds every "
-                         "seed's figures and their medians, and counts which side reached --target first")
+    ap.add_argument(
+        "--seeds",
+        default=None,
+        metavar="LIST",
+        help="several seeds, one after the other (e.g. 0-7 or 0,2,5); RESULT then holds every "
+        "seed's figures and their medians, and counts which side reached --target first",
+    )
     ap.add_argument("--eval-every", type=float, default=10, help="training seconds between evaluations")
     ap.add_argument("--target", type=float, default=0.3, help="accuracy for the time-to-accuracy figure")
-    ap.add_argument("--threads", type=int, default=1,
-                    help="torch threads (each side; with --overlap, TRL's only: ours then runs one per phase)")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads (each side; with --overlap, TRL's only: ours then runs one per phase)",
+    )
     ap.add_argument("--trl-python", default=sys.executable, help="interpreter that has trl installed")
     ap.add_argument("--sides", default="ours,trl")
-    ap.add_argument("--reward", choices=["exact", "close"], default="exact",
-                    help="training reward on both sides (evaluation is exact match either way)")
+    ap.add_argument(
+        "--reward",
+        choices=["exact", "close"],
+        default="exact",
+        help="training reward on both sides (evaluation is exact match either way)",
+    )
     ap.add_argument("--group", type=int, default=GROUP, help="completions per prompt (both sides)")
     ap.add_argument("--prompts", type=int, default=PROMPTS, help="prompts per optimizer step (both sides)")
     ap.add_argument("--lr", type=float, default=LR, help="learning rate (both sides)")
-    ap.add_argument("--kl", type=float, default=KL, help="KL coefficient to the start policy (both sides; 0: "
-                                                        "no reference model)")
-    ap.add_argument("--epochs", type=int, default=EPOCHS,
-                    help="optimizer steps per sampled batch, both sides (TRL: num_iterations); the later ones "
-                         "are off-policy, corrected by the clipped ratio to the behaviour logprobs")
-    ap.add_argument("--curriculum", type=float, default=None, metavar="UNIFORM",
-                    help="ours draws its prompts from a PromptCurriculum with this uniform share (1.0: uniform "
-                         "over the problems); TRL keeps the fixed order (it has no curriculum)")
-    ap.add_argument("--skip-flat", action="store_true",
-                    help="ours skips the forward/backward of groups whose samples all scored the same, KL "
-                         "term included (GRPO(regularize_all_rows=False)); TRL trains every row")
-    ap.add_argument("--overlap", action="store_true",
-                    help="ours samples the next batch on a second thread while it trains on this one (one "
-                         "step stale, one core each); ours then uses two cores, so give TRL --threads 2")
+    ap.add_argument(
+        "--kl", type=float, default=KL, help="KL coefficient to the start policy (both sides; 0: no reference model)"
+    )
+    ap.add_argument(
+        "--epochs",
+        type=int,
+        default=EPOCHS,
+        help="optimizer steps per sampled batch, both sides (TRL: num_iterations); the later ones "
+        "are off-policy, corrected by the clipped ratio to the behaviour logprobs",
+    )
+    ap.add_argument(
+        "--curriculum",
+        type=float,
+        default=None,
+        metavar="UNIFORM",
+        help="ours draws its prompts from a PromptCurriculum with this uniform share (1.0: uniform "
+        "over the problems); TRL keeps the fixed order (it has no curriculum)",
+    )
+    ap.add_argument(
+        "--skip-flat",
+        action="store_true",
+        help="ours skips the forward/backward of groups whose samples all scored the same, KL "
+        "term included (GRPO(regularize_all_rows=False)); TRL trains every row",
+    )
+    ap.add_argument(
+        "--overlap",
+        action="store_true",
+        help="ours samples the next batch on a second thread while it trains on this one (one "
+        "step stale, one core each); ours then uses two cores, so give TRL --threads 2",
+    )
     ap.add_argument("--child", choices=["trl"], help=argparse.SUPPRESS)
     ap.add_argument("--model-path", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -547,10 +680,20 @@ def main() -> None:
         print("CHILD " + json.dumps(run_trl(a.model_path, **side_kw(a))), flush=True)
         return
 
-    settings = {"seconds": a.seconds, "target": a.target, "reward": a.reward, "curriculum": a.curriculum,
-                "skip_flat": a.skip_flat, "overlap": a.overlap,
-                "threads": a.threads, "group": GROUP, "prompts": PROMPTS, "lr": LR, "kl": KL,
-                "epochs": EPOCHS}
+    settings = {
+        "seconds": a.seconds,
+        "target": a.target,
+        "reward": a.reward,
+        "curriculum": a.curriculum,
+        "skip_flat": a.skip_flat,
+        "overlap": a.overlap,
+        "threads": a.threads,
+        "group": GROUP,
+        "prompts": PROMPTS,
+        "lr": LR,
+        "kl": KL,
+        "epochs": EPOCHS,
+    }
     runs = [run_seed(a, s) for s in seeds]
     if a.seeds is None:  # one seed: its figures at the top level, as before
         print("RESULT " + json.dumps({**settings, **runs[0]}))
@@ -559,10 +702,14 @@ def main() -> None:
     print(f"\n{'seed':>4} {'ours ' + key:>14} {'trl ' + key:>14} {'ours best':>10} {'trl best':>9}")
     for r in runs:
         o, t = r.get("ours", {}), r.get("trl", {})
-        print(f"{r['seed']:>4} {o.get(key, '-')!s:>14} {t.get(key, '-')!s:>14} {o.get('best', '-')!s:>10} "
-              f"{t.get('best', '-')!s:>9}")
-    print("RESULT " + json.dumps({**settings, "seeds": seeds, "summary": across_seeds(runs, key, a.seconds),
-                                  "per_seed": runs}))
+        print(
+            f"{r['seed']:>4} {o.get(key, '-')!s:>14} {t.get(key, '-')!s:>14} {o.get('best', '-')!s:>10} "
+            f"{t.get('best', '-')!s:>9}"
+        )
+    print(
+        "RESULT "
+        + json.dumps({**settings, "seeds": seeds, "summary": across_seeds(runs, key, a.seconds), "per_seed": runs})
+    )
 
 
 if __name__ == "__main__":

@@ -36,11 +36,21 @@ from rollart_nb.workers.roles import SimGenerator, SimTrainer  # noqa: E402
 PAPER = {"sync+": 2.05, "one-off": 1.35, "areal": 1.31}
 
 
-def run_mode(sess, gen, train, tasks, mode: str, alpha: int, steps: int, batch: int, group: int,
-             affinity: bool, ts: float) -> dict:
-    pipe = sess.pipeline(train, gen, tasks, batch_size=batch, group_size=group, alpha=alpha, mode=mode,
-                         name=f"{mode}-{alpha}", hw_affinity=affinity,
-                         rollout=RolloutConfig(max_turns=32, max_new_tokens=4096, max_context=32768))
+def run_mode(
+    sess, gen, train, tasks, mode: str, alpha: int, steps: int, batch: int, group: int, affinity: bool, ts: float
+) -> dict:
+    pipe = sess.pipeline(
+        train,
+        gen,
+        tasks,
+        batch_size=batch,
+        group_size=group,
+        alpha=alpha,
+        mode=mode,
+        name=f"{mode}-{alpha}",
+        hw_affinity=affinity,
+        rollout=RolloutConfig(max_turns=32, max_new_tokens=4096, max_context=32768),
+    )
     pipe.step()  # warm-up (first iteration has no overlap yet)
     reps = pipe.run(steps, progress=False)
     pipe.close()
@@ -70,21 +80,37 @@ def main() -> None:
         ts, sess = a.time_scale, rn.Session.local(pools, serverless=False)
     try:
         # one H800 + two H20 generation workers in one cluster (the affinity mix)
-        gen = sess.cluster("actor_gen", SimGenerator, pool="H20", replicas=3, fallback=["H800"], model=m,
-                           time_scale=ts, response_tokens=response_tokens_fn(wl))
+        gen = sess.cluster(
+            "actor_gen",
+            SimGenerator,
+            pool="H20",
+            replicas=3,
+            fallback=["H800"],
+            model=m,
+            time_scale=ts,
+            response_tokens=response_tokens_fn(wl),
+        )
         train = sess.cluster("actor_train", SimTrainer, pool="H800", model=m, time_scale=ts, gpus=4)
         tasks = sess.tasks({k: SimEnv(w, time_scale=ts) for k, w in wl.items()}, envs_per_task=a.envs_per_task)
-        print(f"qwen3-8b, generators on {[b.hardware for b in gen.bindings]}, batch {a.batch}, group {a.group}, "
-              f"{2 * a.envs_per_task} envs, {a.session} session (time_scale {ts})")
+        print(
+            f"qwen3-8b, generators on {[b.hardware for b in gen.bindings]}, batch {a.batch}, group {a.group}, "
+            f"{2 * a.envs_per_task} envs, {a.session} session (time_scale {ts})"
+        )
         res = {}
         for mode in ["sync", "sync+", "one-off", "areal", "rollart"]:
-            res[mode] = run_mode(sess, gen, train, tasks, mode, 1, a.steps, a.batch, a.group,
-                                 affinity=mode == "rollart", ts=ts)
+            res[mode] = run_mode(
+                sess, gen, train, tasks, mode, 1, a.steps, a.batch, a.group, affinity=mode == "rollart", ts=ts
+            )
             r = res[mode]
-            print(f"{mode:>8}: step {r['step_s']:.3f}s  {r['tok_per_s']:.0f} tok/s  "
-                  f"aborted/step {r['aborted_per_step']:.1f}", flush=True)
+            print(
+                f"{mode:>8}: step {r['step_s']:.3f}s  {r['tok_per_s']:.0f} tok/s  "
+                f"aborted/step {r['aborted_per_step']:.1f}",
+                flush=True,
+            )
         over = {k: round(v["step_s"] / res["rollart"]["step_s"], 3) for k, v in res.items() if k != "rollart"}
-        print("rollart speed-up over: " + ", ".join(f"{k} {v:.2f}x (paper {PAPER.get(k, '-')})" for k, v in over.items()))
+        print(
+            "rollart speed-up over: " + ", ".join(f"{k} {v:.2f}x (paper {PAPER.get(k, '-')})" for k, v in over.items())
+        )
         sweep = {}
         for al in [int(x) for x in a.alphas.split(",")]:
             r = run_mode(sess, gen, train, tasks, "rollart", al, a.steps, a.batch, a.group, affinity=True, ts=ts)
@@ -92,8 +118,17 @@ def main() -> None:
             print(f"  alpha={al}: step {r['step_s']:.3f}s  aborted/step {r['aborted_per_step']:.1f}", flush=True)
     finally:
         sess.close()
-    print("RESULT " + json.dumps({"step_time_s": {k: round(v["step_s"], 4) for k, v in res.items()},
-                                  "rollart_over": over, "alpha_sweep": sweep, "paper_rollart_over": PAPER}))
+    print(
+        "RESULT "
+        + json.dumps(
+            {
+                "step_time_s": {k: round(v["step_s"], 4) for k, v in res.items()},
+                "rollart_over": over,
+                "alpha_sweep": sweep,
+                "paper_rollart_over": PAPER,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

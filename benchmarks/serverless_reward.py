@@ -51,8 +51,9 @@ class RolloutSlot:
         t0 = time.perf_counter()
         await asyncio.sleep(duration_s)
         self.busy_s += time.perf_counter() - t0
-        return Trajectory("math", seed=i, turns=[Turn(f"what is {i} + {i} ?", str(2 * i))],
-                          info={"answer": str(2 * i)}).to_dict()
+        return Trajectory(
+            "math", seed=i, turns=[Turn(f"what is {i} + {i} ?", str(2 * i))], info={"answer": str(2 * i)}
+        ).to_dict()
 
     def busy(self) -> float:
         return self.busy_s
@@ -138,8 +139,7 @@ def main() -> None:
     # Long-tailed (lognormal) rollout lengths, the same draws for both setups.
     sigma = 0.6
     mu = -0.5 * sigma**2
-    durations = [[args.rollout_s * rng.lognormvariate(mu, sigma) for _ in range(args.batch)]
-                 for _ in range(args.steps)]
+    durations = [[args.rollout_s * rng.lognormvariate(mu, sigma) for _ in range(args.batch)] for _ in range(args.steps)]
 
     t_start = time.perf_counter()
     sess = rn.Session.local({"cpu": 2}, serverless=True)
@@ -173,18 +173,24 @@ def main() -> None:
         mgr = ServeManager()
         mgr.sample_replicas(0.1)
         judge = LLMJudge(backend="sim", sim_latency_s=args.reward_s)
-        ep = mgr.deploy("reward", judge, min_replicas=0, max_replicas=k,
-                        max_ongoing_requests=args.reward_concurrency,
-                        target_ongoing_requests=args.reward_concurrency, upscale_delay_s=1.0,
-                        downscale_delay_s=args.train_s + 1.5, timeout_s=60)
+        ep = mgr.deploy(
+            "reward",
+            judge,
+            min_replicas=0,
+            max_replicas=k,
+            max_ongoing_requests=args.reward_concurrency,
+            target_ongoing_requests=args.reward_concurrency,
+            upscale_delay_s=1.0,
+            downscale_delay_s=args.train_s + 1.5,
+            timeout_s=60,
+        )
         slots = [slot_cls.remote() for _ in range(n)]
         ray.get([s.busy.remote() for s in slots])
         assert mgr.utilization("reward")["replicas"] == 0
 
         async def serverless_job() -> dict:
             async with httpx.AsyncClient(limits=httpx.Limits(max_connections=256)) as client:
-                return await run_job(slots, lambda d: acall(ep, [d], {}, client=client), durations,
-                                     args.train_s)
+                return await run_job(slots, lambda d: acall(ep, [d], {}, client=client), durations, args.train_s)
 
         t0 = time.perf_counter()
         srv = asyncio.run(serverless_job())
@@ -201,27 +207,41 @@ def main() -> None:
         sess.close()
 
     overhead = [c - args.reward_s for c in srv["calls"]]
-    warm = overhead[args.batch:]  # after the first step, whose calls queue behind the cold start
+    warm = overhead[args.batch :]  # after the first step, whose calls queue behind the cold start
     ded_over = [c - args.reward_s for c in ded["calls"]]
     mean = statistics.fmean
     rollout_ded, rollout_srv = mean(ded["step_s"]), mean(srv["step_s"])
-    out.update({
-        "dedicated": {"step_s": [round(s, 2) for s in ded["step_s"]], "span_s": round(ded_span, 2),
-                      "reward_busy_s": round(ded_busy, 2), "reserved_s": round(k * ded_span, 2),
-                      "reward_pool_util": round(ded_busy / (k * ded_span), 4),
-                      "budget_util": round((ded_busy + ded_roll_busy) / (n * ded_span), 4),
-                      "call_overhead_mean_s": round(mean(ded_over), 4), "call_overhead_max_s": round(max(ded_over), 4)},
-        "serverless": {"step_s": [round(s, 2) for s in srv["step_s"]], "span_s": round(srv_span, 2),
-                       "reward_busy_s": round(u["busy_s"], 2), "replica_s": round(u["replica_s"], 2),
-                       "replica_util": round(u["utilization"] or 0.0, 4),
-                       "budget_util": round(srv_roll_busy / (n * srv_span), 4),
-                       "cold_starts": u["cold_starts"], "replica_starts": u["replica_starts"], "peak_replicas": peak,
-                       "scaled_to_zero_after_s": round(to_zero_s, 1), "requests": u["requests"],
-                       "call_overhead_mean_s": round(mean(overhead), 4),
-                       "call_overhead_p50_s": round(statistics.median(overhead), 4),
-                       "call_overhead_max_s": round(max(overhead), 4),
-                       "call_overhead_mean_after_step1_s": round(mean(warm), 4) if warm else None},
-    })
+    out.update(
+        {
+            "dedicated": {
+                "step_s": [round(s, 2) for s in ded["step_s"]],
+                "span_s": round(ded_span, 2),
+                "reward_busy_s": round(ded_busy, 2),
+                "reserved_s": round(k * ded_span, 2),
+                "reward_pool_util": round(ded_busy / (k * ded_span), 4),
+                "budget_util": round((ded_busy + ded_roll_busy) / (n * ded_span), 4),
+                "call_overhead_mean_s": round(mean(ded_over), 4),
+                "call_overhead_max_s": round(max(ded_over), 4),
+            },
+            "serverless": {
+                "step_s": [round(s, 2) for s in srv["step_s"]],
+                "span_s": round(srv_span, 2),
+                "reward_busy_s": round(u["busy_s"], 2),
+                "replica_s": round(u["replica_s"], 2),
+                "replica_util": round(u["utilization"] or 0.0, 4),
+                "budget_util": round(srv_roll_busy / (n * srv_span), 4),
+                "cold_starts": u["cold_starts"],
+                "replica_starts": u["replica_starts"],
+                "peak_replicas": peak,
+                "scaled_to_zero_after_s": round(to_zero_s, 1),
+                "requests": u["requests"],
+                "call_overhead_mean_s": round(mean(overhead), 4),
+                "call_overhead_p50_s": round(statistics.median(overhead), 4),
+                "call_overhead_max_s": round(max(overhead), 4),
+                "call_overhead_mean_after_step1_s": round(mean(warm), 4) if warm else None,
+            },
+        }
+    )
     for name in ("dedicated", "serverless"):
         print(f"{name:>10}: {json.dumps(out[name])}")
     headline = {
@@ -230,7 +250,8 @@ def main() -> None:
         "rollout_time_ratio": round(rollout_ded / rollout_srv, 2),
         # Step 1 of (b) waits for the 0 -> 1 cold start; later steps show the slot gain alone.
         "rollout_time_ratio_after_step1": round(mean(ded["step_s"][1:]) / mean(srv["step_s"][1:]), 2)
-        if args.steps > 1 else None,
+        if args.steps > 1
+        else None,
         "reward_util_dedicated": out["dedicated"]["reward_pool_util"],
         "reward_util_serverless": out["serverless"]["replica_util"],
         "budget_util_dedicated": out["dedicated"]["budget_util"],

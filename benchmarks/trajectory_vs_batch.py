@@ -58,17 +58,36 @@ class FixedTurns:
         return "next", float(done), done, False, {}
 
 
-async def measure(mode: str, sigma_s: float, *, mu_s: float, batch: int, group: int, turns: int, iters: int,
-                  gen_workers: int, seed: int) -> dict:
-    envs = {"t": [WithLatency(FixedTurns(turns), mean_s=mu_s, std_s=sigma_s, seed=seed * 1000 + i)
-                  for i in range(batch)]}
+async def measure(
+    mode: str,
+    sigma_s: float,
+    *,
+    mu_s: float,
+    batch: int,
+    group: int,
+    turns: int,
+    iters: int,
+    gen_workers: int,
+    seed: int,
+) -> dict:
+    envs = {
+        "t": [WithLatency(FixedTurns(turns), mean_s=mu_s, std_s=sigma_s, seed=seed * 1000 + i) for i in range(batch)]
+    }
     # qwen3-8b on H20, 4 tokens a turn, time_scale 0.1: ~5 ms of generation per turn (env-dominated,
     # as in the paper's setup where env latency is the variable under study).
-    backends = [SimBackend(spec("qwen3-8b"), PROFILES["H20"], time_scale=0.1, mean_response_tokens=4, seed=i)
-                for i in range(gen_workers)]
+    backends = [
+        SimBackend(spec("qwen3-8b"), PROFILES["H20"], time_scale=0.1, mean_response_tokens=4, seed=i)
+        for i in range(gen_workers)
+    ]
     targets = [GenTarget(LocalHandle(LocalGenerator(b)), f"gen/{i}", "H20", "H20") for i, b in enumerate(backends)]
-    cfg = SchedulerConfig(batch_size=batch, group_size=group, alpha=1, mode=MODES[mode], seed=seed,
-                          rollout=RolloutConfig(max_turns=turns, max_new_tokens=4))
+    cfg = SchedulerConfig(
+        batch_size=batch,
+        group_size=group,
+        alpha=1,
+        mode=MODES[mode],
+        seed=seed,
+        rollout=RolloutConfig(max_turns=turns, max_new_tokens=4),
+    )
     sched = RolloutScheduler(envs, SimTokenizer(), LLMProxy(targets), RewardDispatcher(), cfg)
     steps, bounds = [], []
     await sched.get_batch(batch)  # warm-up iteration (not timed)
@@ -79,8 +98,15 @@ async def measure(mode: str, sigma_s: float, *, mu_s: float, batch: int, group: 
         got = await sched.get_batch(batch)
         steps.append(time.monotonic() - t0)
         # the slowest trajectory's own latency sum: no schedule can beat it
-        bounds.append(max(sum(tr.timings.get("reset", 0) + tr.timings.get("generate", 0) + tr.timings.get("env", 0)
-                              for tr in t.turns) for t in got))
+        bounds.append(
+            max(
+                sum(
+                    tr.timings.get("reset", 0) + tr.timings.get("generate", 0) + tr.timings.get("env", 0)
+                    for tr in t.turns
+                )
+                for t in got
+            )
+        )
         for b in backends:
             b.load_weights({}, v)
         await sched.set_version(v)
@@ -103,8 +129,10 @@ def main() -> None:
     paper = {"10": 1.23, "100": 2.27}
     ratio, traj_bound, it = {}, {}, {}
     print(f"mu=100 ms, B={a.batch}, T={a.turns} turns, {a.iters} iterations per point")
-    print(f"{'sigma':>6} {'batch s':>8} {'iter s':>8} {'traj s':>8} {'bound s':>8} {'batch/iter':>10} "
-          f"{'batch/traj':>10} {'iter/bound':>10} {'paper':>6}")
+    print(
+        f"{'sigma':>6} {'batch s':>8} {'iter s':>8} {'traj s':>8} {'bound s':>8} {'batch/iter':>10} "
+        f"{'batch/traj':>10} {'iter/bound':>10} {'paper':>6}"
+    )
     for s_ms in [int(x) for x in a.sigmas_ms.split(",")]:
         kw = dict(mu_s=mu, batch=a.batch, group=a.group, turns=a.turns, iters=a.iters, gen_workers=4, seed=a.seed)
         b = asyncio.run(measure("sync", s_ms / 1000, **kw))
@@ -113,14 +141,28 @@ def main() -> None:
         ratio[str(s_ms)] = round(b["step_s"] / c["step_s"], 3)
         it[str(s_ms)] = round(b["step_s"] / t["step_s"], 3)
         traj_bound[str(s_ms)] = round(t["step_s"] / t["bound_s"], 3)
-        print(f"{s_ms:>4}ms {b['step_s']:>8.3f} {t['step_s']:>8.3f} {c['step_s']:>8.3f} {t['bound_s']:>8.3f} "
-              f"{it[str(s_ms)]:>10.2f} {ratio[str(s_ms)]:>10.2f} {traj_bound[str(s_ms)]:>10.2f} "
-              f"{paper.get(str(s_ms), ''):>6}", flush=True)
-    print("batch = sync (all envs step together); iter = sync+ (one iteration's quota, envs on their own "
-          "timelines); traj = RollArt's continuous trajectory-level rollout (headline ratio); "
-          "iter/bound = the sync+ step over its critical path (slowest trajectory's own latency sum).")
-    print("RESULT " + json.dumps({"ratio_by_sigma_ms": ratio, "iteration_ratio_by_sigma_ms": it,
-                                  "traj_over_bound_by_sigma_ms": traj_bound, "paper": paper}))
+        print(
+            f"{s_ms:>4}ms {b['step_s']:>8.3f} {t['step_s']:>8.3f} {c['step_s']:>8.3f} {t['bound_s']:>8.3f} "
+            f"{it[str(s_ms)]:>10.2f} {ratio[str(s_ms)]:>10.2f} {traj_bound[str(s_ms)]:>10.2f} "
+            f"{paper.get(str(s_ms), ''):>6}",
+            flush=True,
+        )
+    print(
+        "batch = sync (all envs step together); iter = sync+ (one iteration's quota, envs on their own "
+        "timelines); traj = RollArt's continuous trajectory-level rollout (headline ratio); "
+        "iter/bound = the sync+ step over its critical path (slowest trajectory's own latency sum)."
+    )
+    print(
+        "RESULT "
+        + json.dumps(
+            {
+                "ratio_by_sigma_ms": ratio,
+                "iteration_ratio_by_sigma_ms": it,
+                "traj_over_bound_by_sigma_ms": traj_bound,
+                "paper": paper,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

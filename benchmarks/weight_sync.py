@@ -57,9 +57,7 @@ def make_transport(kind: str, address: str | None, bucket_bytes: int, segment_by
     if kind == "mooncake":
         from rollart_nb.weights.mooncake import MooncakeTransport
 
-        return MooncakeTransport(
-            address, prefix="bench", bucket_bytes=bucket_bytes, segment_bytes=segment_bytes
-        )
+        return MooncakeTransport(address, prefix="bench", bucket_bytes=bucket_bytes, segment_bytes=segment_bytes)
     from rollart_nb.weights.object_store import ObjectStoreTransport
 
     return ObjectStoreTransport("bench-weights", bucket_bytes=bucket_bytes)
@@ -95,9 +93,7 @@ class Worker:
 
     def async_step(self, version: int, rollout_s: float, busy: bool) -> dict[str, float]:
         if self.puller is None:
-            self.puller = WeightPuller(
-                self.transport, current_version=self.loaded, poll_interval_s=0.02
-            ).start()
+            self.puller = WeightPuller(self.transport, current_version=self.loaded, poll_interval_s=0.02).start()
         self.puller.take_metrics()
         rollout(rollout_s, busy)
         self.puller.wait_for(version, timeout=600)
@@ -199,9 +195,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--gib", type=float, default=1.0, help="state size in GiB")
     ap.add_argument("--workers", type=int, default=2, help="generation worker processes")
     ap.add_argument("--steps", type=int, default=3, help="measured steps per mode")
-    ap.add_argument(
-        "--warmup", type=int, default=1, help="unmeasured first steps per mode (page faults, connections)"
-    )
+    ap.add_argument("--warmup", type=int, default=1, help="unmeasured first steps per mode (page faults, connections)")
     ap.add_argument("--rollout-s", type=float, default=6.0, help="simulated rollout per step")
     ap.add_argument("--busy", action="store_true", help="rollout burns CPU instead of sleeping")
     ap.add_argument("--bucket-mib", type=int, default=256, help="bucket size in MiB")

@@ -43,8 +43,12 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=100, help="pipeline steps (default: %(default)s)")
     ap.add_argument("--generators", type=int, default=2, help="generation workers (default: %(default)s)")
     ap.add_argument("--kill-every", type=int, default=10, help="kill a generator every N steps (default: %(default)s)")
-    ap.add_argument("--trainer-kill-at", type=int, default=55, help="kill the trainer at this step; -1: never "
-                    "(default: %(default)s)")
+    ap.add_argument(
+        "--trainer-kill-at",
+        type=int,
+        default=55,
+        help="kill the trainer at this step; -1: never (default: %(default)s)",
+    )
     ap.add_argument("--autosave-every", type=int, default=5, help="autosave every N steps (default: %(default)s)")
     ap.add_argument("--envs", type=int, default=16, help="env instances (default: %(default)s)")
     ap.add_argument("--batch", type=int, default=16, help="trajectories per step (default: %(default)s)")
@@ -59,15 +63,34 @@ def main() -> None:
     run_dir = tempfile.mkdtemp(prefix="rollart_worker_faults_")
     gen_kills = trainer_kills = 0
     try:
-        gen = sess.cluster("actor_gen", SimGenerator, pool="H20", replicas=a.generators, model=spec,
-                           time_scale=2e-3, mean_response_tokens=16)
+        gen = sess.cluster(
+            "actor_gen",
+            SimGenerator,
+            pool="H20",
+            replicas=a.generators,
+            model=spec,
+            time_scale=2e-3,
+            mean_response_tokens=16,
+        )
         train = sess.cluster("actor_train", SimTrainer, pool="H800", model=spec, time_scale=1e-4)
         tasks = sess.tasks({"math": Arithmetic()}, envs_per_task=a.envs)
-        pipe = sess.pipeline(train, gen, tasks, algo=rn.GRPO(group_size=a.group), batch_size=a.batch, mode="rollart",
-                             name="worker_faults", run_dir=run_dir, autosave_every=a.autosave_every,
-                             max_worker_restarts=a.steps)
-        print(f"worker fault soak: {a.steps} steps, {a.generators} generators (one killed every {a.kill_every} steps), "
-              f"trainer killed at step {a.trainer_kill_at}, autosave every {a.autosave_every}", flush=True)
+        pipe = sess.pipeline(
+            train,
+            gen,
+            tasks,
+            algo=rn.GRPO(group_size=a.group),
+            batch_size=a.batch,
+            mode="rollart",
+            name="worker_faults",
+            run_dir=run_dir,
+            autosave_every=a.autosave_every,
+            max_worker_restarts=a.steps,
+        )
+        print(
+            f"worker fault soak: {a.steps} steps, {a.generators} generators (one killed every {a.kill_every} steps), "
+            f"trainer killed at step {a.trainer_kill_at}, autosave every {a.autosave_every}",
+            flush=True,
+        )
         pipe.run(a.steps, background=True, progress=False)
         done_kills: set[int] = set()
         printed: set[int] = set()
@@ -86,9 +109,12 @@ def main() -> None:
             if step % 10 == 0 and step and step not in printed:
                 printed.add(step)
                 acc = pipe.stats()["accounting"]
-                print(f"step {step:>4}  version {pipe.version:>4}  failed so far {acc['failed']}  "
-                      f"replacements {sum(e['kind'] == 'generator_replaced' for e in pipe.events)}  "
-                      f"restores {sum(e['kind'] == 'trainer_restored' for e in pipe.events)}", flush=True)
+                print(
+                    f"step {step:>4}  version {pipe.version:>4}  failed so far {acc['failed']}  "
+                    f"replacements {sum(e['kind'] == 'generator_replaced' for e in pipe.events)}  "
+                    f"restores {sum(e['kind'] == 'trainer_restored' for e in pipe.events)}",
+                    flush=True,
+                )
             time.sleep(0.005)
         pipe.wait()
         stats = pipe.stats()

@@ -23,10 +23,24 @@ __version__ = "0.1.0"
 
 # Subpackages load on first use (``rn.models.tiny_qwen``, ``rn.envs.FrozenLake``, ...), so
 # ``import rollart_nb`` stays cheap and starts nothing.
-_LAZY = ("algo", "backends", "control", "envs", "models", "nb", "rewards", "serverless", "sim", "trackers", "weights",
-         "workers")
-_LAZY_NAMES = {"plan": "rollart_nb.planner",  # rn.plan(workload, budget): the what-if advisor
-               "PromptCurriculum": "rollart_nb.control.curriculum"}
+_LAZY = (
+    "algo",
+    "backends",
+    "control",
+    "envs",
+    "models",
+    "nb",
+    "rewards",
+    "serverless",
+    "sim",
+    "trackers",
+    "weights",
+    "workers",
+)
+_LAZY_NAMES = {
+    "plan": "rollart_nb.planner",  # rn.plan(workload, budget): the what-if advisor
+    "PromptCurriculum": "rollart_nb.control.curriculum",
+}
 
 
 def __getattr__(name: str) -> _Any:
@@ -38,7 +52,8 @@ def __getattr__(name: str) -> _Any:
 
 
 def __dir__() -> list[str]:
-    return sorted({n for n in globals() if not n.startswith('_')} | set(_LAZY) | set(_LAZY_NAMES))
+    return sorted({n for n in globals() if not n.startswith("_")} | set(_LAZY) | set(_LAZY_NAMES))
+
 
 __all__ = [
     "Binding",

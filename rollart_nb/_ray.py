@@ -175,9 +175,13 @@ def clean_stale() -> list[dict[str, Any]]:
                 continue
         shutil.rmtree(d, ignore_errors=True)
         out.append({"driver_pid": pid, "processes": stopped, "token_dir": str(d)})
-        log.warning("cleaned up after a local Ray session whose process (pid %d) died without closing: stopped %d "
-                    "leftover process(es)%s and deleted its auth token", pid, len(stopped),
-                    f" ({', '.join(sorted(set(stopped)))})" if stopped else "")
+        log.warning(
+            "cleaned up after a local Ray session whose process (pid %d) died without closing: stopped %d "
+            "leftover process(es)%s and deleted its auth token",
+            pid,
+            len(stopped),
+            f" ({', '.join(sorted(set(stopped)))})" if stopped else "",
+        )
     return out
 
 
@@ -218,8 +222,14 @@ def start_local(
         )
     restore_env()  # a session that died without closing left its settings behind
     cleaned = clean_stale()  # ... or, in another process, its Ray agents and token
-    _set_env({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": _write_token(secrets.token_hex(32)),
-              "RAY_AUTH_TOKEN": None, LOOPBACK_ENV: "0" if expose is None else "1"})
+    _set_env(
+        {
+            "RAY_AUTH_MODE": "token",
+            "RAY_AUTH_TOKEN_PATH": _write_token(secrets.token_hex(32)),
+            "RAY_AUTH_TOKEN": None,
+            LOOPBACK_ENV: "0" if expose is None else "1",
+        }
+    )
     extra: dict[str, Any] = {}
     if expose not in (None, "auto"):
         extra["_node_ip_address"] = expose
@@ -278,9 +288,7 @@ def probe(address: str, timeout_s: float) -> None:
     """Raise ConnectError unless ``address``'s TCP port answers within ``timeout_s``."""
     hp = _host_port(address)
     if hp is None:
-        raise ConnectError(
-            f"cannot parse Ray address {address!r}; use 'auto', 'host:6379' or 'ray://host:10001'"
-        )
+        raise ConnectError(f"cannot parse Ray address {address!r}; use 'auto', 'host:6379' or 'ray://host:10001'")
     deadline = time.monotonic() + timeout_s
     last: Exception | None = None
     while time.monotonic() < deadline:
@@ -298,11 +306,15 @@ def probe(address: str, timeout_s: float) -> None:
 
 def _refusal(code_name: str, address: str, token: str | None) -> str:
     if token:
-        return (f"the Ray cluster at {address} refused the token ({code_name}); pass the cluster's own "
-                "token: Session.attach(..., token=...) or the variable named by token_env (on the head "
-                "node, `ray get-auth-token` prints it)")
-    return (f"the Ray cluster at {address} requires a token ({code_name}); pass Session.attach(..., "
-            f"token=...) or set {TOKEN_ENV} (on the head node, `ray get-auth-token` prints it)")
+        return (
+            f"the Ray cluster at {address} refused the token ({code_name}); pass the cluster's own "
+            "token: Session.attach(..., token=...) or the variable named by token_env (on the head "
+            "node, `ray get-auth-token` prints it)"
+        )
+    return (
+        f"the Ray cluster at {address} requires a token ({code_name}); pass Session.attach(..., "
+        f"token=...) or set {TOKEN_ENV} (on the head node, `ray get-auth-token` prints it)"
+    )
 
 
 def preflight(address: str, *, token: str | None, timeout_s: float) -> None:
@@ -337,13 +349,17 @@ def preflight(address: str, *, token: str | None, timeout_s: float) -> None:
 
                 ray_client_pb2_grpc.RayletDriverStub(channel).ClusterInfo(
                     ray_client_pb2.ClusterInfoRequest(type=ray_client_pb2.ClusterInfoType.PING),
-                    timeout=left, metadata=meta)
+                    timeout=left,
+                    metadata=meta,
+                )
                 return
             from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
 
             reply = gcs_service_pb2_grpc.InternalKVGcsServiceStub(channel).InternalKVGet(
                 gcs_service_pb2.InternalKVGetRequest(key=b"CLUSTER_METADATA", namespace=b"cluster"),
-                timeout=left, metadata=meta)
+                timeout=left,
+                metadata=meta,
+            )
         except grpc.RpcError as e:
             code = e.code() if hasattr(e, "code") else None
             name = getattr(code, "name", "error")
@@ -368,8 +384,7 @@ def preflight(address: str, *, token: str | None, timeout_s: float) -> None:
         channel.close()
 
 
-def connect(address: str, *, namespace: str, timeout_s: float, log_to_driver: bool,
-            token: str | None = None) -> str:
+def connect(address: str, *, namespace: str, timeout_s: float, log_to_driver: bool, token: str | None = None) -> str:
     """Join an existing cluster; returns the resolved address.
 
     ``token``: the cluster's Ray token (else the one in ``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH``
@@ -472,8 +487,15 @@ def kv_keys(prefix: str) -> list[str]:
 
 
 # -- actors ------------------------------------------------------------------------------
-def actor_options(*, node_id: str | None, num_gpus: float, resources: dict[str, float], name: str | None,
-                  max_concurrency: int, num_cpus: float = 0) -> dict[str, Any]:
+def actor_options(
+    *,
+    node_id: str | None,
+    num_gpus: float,
+    resources: dict[str, float],
+    name: str | None,
+    max_concurrency: int,
+    num_cpus: float = 0,
+) -> dict[str, Any]:
     """Options that pin an actor to a node and reserve its pool slot."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 

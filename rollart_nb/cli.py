@@ -88,8 +88,9 @@ def _parse_weights(text: str) -> dict[str, float]:
         except ValueError:
             w = math.nan
         if not name or not math.isfinite(w) or name in out:
-            raise ConfigError(f"--weights: {part!r} is not task=number, or names a task twice "
-                              "(e.g. frozenlake=1,math=3)")
+            raise ConfigError(
+                f"--weights: {part!r} is not task=number, or names a task twice (e.g. frozenlake=1,math=3)"
+            )
         out[name] = w
     return out
 
@@ -103,8 +104,9 @@ def _weights(text: str) -> dict[str, float]:
         raise argparse.ArgumentTypeError(str(e).removeprefix("--weights: ")) from e
     unknown = [t for t in weights if t not in TASKS]
     if unknown:
-        raise argparse.ArgumentTypeError(f"unknown task {', '.join(map(repr, unknown))}; "
-                                         f"choose from {', '.join(TASKS)}")
+        raise argparse.ArgumentTypeError(
+            f"unknown task {', '.join(map(repr, unknown))}; choose from {', '.join(TASKS)}"
+        )
     negative = [t for t, w in weights.items() if w < 0]
     if negative or not weights:
         raise argparse.ArgumentTypeError(f"{text!r}: give each task a share >= 0 (e.g. frozenlake=1,math=3)")
@@ -123,11 +125,27 @@ def _json_object(text: str) -> dict[str, Any]:
 
 # -- demo ------------------------------------------------------------------------------------
 # flag dest -> DemoConfig field (the flags' defaults are DemoConfig's: one place defines them)
-_DEMO_FIELDS = {"steps": "steps", "minutes": "minutes", "mode": "mode", "alpha": "alpha", "generator": "generator",
-                "batch_size": "batch_size", "group_size": "group_size", "envs_per_task": "envs_per_task",
-                "lr": "lr", "entropy": "entropy_coef", "kl": "kl_coef", "loss_agg": "loss_agg",
-                "math_reward": "math_reward", "math_curriculum": "math_curriculum", "tasks": "tasks",
-                "weights": "task_weights", "validate_every": "validate_every", "seed": "seed", "out": "out"}
+_DEMO_FIELDS = {
+    "steps": "steps",
+    "minutes": "minutes",
+    "mode": "mode",
+    "alpha": "alpha",
+    "generator": "generator",
+    "batch_size": "batch_size",
+    "group_size": "group_size",
+    "envs_per_task": "envs_per_task",
+    "lr": "lr",
+    "entropy": "entropy_coef",
+    "kl": "kl_coef",
+    "loss_agg": "loss_agg",
+    "math_reward": "math_reward",
+    "math_curriculum": "math_curriculum",
+    "tasks": "tasks",
+    "weights": "task_weights",
+    "validate_every": "validate_every",
+    "seed": "seed",
+    "out": "out",
+}
 
 
 def _add_demo(sub: argparse._SubParsersAction) -> None:
@@ -136,39 +154,71 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
     from rollart_nb.demo import MATH_REWARDS, DemoConfig
 
     c = DemoConfig()
-    d = sub.add_parser("demo", help="train a tiny model on FrozenLake + Arithmetic on Session.local()",
-                       description="The main job: GRPO on a tiny locally built model, FrozenLake and Arithmetic, "
-                                   "on Session.local(); prints a table per step, writes an HTML report and "
-                                   "ends with RESULT {json}.",
-                       usage="%(prog)s [options]", formatter_class=_Help)
+    d = sub.add_parser(
+        "demo",
+        help="train a tiny model on FrozenLake + Arithmetic on Session.local()",
+        description="The main job: GRPO on a tiny locally built model, FrozenLake and Arithmetic, "
+        "on Session.local(); prints a table per step, writes an HTML report and "
+        "ends with RESULT {json}.",
+        usage="%(prog)s [options]",
+        formatter_class=_Help,
+    )
     d.add_argument("--steps", type=_whole(1), default=c.steps, help="training steps (the run also stops at --minutes)")
     d.add_argument("--minutes", type=_number(0, above=True), default=c.minutes, help="wall-clock budget for training")
     d.add_argument("--mode", choices=list(MODES), default=c.mode, help="pipeline mode")
-    d.add_argument("--alpha", type=_whole(0), default=c.alpha,
-                   help="staleness bound, per trajectory, in policy versions")
+    d.add_argument(
+        "--alpha", type=_whole(0), default=c.alpha, help="staleness bound, per trajectory, in policy versions"
+    )
     d.add_argument("--generator", choices=["hf", "vllm"], default=c.generator, help="generation backend")
-    d.add_argument("--batch-size", type=_whole(1), default=c.batch_size,
-                   help="trajectories per training step (a multiple of --group-size)")
+    d.add_argument(
+        "--batch-size",
+        type=_whole(1),
+        default=c.batch_size,
+        help="trajectories per training step (a multiple of --group-size)",
+    )
     d.add_argument("--group-size", type=_whole(1), default=c.group_size, help="GRPO group size")
     d.add_argument("--envs-per-task", type=_whole(1), default=c.envs_per_task, help="concurrent envs per task")
     d.add_argument("--lr", type=_number(0, above=True), default=c.lr, help="learning rate")
     d.add_argument("--entropy", type=_number(0), default=c.entropy_coef, help="entropy bonus coefficient")
     d.add_argument("--kl", type=_number(0), default=c.kl_coef, help="k3 KL coefficient to the warm start")
-    d.add_argument("--loss-agg", choices=LOSS_AGGS, default=c.loss_agg,
-                   help="how token losses average over the batch (see GRPO.loss_agg)")
-    d.add_argument("--math-reward", choices=MATH_REWARDS, default=c.math_reward,
-                   help="math's training reward: partial credit by distance (close) or exact match; "
-                        "validation is exact match either way")
-    d.add_argument("--math-curriculum", type=_number(0, 1), metavar="UNIFORM", default=c.math_curriculum,
-                   help="draw math's prompts by learnability (PromptCurriculum), this share uniformly "
-                        "(default: off, random prompts)")
-    d.add_argument("--no-std", action="store_true",
-                   help="mean-only group baseline (Dr. GRPO) for every task, not only for math")
+    d.add_argument(
+        "--loss-agg",
+        choices=LOSS_AGGS,
+        default=c.loss_agg,
+        help="how token losses average over the batch (see GRPO.loss_agg)",
+    )
+    d.add_argument(
+        "--math-reward",
+        choices=MATH_REWARDS,
+        default=c.math_reward,
+        help="math's training reward: partial credit by distance (close) or exact match; "
+        "validation is exact match either way",
+    )
+    d.add_argument(
+        "--math-curriculum",
+        type=_number(0, 1),
+        metavar="UNIFORM",
+        default=c.math_curriculum,
+        help="draw math's prompts by learnability (PromptCurriculum), this share uniformly "
+        "(default: off, random prompts)",
+    )
+    d.add_argument(
+        "--no-std", action="store_true", help="mean-only group baseline (Dr. GRPO) for every task, not only for math"
+    )
     d.add_argument("--tasks", type=_task_list, default=",".join(c.tasks), help="comma-separated tasks to train")
-    d.add_argument("--weights", type=_weights, help="share of each batch per task (default: "
-                   + ",".join(f"{t}={w:g}" for t, w in (c.task_weights or {}).items()) + ")")
-    d.add_argument("--validate-every", type=_whole(0), default=c.validate_every,
-                   help="steps between greedy validations (0: only before and after training)")
+    d.add_argument(
+        "--weights",
+        type=_weights,
+        help="share of each batch per task (default: "
+        + ",".join(f"{t}={w:g}" for t, w in (c.task_weights or {}).items())
+        + ")",
+    )
+    d.add_argument(
+        "--validate-every",
+        type=_whole(0),
+        default=c.validate_every,
+        help="steps between greedy validations (0: only before and after training)",
+    )
     d.add_argument("--seed", type=_whole(0), default=c.seed, help="seed everything derives from")
     d.add_argument("--out", default=c.out, help="directory for report.html, curves.svg and steps.jsonl")
     d.add_argument("--quiet", action="store_true", help="print only the RESULT line")
@@ -194,11 +244,14 @@ def _demo(args: argparse.Namespace) -> int:
 
 # -- bench -----------------------------------------------------------------------------------
 def _add_bench(sub: argparse._SubParsersAction) -> None:
-    b = sub.add_parser("bench", help="what-if experiments on a simulated cluster (sim backend)",
-                       description="The RollArt paper's experiments on simulated clusters, next to the paper's "
-                                   "numbers; ends with RESULT {json}.", formatter_class=_Help)
-    b.add_argument("experiment", nargs="?",
-                   help="an experiment or its alias, or 'all' (default: list the experiments)")
+    b = sub.add_parser(
+        "bench",
+        help="what-if experiments on a simulated cluster (sim backend)",
+        description="The RollArt paper's experiments on simulated clusters, next to the paper's "
+        "numbers; ends with RESULT {json}.",
+        formatter_class=_Help,
+    )
+    b.add_argument("experiment", nargs="?", help="an experiment or its alias, or 'all' (default: list the experiments)")
     b.add_argument("--list", action="store_true", help="list the experiments and exit")
     b.add_argument("--out", default="rollart_bench", help="directory for the figures")
     b.add_argument("--quick", action="store_true", help="fewer configurations and steps (a smoke run)")
@@ -209,8 +262,10 @@ def _experiments() -> list[tuple[str, list[str], str]]:
     """(name, aliases, one-line description) of every experiment."""
     from rollart_nb.bench import _ALIASES, EXPERIMENTS
 
-    return [(name, [a for a, n in _ALIASES.items() if n == name], (fn.__doc__ or "").strip().splitlines()[0])
-            for name, fn in EXPERIMENTS.items()]
+    return [
+        (name, [a for a, n in _ALIASES.items() if n == name], (fn.__doc__ or "").strip().splitlines()[0])
+        for name, fn in EXPERIMENTS.items()
+    ]
 
 
 def _check_bench(args: argparse.Namespace) -> str | None:
@@ -218,8 +273,10 @@ def _check_bench(args: argparse.Namespace) -> str | None:
         return None
     known = [(name, *aliases) for name, aliases, _ in _experiments()]
     if not any(args.experiment in names for names in known):
-        return (f"unknown experiment {args.experiment!r}; choose 'all' or one of "
-                f"{', '.join(n[0] for n in known)} (rollart-nb bench --list)")
+        return (
+            f"unknown experiment {args.experiment!r}; choose 'all' or one of "
+            f"{', '.join(n[0] for n in known)} (rollart-nb bench --list)"
+        )
     return None
 
 
@@ -240,21 +297,31 @@ def _bench(args: argparse.Namespace) -> int:
 
 # -- env-server ------------------------------------------------------------------------------
 def _add_env_server(sub: argparse._SubParsersAction) -> None:
-    e = sub.add_parser("env-server", help="serve an env class over HTTP/JSON (protocol v1) for RemoteEnv",
-                       description="Serve an env class over HTTP/JSON (protocol v1); prints LISTENING <url> "
-                                   "once it accepts connections.", usage="%(prog)s --env MODULE:CLASS [options]",
-                       formatter_class=_Help)
-    e.add_argument("--env", required=True, metavar="MODULE:CLASS",
-                   help="env class to serve, e.g. rollart_nb.envs:FrozenLake (required)")
-    e.add_argument("--kwargs", type=_json_object, default="{}",
-                   help="JSON object of constructor arguments, e.g. '{\"size\": 4}'")
+    e = sub.add_parser(
+        "env-server",
+        help="serve an env class over HTTP/JSON (protocol v1) for RemoteEnv",
+        description="Serve an env class over HTTP/JSON (protocol v1); prints LISTENING <url> "
+        "once it accepts connections.",
+        usage="%(prog)s --env MODULE:CLASS [options]",
+        formatter_class=_Help,
+    )
+    e.add_argument(
+        "--env",
+        required=True,
+        metavar="MODULE:CLASS",
+        help="env class to serve, e.g. rollart_nb.envs:FrozenLake (required)",
+    )
+    e.add_argument(
+        "--kwargs", type=_json_object, default="{}", help="JSON object of constructor arguments, e.g. '{\"size\": 4}'"
+    )
     e.add_argument("--host", default="127.0.0.1", help="interface to bind (0.0.0.0 only inside a pod)")
     e.add_argument("--port", type=_whole(0), default=8000, help="port; 0 picks a free one (see the LISTENING line)")
     e.add_argument("--task", help="task name reported by /v1/metadata (default: none)")
     e.add_argument("--replica-id", help="name of this replica in answers (default: host:port)")
     e.add_argument("--max-episodes", type=_whole(1), default=256, help="concurrent episodes before 503")
-    e.add_argument("--idle-timeout", type=_number(0, above=True), default=600.0,
-                   help="seconds before an idle episode closes")
+    e.add_argument(
+        "--idle-timeout", type=_number(0, above=True), default=600.0, help="seconds before an idle episode closes"
+    )
     e.add_argument("--threads", type=_whole(1), default=8, help="threads for sync env methods")
     e.add_argument("--max-body-bytes", type=_whole(1), default=1 << 20, help="larger request bodies get 413")
     e.add_argument("--exit-with-parent", action="store_true", help="stop when the starting process dies")
@@ -270,9 +337,15 @@ def _env_server(args: argparse.Namespace) -> int:
 
     from rollart_nb.envs.server import EnvServer, load_env_factory, serve
 
-    server = EnvServer(load_env_factory(args.env, args.kwargs), task=args.task, replica_id=args.replica_id,
-                       max_episodes=args.max_episodes, idle_timeout_s=args.idle_timeout,
-                       threads=args.threads, max_body_bytes=args.max_body_bytes)
+    server = EnvServer(
+        load_env_factory(args.env, args.kwargs),
+        task=args.task,
+        replica_id=args.replica_id,
+        max_episodes=args.max_episodes,
+        idle_timeout_s=args.idle_timeout,
+        threads=args.threads,
+        max_body_bytes=args.max_body_bytes,
+    )
     asyncio.run(serve(server, args.host, args.port, exit_with_parent=args.exit_with_parent))
     return 0
 
@@ -280,9 +353,12 @@ def _env_server(args: argparse.Namespace) -> int:
 # -- entry point -----------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     """The ``rollart-nb`` argument parser (every flag with its help and default)."""
-    p = argparse.ArgumentParser(prog="rollart-nb", formatter_class=_Help,
-                                description="rollart_nb from a shell: the main job (demo), what-if experiments on a "
-                                            "simulated cluster (bench), and an env served over HTTP (env-server).")
+    p = argparse.ArgumentParser(
+        prog="rollart-nb",
+        formatter_class=_Help,
+        description="rollart_nb from a shell: the main job (demo), what-if experiments on a "
+        "simulated cluster (bench), and an env served over HTTP (env-server).",
+    )
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     _add_demo(sub)
@@ -311,8 +387,9 @@ def main(argv: list[str] | None = None) -> int:
             args.error(problem)
     except SystemExit as e:  # --help, --version, or a usage error (status 2)
         return e.code if isinstance(e.code, int) else 0 if e.code is None else 2
-    logging.basicConfig(level=os.environ.get("ROLLART_LOG", "WARNING"),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=os.environ.get("ROLLART_LOG", "WARNING"), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     for h in logging.getLogger().handlers:
         h.addFilter(RedactingFilter())
     try:

@@ -108,10 +108,13 @@ def _print_row(rep: Any, t0: float) -> None:
     rw = " ".join(f"{k}={v:.2f}" for k, v in rep.reward.items())
     val = " ".join(f"{k}={v:.2f}" for k, v in rep.validation.items())
     ph = rep.phases
-    print(f"{rep.step:>4} {rep.version:>3} {time.monotonic() - t0:>7.1f} {rep.step_s:>6.2f} "
-          f"{ph['rollout_wait']:>6.2f} {ph['suspend']:>5.2f} {ph['update']:>5.2f} {ph['train']:>5.2f} "
-          f"{rep.throughput:>8.0f}  {rw:<26} {val:<26} {rep.counts.get('aborted_stale', 0):>4} "
-          f"{rep.counts.get('failed', 0):>4}", flush=True)
+    print(
+        f"{rep.step:>4} {rep.version:>3} {time.monotonic() - t0:>7.1f} {rep.step_s:>6.2f} "
+        f"{ph['rollout_wait']:>6.2f} {ph['suspend']:>5.2f} {ph['update']:>5.2f} {ph['train']:>5.2f} "
+        f"{rep.throughput:>8.0f}  {rw:<26} {val:<26} {rep.counts.get('aborted_stale', 0):>4} "
+        f"{rep.counts.get('failed', 0):>4}",
+        flush=True,
+    )
 
 
 def run_demo(cfg: DemoConfig, *, quiet: bool = False) -> dict[str, Any]:
@@ -134,8 +137,16 @@ def run_demo(cfg: DemoConfig, *, quiet: bool = False) -> dict[str, Any]:
     base = tiny_qwen(task_vocab=vocab, size=cfg.size, seed=cfg.seed)
     model = format_warm_start(base, envs, steps=cfg.warm_steps, seed=cfg.seed)
     # Micro-batches by padded tokens: math rows go many at a time, long FrozenLake rows few.
-    settings = dict(group_size=cfg.group_size, lr=cfg.lr, entropy_coef=cfg.entropy_coef, loss_agg=cfg.loss_agg,
-                    scale_by_std=cfg.scale_by_std, kl_coef=cfg.kl_coef, micro_batch_size=64, micro_batch_tokens=1024)
+    settings = dict(
+        group_size=cfg.group_size,
+        lr=cfg.lr,
+        entropy_coef=cfg.entropy_coef,
+        loss_agg=cfg.loss_agg,
+        scale_by_std=cfg.scale_by_std,
+        kl_coef=cfg.kl_coef,
+        micro_batch_size=64,
+        micro_batch_tokens=1024,
+    )
     algo = GRPO(**{**settings, **cfg.extra})  # extra may override any of them
     sess = rn.Session.local(seed=cfg.seed)
     try:
@@ -151,15 +162,26 @@ def run_demo(cfg: DemoConfig, *, quiet: bool = False) -> dict[str, Any]:
             curriculum = {"math": rn.PromptCurriculum(envs["math"].validation_seeds(), uniform=cfg.math_curriculum)}
         tasks = sess.tasks(envs, envs_per_task=cfg.envs_per_task, weights=weights or None, curriculum=curriculum)
         if "math" in envs:  # validation scores exact match whatever the training reward
-            sess.reward("math", close_answer if cfg.math_reward == "close" else exact_answer,
-                        validate_with=exact_answer)
-        pipe = sess.pipeline(train, gen, tasks, algo=algo, batch_size=cfg.batch_size, alpha=cfg.alpha,
-                             mode=cfg.mode, rollout=RolloutConfig(max_new_tokens=cfg.max_new_tokens, temperature=1.0),
-                             validate_every=cfg.validate_every)
+            sess.reward(
+                "math", close_answer if cfg.math_reward == "close" else exact_answer, validate_with=exact_answer
+            )
+        pipe = sess.pipeline(
+            train,
+            gen,
+            tasks,
+            algo=algo,
+            batch_size=cfg.batch_size,
+            alpha=cfg.alpha,
+            mode=cfg.mode,
+            rollout=RolloutConfig(max_new_tokens=cfg.max_new_tokens, temperature=1.0),
+            validate_every=cfg.validate_every,
+        )
         first = pipe.validate()
         say(f"validation before training: {first}")
-        say(f"{'step':>4} {'v':>3} {'wall':>7} {'step_s':>6} {'wait':>6} {'susp':>5} {'upd':>5} {'train':>5} "
-            f"{'tok/s':>8}  {'reward':<26} {'validation':<26} {'abrt':>4} {'fail':>4}")
+        say(
+            f"{'step':>4} {'v':>3} {'wall':>7} {'step_s':>6} {'wait':>6} {'susp':>5} {'upd':>5} {'train':>5} "
+            f"{'tok/s':>8}  {'reward':<26} {'validation':<26} {'abrt':>4} {'fail':>4}"
+        )
         t0 = time.monotonic()
         reports = []
         for _ in range(cfg.steps):
@@ -194,13 +216,19 @@ def _clean(d: dict[str, float]) -> dict[str, float | None]:
 def _curves(reports: list[Any], first: dict[str, float], last: dict[str, float], cfg: DemoConfig) -> str:
     from rollart_nb.nb.figures import curves_svg
 
-    return curves_svg(reports, before=first, after=last, title=f"rollart_nb demo ({cfg.mode}, alpha={cfg.alpha}, seed {cfg.seed}):"
-                      " greedy validation and batch reward")
+    return curves_svg(
+        reports,
+        before=first,
+        after=last,
+        title=f"rollart_nb demo ({cfg.mode}, alpha={cfg.alpha}, seed {cfg.seed}): greedy validation and batch reward",
+    )
 
 
-def _write_report(path: Path, reports: list[Any], first: dict[str, float], last: dict[str, float],
-                  cfg: DemoConfig) -> None:
+def _write_report(
+    path: Path, reports: list[Any], first: dict[str, float], last: dict[str, float], cfg: DemoConfig
+) -> None:
     from rollart_nb.nb.figures import report_html
 
-    path.write_text(report_html(reports, title=f"rollart_nb demo ({cfg.mode}, alpha={cfg.alpha})",
-                                before=first, after=last))
+    path.write_text(
+        report_html(reports, title=f"rollart_nb demo ({cfg.mode}, alpha={cfg.alpha})", before=first, after=last)
+    )

@@ -71,8 +71,16 @@ class Plan:
 
     def table(self) -> list[dict[str, Any]]:
         """The trials as rows (for a DataFrame or printing)."""
-        return [{"stage": t.stage, **{k: _short(v) for k, v in t.config.items()}, "step_s": round(t.step_s, 1),
-                 "$/h": round(t.cost_per_hour, 2), "$/step": round(t.cost_per_step, 4)} for t in self.trials]
+        return [
+            {
+                "stage": t.stage,
+                **{k: _short(v) for k, v in t.config.items()},
+                "step_s": round(t.step_s, 1),
+                "$/h": round(t.cost_per_hour, 2),
+                "$/step": round(t.cost_per_step, 4),
+            }
+            for t in self.trials
+        ]
 
     def __repr__(self) -> str:
         rows = self.table()
@@ -90,15 +98,28 @@ class Plan:
         head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
         body = "".join("<tr>" + "".join(f"<td>{html.escape(str(r[c]))}</td>" for c in cols) + "</tr>" for r in rows)
         why = "".join(f"<li>{html.escape(r)}</li>" for r in self.reasoning)
-        return (f"<div><b>Plan</b>: <code>{html.escape(_short(self.choice))}</code> &rarr; {self.step_s:.1f} s/step "
-                f"at ${self.cost_per_hour:.2f}/h<table><tr>{head}</tr>{body}</table><ul>{why}</ul></div>")
+        return (
+            f"<div><b>Plan</b>: <code>{html.escape(_short(self.choice))}</code> &rarr; {self.step_s:.1f} s/step "
+            f"at ${self.cost_per_hour:.2f}/h<table><tr>{head}</tr>{body}</table><ul>{why}</ul></div>"
+        )
 
 
-def plan(workload_: dict[str, str | Workload] | str | Workload, budget: float, *, model: str = "qwen3-8b",
-         train_gpus: int = 4, batch: int = 32, group: int = 8, envs_per_task: int = 24,
-         alphas: tuple[int, ...] = (1, 2), redundancies: tuple[int, ...] = (0, 2), try_pd: bool = True,
-         stragglers: Stragglers | None = None, steps: int = 2,
-         quick: bool = False) -> Plan:
+def plan(
+    workload_: dict[str, str | Workload] | str | Workload,
+    budget: float,
+    *,
+    model: str = "qwen3-8b",
+    train_gpus: int = 4,
+    batch: int = 32,
+    group: int = 8,
+    envs_per_task: int = 24,
+    alphas: tuple[int, ...] = (1, 2),
+    redundancies: tuple[int, ...] = (0, 2),
+    try_pd: bool = True,
+    stragglers: Stragglers | None = None,
+    steps: int = 2,
+    quick: bool = False,
+) -> Plan:
     """Search a few configurations with the simulator and suggest one.
 
     Args:
@@ -121,17 +142,34 @@ def plan(workload_: dict[str, str | Workload] | str | Workload, budget: float, *
     train_cost = pool_cost({"H800": train_gpus})
     left = budget - train_cost
     if left < PROFILES["H20"].price_per_hour:
-        raise ConfigError(f"budget ${budget:.2f}/h does not cover {train_gpus} training H800 (${train_cost:.2f}/h) "
-                          "plus one rollout GPU; raise the budget or lower train_gpus", where="plan")
-    base = RunSpec(model, {}, train_gpus=train_gpus, tasks=tasks, envs_per_task=envs_per_task, batch=batch,
-                   group=group, stragglers=stragglers, steps=1 if quick else steps, warmup=1)
+        raise ConfigError(
+            f"budget ${budget:.2f}/h does not cover {train_gpus} training H800 (${train_cost:.2f}/h) "
+            "plus one rollout GPU; raise the budget or lower train_gpus",
+            where="plan",
+        )
+    base = RunSpec(
+        model,
+        {},
+        train_gpus=train_gpus,
+        tasks=tasks,
+        envs_per_task=envs_per_task,
+        batch=batch,
+        group=group,
+        stragglers=stragglers,
+        steps=1 if quick else steps,
+        warmup=1,
+    )
     trials: list[Trial] = []
     why: list[str] = []
 
     def run(stage: str, s: RunSpec) -> Trial:
         r = simulate(s)
-        t = Trial(stage, {"rollout": dict(s.rollout), "alpha": s.alpha, "redundancy": s.redundancy, "pd": s.pd},
-                  r["step_s"], r["cost_per_hour"])
+        t = Trial(
+            stage,
+            {"rollout": dict(s.rollout), "alpha": s.alpha, "redundancy": s.redundancy, "pd": s.pd},
+            r["step_s"],
+            r["cost_per_hour"],
+        )
         trials.append(t)
         return t
 

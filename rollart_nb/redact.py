@@ -33,9 +33,7 @@ _HINT = re.compile(r"://|bearer|authori|token|key|pass|pwd|secret", re.IGNORECAS
 # Stops at whitespace, quotes and angle brackets, so a URL inside a repr or an httpx message
 # ("for url 'http://...'") ends where its quote does.
 _URL = re.compile(r"""\b[A-Za-z][A-Za-z0-9+.\-]*://[^\s'"<>`]+""")
-_AUTH = re.compile(
-    r"""(?i)(authorization['"]?\s*[:=]\s*['"]?)(?:(bearer|basic|token|digest)\s+)?([^\s'",;}]+)"""
-)
+_AUTH = re.compile(r"""(?i)(authorization['"]?\s*[:=]\s*['"]?)(?:(bearer|basic|token|digest)\s+)?([^\s'",;}]+)""")
 # A "Bearer <x>" outside a header: <x> must look like a token (a digit, an uppercase letter
 # after the first character, punctuation, or 16+ characters), so prose ("a bearer token") stays.
 _BEARER = re.compile(r"(?i)\b(bearer\s+)(?!\*\*\*)([A-Za-z0-9\-._~+/]+=*)")
@@ -89,16 +87,14 @@ def _redact_query_item(m: re.Match[str]) -> str:
 def _redact_url_match(m: re.Match[str]) -> str:
     url, tail = m.group(), ""
     # Punctuation after a URL in prose belongs to the sentence; so does an unbalanced closer.
-    while url and (url[-1] in _TRAILING
-                   or (url[-1] in _CLOSERS and url.count(_CLOSERS[url[-1]]) < url.count(url[-1]))):
+    while url and (url[-1] in _TRAILING or (url[-1] in _CLOSERS and url.count(_CLOSERS[url[-1]]) < url.count(url[-1]))):
         url, tail = url[:-1], url[-1] + tail
     return redact_url(url) + tail
 
 
 def _redact_bearer(m: re.Match[str]) -> str:
     tok = m.group(2)
-    looks_like_token = (len(tok) >= 16 or any(c.isdigit() or not c.isalnum() for c in tok)
-                        or tok[1:] != tok[1:].lower())
+    looks_like_token = len(tok) >= 16 or any(c.isdigit() or not c.isalnum() for c in tok) or tok[1:] != tok[1:].lower()
     return m.group(1) + MASK if looks_like_token else m.group()
 
 

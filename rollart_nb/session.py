@@ -67,12 +67,20 @@ class SessionBase:
         timeout_s, retries = kwargs.pop("timeout_s", 30.0), kwargs.pop("retries", 1)
         validate_with = kwargs.pop("validate_with", None)
         ep = self._deploy_version(task, fn, retries=0, **kwargs)  # the dispatcher does the retrying
-        return pipe.rollout.set_reward(task, endpoint=ep, timeout_s=timeout_s, retries=retries,
-                                       validate_with=validate_with)
+        return pipe.rollout.set_reward(
+            task, endpoint=ep, timeout_s=timeout_s, retries=retries, validate_with=validate_with
+        )
 
     # -- clusters ----------------------------------------------------------------------
-    def _before_cluster(self, name: str, worker_cls: Any, pool: str | None, replicas: Any, slots: float,
-                        endpoints: dict[str, str] | None) -> tuple[str, dict[str, Endpoint]]:
+    def _before_cluster(
+        self,
+        name: str,
+        worker_cls: Any,
+        pool: str | None,
+        replicas: Any,
+        slots: float,
+        endpoints: dict[str, str] | None,
+    ) -> tuple[str, dict[str, Endpoint]]:
         """Check :meth:`cluster`'s arguments, close a cluster of the same name; returns the pool
         (default ``worker_cls.default_pool``) and the serverless endpoints."""
         self._check()
@@ -101,9 +109,15 @@ class SessionBase:
             c.close()
 
     # -- tasks, rewards, pipelines -----------------------------------------------------
-    def tasks(self, envs: dict[str, Any], envs_per_task: int | dict[str, int] = 8,
-              weights: dict[str, float] | None = None, curriculum: dict[str, Any] | None = None, *,
-              launcher: dict[str, Any] | None = None) -> TaskSet:
+    def tasks(
+        self,
+        envs: dict[str, Any],
+        envs_per_task: int | dict[str, int] = 8,
+        weights: dict[str, float] | None = None,
+        curriculum: dict[str, Any] | None = None,
+        *,
+        launcher: dict[str, Any] | None = None,
+    ) -> TaskSet:
         """Declare the tasks of a run.
 
         Args:
@@ -154,9 +168,19 @@ class SessionBase:
         for lau in {id(x): x for x in self.__dict__.pop("_launchers", {}).values()}.values():
             _close_launcher(lau)
 
-    def reward(self, task: str, fn: Any = None, *, serverless: bool = False, url: str | None = None,
-               token_env: str | None = None, timeout_s: float = 30.0, retries: int = 1,
-               validate_with: Any = None, **serve_options: Any) -> None:
+    def reward(
+        self,
+        task: str,
+        fn: Any = None,
+        *,
+        serverless: bool = False,
+        url: str | None = None,
+        token_env: str | None = None,
+        timeout_s: float = 30.0,
+        retries: int = 1,
+        validate_with: Any = None,
+        **serve_options: Any,
+    ) -> None:
         """Set ``task``'s reward for pipelines built after this call (and swap it in existing ones).
 
         Args:
@@ -183,15 +207,17 @@ class SessionBase:
         if not isinstance(task, str) or not task:
             p.append(f"task={task!r} must be a task name (a non-empty string, as in sess.tasks({{name: env}}))")
         if (fn is None) == (url is None):
-            p.append("give a reward function fn(trajectory) -> float, or url=... of an HTTP endpoint "
-                     "(not both, not neither)")
+            p.append(
+                "give a reward function fn(trajectory) -> float, or url=... of an HTTP endpoint (not both, not neither)"
+            )
         elif fn is not None and not callable(fn):
             if isinstance(fn, Endpoint) or isinstance(fn, str) and fn.startswith(("http://", "https://")):
                 hint = "; for an HTTP endpoint pass its address as url=..."
             else:
                 hint = ", e.g. rn.rewards.exact_answer or lambda t: ..."
-            p.append(f"fn={fn!r:.80} ({type(fn).__name__}) is not callable; pass a function "
-                     f"fn(trajectory) -> float{hint}")
+            p.append(
+                f"fn={fn!r:.80} ({type(fn).__name__}) is not callable; pass a function fn(trajectory) -> float{hint}"
+            )
         if url is not None and not isinstance(url, str):
             p.append(f"url={url!r:.80} must be a string http(s)://...")
         if url is not None and serverless:
@@ -202,8 +228,9 @@ class SessionBase:
         if p:
             raise ConfigError(p, where=f"sess.reward({task!r}, ...)")
         if url is not None:
-            spec: dict[str, Any] = {"endpoint": Endpoint(f"{task}-reward", url, token_env=token_env,
-                                                         timeout_s=timeout_s, retries=0)}
+            spec: dict[str, Any] = {
+                "endpoint": Endpoint(f"{task}-reward", url, token_env=token_env, timeout_s=timeout_s, retries=0)
+            }
         elif serverless:
             # a real session only; the dispatcher retries (``retries``), not the endpoint as well
             spec = {"endpoint": self._deploy_version(task, fn, retries=0, **serve_options)}
@@ -219,9 +246,20 @@ class SessionBase:
             if task in pipe.tasks.envs:
                 pipe.rollout.set_reward(task, **spec)
 
-    def pipeline(self, train: Any, gen: Any, tasks: TaskSet, *, algo: Any = None, batch_size: int = 32,
-                 alpha: int = 1, mode: str = "rollart", name: str = "pipeline", resume_from: Any = None,
-                 **kwargs: Any) -> Any:
+    def pipeline(
+        self,
+        train: Any,
+        gen: Any,
+        tasks: TaskSet,
+        *,
+        algo: Any = None,
+        batch_size: int = 32,
+        alpha: int = 1,
+        mode: str = "rollart",
+        name: str = "pipeline",
+        resume_from: Any = None,
+        **kwargs: Any,
+    ) -> Any:
         """Build the asynchronous RL pipeline (see :class:`~rollart_nb.control.Pipeline`).
 
         Args:
@@ -267,8 +305,10 @@ class SessionBase:
 
         self._check()
         if not isinstance(tasks, TaskSet):
-            raise ConfigError(f"tasks={tasks!r:.80} must be a TaskSet; build it with sess.tasks({{name: env}})",
-                              where=f"sess.pipeline(name={name!r})")
+            raise ConfigError(
+                f"tasks={tasks!r:.80} must be a TaskSet; build it with sess.tasks({{name: env}})",
+                where=f"sess.pipeline(name={name!r})",
+            )
         # A reward for a task that neither this TaskSet nor an earlier pipeline of this session has
         # is a typo, or belongs to a pipeline not built yet: it would be silently ignored, so refuse
         # it and drop it (else every later pipeline would refuse it too; there is no unregister).
@@ -281,26 +321,32 @@ class SessionBase:
                 self._rewards.pop(t)
                 close = difflib.get_close_matches(t, known, n=1)
                 fix = f"did you mean {close[0]!r}? " if close else ""
-                p.append(f"a reward is registered for task {t!r}, which this pipeline's tasks {known} do not "
-                         f"have; {fix}the registration for {t!r} was dropped: register the reward again under "
-                         f"one of these names, e.g. sess.reward({(close or known)[0]!r}, fn), then call "
-                         "sess.pipeline(...) again")
+                p.append(
+                    f"a reward is registered for task {t!r}, which this pipeline's tasks {known} do not "
+                    f"have; {fix}the registration for {t!r} was dropped: register the reward again under "
+                    f"one of these names, e.g. sess.reward({(close or known)[0]!r}, fn), then call "
+                    "sess.pipeline(...) again"
+                )
             raise ConfigError(p, where=f"sess.pipeline(name={name!r})")
         # The loop's own settings, checked before anything changes (a same-named pipeline is
         # closed below): the values Pipeline would use, its defaults read from its signature.
         defaults = {k: v.default for k, v in inspect.signature(Pipeline.__init__).parameters.items()}
-        SchedulerConfig(batch_size=batch_size, alpha=alpha, mode=get_mode(mode),
-                        group_size=kwargs.get("group_size", algo.group_size if algo is not None
-                                              else defaults["group_size"]),
-                        redundancy=kwargs.get("redundancy", defaults["redundancy"]),
-                        rollout=kwargs.get("rollout") or RolloutConfig())
+        SchedulerConfig(
+            batch_size=batch_size,
+            alpha=alpha,
+            mode=get_mode(mode),
+            group_size=kwargs.get("group_size", algo.group_size if algo is not None else defaults["group_size"]),
+            redundancy=kwargs.get("redundancy", defaults["redundancy"]),
+            rollout=kwargs.get("rollout") or RolloutConfig(),
+        )
         used.update(tasks.envs)
         resume = None
         if resume_from is not None:  # check everything before anything changes
             resume = resolve_checkpoint(resume_from)
             resume.check_tasks(tasks)
-            log.warning("resuming pipeline %s from %s: step %d, version %d", name, resume.path, resume.steps,
-                        resume.version)
+            log.warning(
+                "resuming pipeline %s from %s: step %d, version %d", name, resume.path, resume.steps, resume.version
+            )
         if name in self._pipelines:
             log.info("replacing pipeline %s", name)
             self._pipelines[name].close()
@@ -311,8 +357,19 @@ class SessionBase:
         if algo is not None:
             kwargs.setdefault("group_size", algo.group_size)
             train.configure(algo)
-        pipe = Pipeline(self, train, gen, tasks, batch_size=batch_size, alpha=alpha, mode=mode, name=name,
-                        rewards=self._rewards, resume=resume, **kwargs)
+        pipe = Pipeline(
+            self,
+            train,
+            gen,
+            tasks,
+            batch_size=batch_size,
+            alpha=alpha,
+            mode=mode,
+            name=name,
+            rewards=self._rewards,
+            resume=resume,
+            **kwargs,
+        )
         pipe.algo = algo
         self._pipelines[name] = pipe
         if resume is not None:
@@ -426,9 +483,14 @@ class Session(SessionBase):
         s.mode, s.seed = "local", seed
         s.log_dir = log_dir or tempfile.mkdtemp(prefix=f"rollart_{s.id}_")
         resources = {f"{_ray.POOL_RESOURCE_PREFIX}{_canon(n)}": float(v) for n, v in pools.items()}
-        info = _ray.start_local(num_cpus=num_cpus, resources=resources, namespace=f"rollart_{s.id}",
-                                log_to_driver=log_to_driver, object_store_memory=int(object_store_gb * 2**30),
-                                expose=expose)
+        info = _ray.start_local(
+            num_cpus=num_cpus,
+            resources=resources,
+            namespace=f"rollart_{s.id}",
+            log_to_driver=log_to_driver,
+            object_store_memory=int(object_store_gb * 2**30),
+            expose=expose,
+        )
         s._owns_ray = True
         s.cleaned = info.get("rollart_cleaned", [])  # what sessions that died without closing left behind
         s.address = info.get("gcs_address", info.get("address", ""))
@@ -477,8 +539,9 @@ class Session(SessionBase):
         s = cls(_token=_PRIVATE)
         s.mode, s.seed = "attach", seed
         s.log_dir = log_dir or tempfile.mkdtemp(prefix=f"rollart_{s.id}_")
-        s.address = _ray.connect(address, namespace=f"rollart_{s.id}", timeout_s=timeout_s, log_to_driver=False,
-                                 token=token)
+        s.address = _ray.connect(
+            address, namespace=f"rollart_{s.id}", timeout_s=timeout_s, log_to_driver=False, token=token
+        )
         try:
             s._finish_attach(pool_map=pool_map, serverless=serverless, store=store)
         except BaseException:
@@ -487,8 +550,9 @@ class Session(SessionBase):
         return s
 
     @staticmethod
-    def sim(pools: dict[str, int] | None = None, seed: int = 0, *, gpus_per_node: int = 8,
-            virtual: bool = True) -> SimSession:
+    def sim(
+        pools: dict[str, int] | None = None, seed: int = 0, *, gpus_per_node: int = 8, virtual: bool = True
+    ) -> SimSession:
         """A simulated cluster in this process, for what-if studies: same API, sim workers.
 
         Returns a :class:`~rollart_nb.sim.session.SimSession` (pools such as
@@ -523,8 +587,9 @@ class Session(SessionBase):
         return env
 
     def _finish_attach(self, *, pool_map: dict[str, str] | None, serverless: bool, store: str | None) -> None:
-        self.pools = discover_pools(_ray.nodes(), pool_map=pool_map, serverless=serverless,
-                                    head_node_id=_ray.current_node_id())
+        self.pools = discover_pools(
+            _ray.nodes(), pool_map=pool_map, serverless=serverless, head_node_id=_ray.current_node_id()
+        )
         if self.mode == "local" and "serverless" in self.pools:
             self.pools["serverless"].simulated = True
         self.store = make_store(store, prefix=f"sessions/{self.id}/")
@@ -563,14 +628,26 @@ class Session(SessionBase):
             **init_kwargs: passed to ``worker_cls.__init__``.
         """
         pool, eps = self._before_cluster(name, worker_cls, pool, replicas, slots, endpoints)
-        c = Cluster(self, name, worker_cls, replicas=replicas, pool=pool, fallback=fallback, slots=slots,
-                    init_kwargs=init_kwargs, endpoints=eps, affinity=affinity, max_concurrency=max_concurrency,
-                    start_timeout_s=start_timeout_s)
+        c = Cluster(
+            self,
+            name,
+            worker_cls,
+            replicas=replicas,
+            pool=pool,
+            fallback=fallback,
+            slots=slots,
+            init_kwargs=init_kwargs,
+            endpoints=eps,
+            affinity=affinity,
+            max_concurrency=max_concurrency,
+            start_timeout_s=start_timeout_s,
+        )
         self.clusters[name] = c
         return c
 
-    def register_endpoint(self, name: str, url: str, *, token_env: str | None = None, timeout_s: float = 30.0,
-                          retries: int = 2) -> Endpoint:
+    def register_endpoint(
+        self, name: str, url: str, *, token_env: str | None = None, timeout_s: float = 30.0, retries: int = 2
+    ) -> Endpoint:
         """Register a serverless endpoint for ``@register_serverless`` methods.
 
         ``token_env`` names an environment variable with a bearer token; the token is read at
@@ -603,8 +680,7 @@ class Session(SessionBase):
 
             if self._mooncake is None:
                 self._mooncake = MooncakeMaster().start()
-            return MooncakeTransport(self._mooncake.address, prefix=f"{self.id}/{name}",
-                                     segment_bytes=256 * 2**20)
+            return MooncakeTransport(self._mooncake.address, prefix=f"{self.id}/{name}", segment_bytes=256 * 2**20)
         if hasattr(weights, "publish") and hasattr(weights, "pull"):
             return weights
         raise ConfigError(f"weights={weights!r}: use 'direct', 'object_store', 'mooncake' or a WeightTransport")
@@ -661,8 +737,10 @@ class Session(SessionBase):
 
     def __repr__(self) -> str:
         pools = ", ".join(f"{n}:{p.free:g}/{p.capacity:g}{'*' if p.simulated else ''}" for n, p in self.pools.items())
-        return (f"Session(id={self.id}, {self.mode or 'new'}, {self.state}, pools=[{pools}], "
-                f"clusters={sorted(self.clusters)})")
+        return (
+            f"Session(id={self.id}, {self.mode or 'new'}, {self.state}, pools=[{pools}], "
+            f"clusters={sorted(self.clusters)})"
+        )
 
     def _repr_html_(self) -> str:
         rows = "".join(
@@ -680,8 +758,11 @@ class Session(SessionBase):
             f"<div><b>rollart_nb Session</b> <code>{self.id}</code> &middot; {self.mode} &middot; {self.state}"
             f" &middot; <code>{html.escape(self.address)}</code>"
             f"<table><tr><th>pool</th><th>hardware</th><th>nodes</th><th>free / capacity</th><th></th></tr>{rows}</table>"
-            + (f"<table><tr><th>worker</th><th>pool</th><th>hardware</th><th>fell back</th></tr>{binds}</table>"
-               if binds else "<p>no workers bound yet</p>")
+            + (
+                f"<table><tr><th>worker</th><th>pool</th><th>hardware</th><th>fell back</th></tr>{binds}</table>"
+                if binds
+                else "<p>no workers bound yet</p>"
+            )
             + "</div>"
         )
 
@@ -708,8 +789,10 @@ def _place_on_launchers(envs: dict[str, Any], launchers: dict[str, Any]) -> tupl
             served = str(getattr(lau, "env", "")).rpartition(":")[2]
             given = type(envs[task]).__name__
             if served and served != given:
-                problems.append(f"task {task!r}: the launcher serves {served} but the env given is {given}; "
-                                "pass the matching env, or the launcher itself as the task's env")
+                problems.append(
+                    f"task {task!r}: the launcher serves {served} but the env given is {given}; "
+                    "pass the matching env, or the launcher itself as the task's env"
+                )
     if problems:
         raise ConfigError(problems, where="sess.tasks(...)")
     for task, lau in launchers.items():
@@ -722,6 +805,8 @@ def _close_launcher(lau: Any) -> None:
         lau.close()
     except Exception as e:  # one launcher that fails to stop must not keep the others running
         log.warning("stopping %r: %s", lau, e)
+
+
 _SIM_BADGE = '<span style="color:#b36b00">simulated</span>'
 
 

@@ -54,8 +54,12 @@ class Tracker:
 
 def step_scalars(report: StepReport) -> dict[str, float]:
     """The numbers of a step as flat ``group/name -> value`` pairs (what trackers plot)."""
-    out: dict[str, float] = {"step/seconds": report.step_s, "step/tokens_per_s": report.throughput,
-                             "step/version": float(report.version), "step/batch_size": float(report.batch_size)}
+    out: dict[str, float] = {
+        "step/seconds": report.step_s,
+        "step/tokens_per_s": report.throughput,
+        "step/version": float(report.version),
+        "step/batch_size": float(report.batch_size),
+    }
     out.update({f"reward/{k}": v for k, v in report.reward.items()})
     out.update({f"validation/{k}": v for k, v in report.validation.items()})
     out.update({f"phase/{k}": v for k, v in report.phases.items()})
@@ -98,13 +102,16 @@ def _redact_tree(x: Any) -> Any:
 
 def _event_text(e: dict[str, Any]) -> str:
     """One failover event as a line of markdown."""
-    return redact(f"**{e.get('kind', '?')}**: {e.get('worker', '')} on {e.get('pool', '')} "
-                  f"(version {e.get('version')}): {str(e.get('reason', ''))[:500]}")
+    return redact(
+        f"**{e.get('kind', '?')}**: {e.get('worker', '')} on {e.get('pool', '')} "
+        f"(version {e.get('version')}): {str(e.get('reason', ''))[:500]}"
+    )
 
 
 def _missing(what: str, package: str, e: ImportError) -> ConfigError:
-    return ConfigError(f"{what} needs the {package!r} package, which is not installed ({e}); "
-                       f"install the trackers extra: {_EXTRA}")
+    return ConfigError(
+        f"{what} needs the {package!r} package, which is not installed ({e}); install the trackers extra: {_EXTRA}"
+    )
 
 
 class TensorBoardTracker(Tracker):
@@ -187,8 +194,14 @@ class WandbTracker(Tracker):
         >>> pipe = sess.pipeline(train, gen, tasks, trackers=[t])  # doctest: +SKIP
     """
 
-    def __init__(self, log_dir: str | os.PathLike[str], run_name: str | None = None, project: str = "rollart_nb",
-                 mode: str | None = None, **init_kwargs: Any) -> None:
+    def __init__(
+        self,
+        log_dir: str | os.PathLike[str],
+        run_name: str | None = None,
+        project: str = "rollart_nb",
+        mode: str | None = None,
+        **init_kwargs: Any,
+    ) -> None:
         try:
             import wandb
         except ImportError as e:
@@ -203,8 +216,15 @@ class WandbTracker(Tracker):
 
     def start(self, config: dict[str, Any]) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        kwargs = {"project": self.project, "name": self.run_name, "dir": str(self.log_dir),
-                  "config": _safe_config(config), "mode": self.mode, "reinit": "create_new", **self.init_kwargs}
+        kwargs = {
+            "project": self.project,
+            "name": self.run_name,
+            "dir": str(self.log_dir),
+            "config": _safe_config(config),
+            "mode": self.mode,
+            "reinit": "create_new",
+            **self.init_kwargs,
+        }
         self.run = self._wandb.init(**kwargs)
 
     def log_step(self, report: StepReport) -> None:
@@ -243,8 +263,13 @@ class MLflowTracker(Tracker):
         >>> pipe = sess.pipeline(train, gen, tasks, trackers=["mlflow"])  # doctest: +SKIP
     """
 
-    def __init__(self, log_dir: str | os.PathLike[str], run_name: str | None = None, tracking_uri: str | None = None,
-                 experiment: str = "rollart_nb") -> None:
+    def __init__(
+        self,
+        log_dir: str | os.PathLike[str],
+        run_name: str | None = None,
+        tracking_uri: str | None = None,
+        experiment: str = "rollart_nb",
+    ) -> None:
         try:
             from mlflow.entities import Metric, Param
             from mlflow.tracking import MlflowClient
@@ -252,15 +277,17 @@ class MLflowTracker(Tracker):
             raise _missing("MLflowTracker", "mlflow-skinny", e) from e
         self.log_dir, self.run_name, self.experiment = Path(log_dir).absolute(), run_name, experiment
         self._local = not (tracking_uri or os.environ.get("MLFLOW_TRACKING_URI"))
-        self.tracking_uri = (tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
-                             or f"sqlite:///{self.log_dir / 'mlflow.db'}")
+        self.tracking_uri = (
+            tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{self.log_dir / 'mlflow.db'}"
+        )
         if self.tracking_uri.startswith("sqlite:"):
             try:
                 import alembic  # noqa: F401
                 import sqlalchemy  # noqa: F401
             except ImportError as e:
-                raise _missing(f"MLflowTracker with a SQLite store ({self.tracking_uri})", "sqlalchemy/alembic",
-                               e) from e
+                raise _missing(
+                    f"MLflowTracker with a SQLite store ({self.tracking_uri})", "sqlalchemy/alembic", e
+                ) from e
         self._client_cls, self._metric, self._param = MlflowClient, Metric, Param
         self.client: Any = None
         self.run_id: str | None = None
@@ -275,7 +302,8 @@ class MLflowTracker(Tracker):
         if exp is None:
             try:
                 exp_id = c.create_experiment(
-                    self.experiment, artifact_location=(self.log_dir / "artifacts").as_uri() if self._local else None)
+                    self.experiment, artifact_location=(self.log_dir / "artifacts").as_uri() if self._local else None
+                )
             except Exception:  # another pipeline created it meanwhile
                 exp = c.get_experiment_by_name(self.experiment)
                 if exp is None:
@@ -286,7 +314,7 @@ class MLflowTracker(Tracker):
         self.run_id = c.create_run(exp_id, run_name=self.run_name).info.run_id
         params = [self._param(_mlflow_key(k), str(v)[:6000]) for k, v in _safe_config(config).items()]
         for i in range(0, len(params), 100):  # MLflow's limit per batch
-            c.log_batch(self.run_id, params=params[i:i + 100])
+            c.log_batch(self.run_id, params=params[i : i + 100])
 
     def log_step(self, report: StepReport) -> None:
         if self.run_id is None or self._ended:
@@ -294,7 +322,7 @@ class MLflowTracker(Tracker):
         ts = int(time.time() * 1000)
         metrics = [self._metric(_mlflow_key(k), v, ts, report.step) for k, v in step_scalars(report).items()]
         for i in range(0, len(metrics), 1000):
-            self.client.log_batch(self.run_id, metrics=metrics[i:i + 1000])
+            self.client.log_batch(self.run_id, metrics=metrics[i : i + 1000])
         if report.events:
             self.client.log_dict(self.run_id, _redact_tree(report.events), f"failover/step_{report.step:06d}.json")
 
@@ -328,11 +356,14 @@ def resolve_trackers(trackers: Any, *, run_dir: str | os.PathLike[str] | None, n
     for t in items:
         if isinstance(t, str):
             if t not in _BUILTIN:
-                raise ConfigError(f"trackers: unknown tracker {t!r}; use one of {sorted(_BUILTIN)} or an object with "
-                                  "start(config), log_step(report) and close()")
+                raise ConfigError(
+                    f"trackers: unknown tracker {t!r}; use one of {sorted(_BUILTIN)} or an object with "
+                    "start(config), log_step(report) and close()"
+                )
             mod, _, cls = _BUILTIN[t].partition(":")
-            t = getattr(importlib.import_module(mod), cls)(log_dir=Path(run_dir or Path("runs") / name) / t,
-                                                            run_name=name)
+            t = getattr(importlib.import_module(mod), cls)(
+                log_dir=Path(run_dir or Path("runs") / name) / t, run_name=name
+            )
         if not all(callable(getattr(t, m, None)) for m in ("start", "log_step", "close")):
             raise ConfigError(f"trackers: {t!r} is not a tracker: it needs start(config), log_step(report) and close()")
         out.append(t)

@@ -75,8 +75,10 @@ def pytest_unconfigure(config):
         sys.stderr.flush()
         fn()
 
-    step("collecting objects in reference cycles left by the tests",
-         lambda: sys.stderr.write(f"conftest: {gc.collect()} collected\n"))
+    step(
+        "collecting objects in reference cycles left by the tests",
+        lambda: sys.stderr.write(f"conftest: {gc.collect()} collected\n"),
+    )
     ray = sys.modules.get("ray")
     if ray is not None and ray.is_initialized():
         step("shutting down the Ray driver a test left connected", ray.shutdown)
@@ -116,8 +118,11 @@ def redis_url():
     if exe is None:
         pytest.skip("redis-server not installed (apt-get install redis-server)")
     port = free_port()
-    proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.time() + 10
     while time.time() < deadline:
         try:

@@ -46,15 +46,35 @@ def lab(tmp_path_factory):
     root = tmp_path_factory.mktemp("lab")
     shutil.copy(ROOT / "notebooks" / "01_quickstart.ipynb", root / "01_quickstart.ipynb")
     port, token = _free_port(), secrets.token_hex(16)
-    env = dict(os.environ, JUPYTER_CONFIG_DIR=str(root / ".jupyter"), JUPYTER_RUNTIME_DIR=str(root / ".runtime"),
-               JUPYTERLAB_WORKSPACES_DIR=str(root / ".workspaces"))
+    env = dict(
+        os.environ,
+        JUPYTER_CONFIG_DIR=str(root / ".jupyter"),
+        JUPYTER_RUNTIME_DIR=str(root / ".runtime"),
+        JUPYTERLAB_WORKSPACES_DIR=str(root / ".workspaces"),
+    )
     log = open(root / "lab.log", "w")  # closed in teardown
     proc = subprocess.Popen(
-        [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ServerApp.ip=127.0.0.1",
-         f"--ServerApp.port={port}", "--ServerApp.port_retries=0", "--allow-root", f"--IdentityProvider.token={token}",
-         f"--ServerApp.root_dir={root}", "--LabApp.expose_app_in_browser=True",
-         "--LabApp.news_url=None", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"],
-        cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT)
+        [
+            sys.executable,
+            "-m",
+            "jupyter",
+            "lab",
+            "--no-browser",
+            "--ServerApp.ip=127.0.0.1",
+            f"--ServerApp.port={port}",
+            "--ServerApp.port_retries=0",
+            "--allow-root",
+            f"--IdentityProvider.token={token}",
+            f"--ServerApp.root_dir={root}",
+            "--LabApp.expose_app_in_browser=True",
+            "--LabApp.news_url=None",
+            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+        ],
+        cwd=root,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     base = f"http://127.0.0.1:{port}"
     deadline = time.time() + 90
     while True:
@@ -88,10 +108,21 @@ def test_quickstart_runs_and_renders_widgets(lab, tmp_path):
     errors: list[str] = []
     with sync_playwright() as pw:
         ctx = pw.chromium.launch_persistent_context(
-            str(tmp_path / "profile"), executable_path=CHROMIUM if os.path.exists(CHROMIUM) else shutil.which("chromium"),
-            headless=True, viewport={"width": 1500, "height": 1000},
-            args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync"])
+            str(tmp_path / "profile"),
+            executable_path=CHROMIUM if os.path.exists(CHROMIUM) else shutil.which("chromium"),
+            headless=True,
+            viewport={"width": 1500, "height": 1000},
+            args=[
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+            ],
+        )
         page = ctx.new_page()
         page.on("pageerror", lambda e: errors.append(str(e)))
         console: list[str] = []
@@ -102,11 +133,15 @@ def test_quickstart_runs_and_renders_widgets(lab, tmp_path):
             page.locator(".jp-Dialog .jp-mod-accept").click(timeout=15_000)
         except PlaywrightTimeout:
             log.info("no kernel dialog")
-        page.wait_for_function("() => window.jupyterapp && window.jupyterapp.commands.hasCommand("
-                               "'notebook:run-all-cells')", timeout=60_000)
+        page.wait_for_function(
+            "() => window.jupyterapp && window.jupyterapp.commands.hasCommand('notebook:run-all-cells')", timeout=60_000
+        )
         # the kernel must be up before Run All, or the first cells queue behind its start
-        page.wait_for_function("() => { const s = document.querySelector('.jp-Notebook-ExecutionIndicator');"
-                               " return s && s.getAttribute('data-status') === 'idle'; }", timeout=120_000)
+        page.wait_for_function(
+            "() => { const s = document.querySelector('.jp-Notebook-ExecutionIndicator');"
+            " return s && s.getAttribute('data-status') === 'idle'; }",
+            timeout=120_000,
+        )
         # not awaited: the command's promise settles only when every cell has run
         page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); return true; }")
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
@@ -118,10 +153,13 @@ def test_quickstart_runs_and_renders_widgets(lab, tmp_path):
         page.wait_for_selector(".rollart-dashboard .js-plotly-plot", timeout=60_000)
         page.wait_for_selector(".rollart-viewer", timeout=60_000)
         try:  # plotly draws asynchronously after the last redraw: wait for every plot's title
-            page.wait_for_function("""() => { const t = [...document.querySelectorAll(
+            page.wait_for_function(
+                """() => { const t = [...document.querySelectorAll(
                 '.rollart-dashboard .js-plotly-plot')].filter(el => el.data)
                 .map(el => (el.layout.title || {}).text || '').filter(x => x);
-                return new Set(t).size >= 4; }""", timeout=30_000)
+                return new Set(t).size >= 4; }""",
+                timeout=30_000,
+            )
         except PlaywrightTimeout:
             log.warning("dashboard plots still drawing after 30 s")
         plots = page.evaluate("""() => [...document.querySelectorAll('.rollart-dashboard .js-plotly-plot')]
@@ -140,7 +178,9 @@ def test_quickstart_runs_and_renders_widgets(lab, tmp_path):
     assert not errors, f"JavaScript errors: {errors}"
     assert tracebacks == 0, "a cell raised: see artifacts/browser/quickstart_page.png"
     # JupyterLab may keep a second rendering of an output in the DOM: count distinct plots
-    assert len({p["title"] for p in plots}) >= 4, f"expected the dashboard's 5 plots, found {plots}; console: {console[-15:]}"
+    assert len({p["title"] for p in plots}) >= 4, (
+        f"expected the dashboard's 5 plots, found {plots}; console: {console[-15:]}"
+    )
     assert all(p["points"] > 0 for p in plots), f"a dashboard plot has no data: {plots}"
     assert bars > 0 and lines > 0, "dashboard plots rendered without data"
     assert "trajectories" in viewer_text and "turn 0" in viewer_text

@@ -54,7 +54,7 @@ def _option_blocks(help_text: str) -> dict[str, str]:
         m = re.match(r"  (-{1,2}[\w-]+)", line)
         if m:
             current = m.group(1)
-            blocks[current] = line[m.end():]
+            blocks[current] = line[m.end() :]
         elif current is not None and line.startswith("   "):
             blocks[current] += " " + line.strip()
         else:
@@ -91,18 +91,54 @@ def test_demo_help_shows_demo_config_defaults(capsys):
 
 def test_demo_without_flags_runs_the_default_config(fake_demo, capsys):
     assert main(["demo"]) == 0
-    (cfg, quiet), = fake_demo
+    ((cfg, quiet),) = fake_demo
     assert cfg == DemoConfig() and quiet is False
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert json.loads(last.removeprefix("RESULT ")) == {"first": {"math": 0.1}, "last": {"math": 0.2}, "wall_s": 1.0}
 
 
 def test_demo_flags_reach_the_config(fake_demo):
-    assert main(["demo", "--steps", "3", "--minutes", "0.5", "--mode", "areal", "--alpha", "0", "--batch-size", "16",
-                 "--group-size", "4", "--entropy", "0.01", "--kl", "0", "--tasks", "math", "--weights", "math=2",
-                 "--no-std", "--math-curriculum", "0.25", "--math-reward", "exact", "--validate-every", "0",
-                 "--seed", "7", "--out", "somewhere", "--quiet"]) == 0
-    (cfg, quiet), = fake_demo
+    assert (
+        main(
+            [
+                "demo",
+                "--steps",
+                "3",
+                "--minutes",
+                "0.5",
+                "--mode",
+                "areal",
+                "--alpha",
+                "0",
+                "--batch-size",
+                "16",
+                "--group-size",
+                "4",
+                "--entropy",
+                "0.01",
+                "--kl",
+                "0",
+                "--tasks",
+                "math",
+                "--weights",
+                "math=2",
+                "--no-std",
+                "--math-curriculum",
+                "0.25",
+                "--math-reward",
+                "exact",
+                "--validate-every",
+                "0",
+                "--seed",
+                "7",
+                "--out",
+                "somewhere",
+                "--quiet",
+            ]
+        )
+        == 0
+    )
+    ((cfg, quiet),) = fake_demo
     assert quiet is True
     assert (cfg.steps, cfg.minutes, cfg.mode, cfg.alpha, cfg.batch_size, cfg.group_size) == (3, 0.5, "areal", 0, 16, 4)
     assert (cfg.entropy_coef, cfg.kl_coef, cfg.tasks, cfg.task_weights) == (0.01, 0.0, ("math",), {"math": 2.0})
@@ -110,29 +146,35 @@ def test_demo_flags_reach_the_config(fake_demo):
     assert (cfg.validate_every, cfg.seed, cfg.out) == (0, 7, "somewhere")
 
 
-@pytest.mark.parametrize(("argv", "says"), [
-    (["demo", "--steps", "-1"], "--steps: '-1' is not a whole number >= 1"),
-    (["demo", "--steps", "abc"], "--steps: 'abc'"),
-    (["demo", "--minutes", "nan"], "--minutes: 'nan'"),
-    (["demo", "--mode", "nope"], "--mode: invalid choice: 'nope'"),
-    (["demo", "--alpha", "0.5"], "--alpha: '0.5' is not a whole number >= 0"),
-    (["demo", "--alpha", "-1"], "--alpha: '-1'"),
-    (["demo", "--lr", "0"], "--lr: '0' is not a number > 0"),
-    (["demo", "--math-curriculum", "1.5"], "--math-curriculum: '1.5'"),
-    (["demo", "--weights", "junk"], "--weights: 'junk' is not task=number"),
-    (["demo", "--weights", "chess=1"], "unknown task 'chess'; choose from frozenlake, math"),
-    (["demo", "--weights", "math=-1"], "share >= 0"),
-    (["demo", "--tasks", "frozenlake,chess"], "unknown task 'chess'; choose from frozenlake, math"),
-    (["demo", "--tasks", ","], "no task in ','"),
-    (["demo", "--batch-size", "12"], "--batch-size 12 is not a multiple of --group-size 8"),
-    (["demo", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
-    (["bench", "nosuch"], "unknown experiment 'nosuch'; choose 'all' or one of r1_affinity"),
-    (["env-server", "--env", "rollart_nb.envs:FrozenLake", "--kwargs", "{size: 4}"], "--kwargs: '{size: 4}' is not JSON"),
-    (["env-server", "--env", "rollart_nb.envs:FrozenLake", "--kwargs", "[1]"], "must be a JSON object"),
-    (["env-server", "--env", "rollart_nb.envs:FrozenLake", "--port", "70000"], "--port 70000 is not a port"),
-    (["env-server"], "the following arguments are required: --env"),
-    ([], "the following arguments are required: COMMAND"),
-])
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["demo", "--steps", "-1"], "--steps: '-1' is not a whole number >= 1"),
+        (["demo", "--steps", "abc"], "--steps: 'abc'"),
+        (["demo", "--minutes", "nan"], "--minutes: 'nan'"),
+        (["demo", "--mode", "nope"], "--mode: invalid choice: 'nope'"),
+        (["demo", "--alpha", "0.5"], "--alpha: '0.5' is not a whole number >= 0"),
+        (["demo", "--alpha", "-1"], "--alpha: '-1'"),
+        (["demo", "--lr", "0"], "--lr: '0' is not a number > 0"),
+        (["demo", "--math-curriculum", "1.5"], "--math-curriculum: '1.5'"),
+        (["demo", "--weights", "junk"], "--weights: 'junk' is not task=number"),
+        (["demo", "--weights", "chess=1"], "unknown task 'chess'; choose from frozenlake, math"),
+        (["demo", "--weights", "math=-1"], "share >= 0"),
+        (["demo", "--tasks", "frozenlake,chess"], "unknown task 'chess'; choose from frozenlake, math"),
+        (["demo", "--tasks", ","], "no task in ','"),
+        (["demo", "--batch-size", "12"], "--batch-size 12 is not a multiple of --group-size 8"),
+        (["demo", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+        (["bench", "nosuch"], "unknown experiment 'nosuch'; choose 'all' or one of r1_affinity"),
+        (
+            ["env-server", "--env", "rollart_nb.envs:FrozenLake", "--kwargs", "{size: 4}"],
+            "--kwargs: '{size: 4}' is not JSON",
+        ),
+        (["env-server", "--env", "rollart_nb.envs:FrozenLake", "--kwargs", "[1]"], "must be a JSON object"),
+        (["env-server", "--env", "rollart_nb.envs:FrozenLake", "--port", "70000"], "--port 70000 is not a port"),
+        (["env-server"], "the following arguments are required: --env"),
+        ([], "the following arguments are required: COMMAND"),
+    ],
+)
 def test_bad_values_are_a_one_line_usage_error_with_status_2(argv, says, no_runs, capsys):
     assert main(argv) == 2
     out, err = capsys.readouterr()
@@ -142,10 +184,13 @@ def test_bad_values_are_a_one_line_usage_error_with_status_2(argv, says, no_runs
     assert re.match(r"rollart-nb( [\w-]+)?: error: ", last) and says in last, err
 
 
-@pytest.mark.parametrize(("error", "status"), [
-    (ConfigError(["batch too small", "group too big"], where="pipeline config"), 2),
-    (StateError("Pipeline is closed; create a new one with session.pipeline(...)"), 1),
-])
+@pytest.mark.parametrize(
+    ("error", "status"),
+    [
+        (ConfigError(["batch too small", "group too big"], where="pipeline config"), 2),
+        (StateError("Pipeline is closed; create a new one with session.pipeline(...)"), 1),
+    ],
+)
 def test_an_error_of_the_run_prints_one_line_and_its_status(error, status, monkeypatch, capsys):
     def run_demo(cfg, *, quiet=False):
         raise error

@@ -11,8 +11,7 @@ CLI = "from rollart_nb.cli import main; raise SystemExit(main())"
 
 
 def demo(*args, timeout=600):
-    return subprocess.run([sys.executable, "-c", CLI, "demo", *args], capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run([sys.executable, "-c", CLI, "demo", *args], capture_output=True, text=True, timeout=timeout)
 
 
 def test_demo_runs_steps_writes_its_report_and_ends_with_result(tmp_path):
@@ -20,7 +19,7 @@ def test_demo_runs_steps_writes_its_report_and_ends_with_result(tmp_path):
     assert p.returncode == 0, p.stderr[-3000:]
     lines = p.stdout.strip().splitlines()
     assert lines[-1].startswith("RESULT ")
-    result = json.loads(lines[-1][len("RESULT "):])
+    result = json.loads(lines[-1][len("RESULT ") :])
     assert set(result) == {"first", "last", "wall_s"} and result["wall_s"] > 0
     assert set(result["first"]) == set(result["last"]) == {"math"}
     assert 0.0 <= result["first"]["math"] <= 1.0

@@ -47,8 +47,9 @@ def test_executes(path, tmp_path):
         pytest.skip(f"ROLLART_NB_ONLY={only}")
     nb = nbformat.read(path, as_version=4)
     nb.cells = [c for c in nb.cells if "notest" not in c.get("metadata", {}).get("tags", [])]
-    client = nbclient.NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name="python3",
-                                     resources={"metadata": {"path": str(tmp_path)}})
+    client = nbclient.NotebookClient(
+        nb, timeout=CELL_TIMEOUT_S, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    )
     t0 = time.monotonic()
     client.execute()  # raises CellExecutionError with the failing cell and traceback
     TIMES[path.stem] = time.monotonic() - t0

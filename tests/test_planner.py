@@ -22,8 +22,16 @@ def test_budget_too_small():
 
 
 def test_plan_quick_search():
-    p = plan({"lake": "frozenlake", "math": "gem-math"}, budget=20.0, model="qwen3-0.6b", train_gpus=2,
-             batch=8, group=4, envs_per_task=8, quick=True)
+    p = plan(
+        {"lake": "frozenlake", "math": "gem-math"},
+        budget=20.0,
+        model="qwen3-0.6b",
+        train_gpus=2,
+        batch=8,
+        group=4,
+        envs_per_task=8,
+        quick=True,
+    )
     assert isinstance(p, Plan)
     stages = [t.stage for t in p.trials]
     assert stages.count("pool mix") >= 2 and "alpha" in stages

@@ -44,8 +44,10 @@ def test_redact_url_hides_userinfo_query_values_and_fragment():
 def test_redact_finds_urls_anywhere_in_text():
     from rollart_nb.redact import redact
 
-    text = (f"endpoint 'r' (https://u:{PW}@h:1/x?api_key={KEY}&x=1) answered 500; "
-            f"also tried 'http://[::1]:8080/y?sig={KEY}', and <http://a.b/c?d=e>.")
+    text = (
+        f"endpoint 'r' (https://u:{PW}@h:1/x?api_key={KEY}&x=1) answered 500; "
+        f"also tried 'http://[::1]:8080/y?sig={KEY}', and <http://a.b/c?d=e>."
+    )
     out = redact(text)
     assert KEY not in out and PW not in out
     assert "(https://***@h:1/x?api_key=***&x=***) answered 500;" in out
@@ -61,9 +63,14 @@ def test_redact_finds_urls_anywhere_in_text():
 def test_redact_leaves_plain_text_alone():
     from rollart_nb.redact import redact
 
-    for text in ("", "reward returned nan, not a finite number", "StepReport(step=3, 800 tok, tokens=12)",
-                 "wants a bearer token in $X, which is unset", "max_new_tokens=8 token_env='TOK' ratio 3:1",
-                 "http://127.0.0.1:8000/reward-math-v0 answered 404"):
+    for text in (
+        "",
+        "reward returned nan, not a finite number",
+        "StepReport(step=3, 800 tok, tokens=12)",
+        "wants a bearer token in $X, which is unset",
+        "max_new_tokens=8 token_env='TOK' ratio 3:1",
+        "http://127.0.0.1:8000/reward-math-v0 answered 404",
+    ):
         assert redact(text) == text
 
 
@@ -73,8 +80,10 @@ def test_redact_hides_bearer_tokens_and_key_value_pairs():
     assert redact("Authorization: Bearer abc.DEF-123") == "Authorization: Bearer ***"
     assert redact("{'authorization': 'Basic dTpwdw=='}") == "{'authorization': 'Basic ***'}"
     assert redact("sent Bearer tok-very-secret to it") == "sent Bearer *** to it"
-    assert redact('x api_key=abc, password: "hunter22" secret=s3 client_secret=zz access_token=q') == \
-        'x api_key=***, password: "***" secret=*** client_secret=*** access_token=***'
+    assert (
+        redact('x api_key=abc, password: "hunter22" secret=s3 client_secret=zz access_token=q')
+        == 'x api_key=***, password: "***" secret=*** client_secret=*** access_token=***'
+    )
     assert redact('{"token": "t0k3n"}') == '{"token": "***"}'
 
 
@@ -201,8 +210,7 @@ class LeakyReward(rn.Worker):
     default_pool = "serverless"
 
     @rn.register_serverless("leaky", retries=0)
-    def leaky(self, text):
-        ...
+    def leaky(self, text): ...
 
     @rn.register("one")
     def note(self, url):
@@ -264,8 +272,15 @@ def test_planted_secrets_reach_no_output(sess, server, tmp_path, capfd):
 
     # every trajectory of a task fails: the stall error lists the reasons
     sess.reward("math", url=key_url.replace("/score", "/always500"), token_env=TOKEN_ENV, retries=0)
-    pipe = sess.pipeline(train, gen, sess.tasks({"math": Arithmetic()}, envs_per_task=4), batch_size=8,
-                         group_size=4, mode="sync", name="stalled")
+    pipe = sess.pipeline(
+        train,
+        gen,
+        sess.tasks({"math": Arithmetic()}, envs_per_task=4),
+        batch_size=8,
+        group_size=4,
+        mode="sync",
+        name="stalled",
+    )
     with pytest.raises(RollartError) as ei:
         pipe.step()
     assert "answered 500" in str(ei.value)
@@ -275,8 +290,12 @@ def test_planted_secrets_reach_no_output(sess, server, tmp_path, capfd):
     out, err = capfd.readouterr()
     seen += [out, err]
     logs = [p.read_text(errors="replace") for p in Path(sess.log_dir).rglob("*") if p.is_file()]
-    assert any("calling http://***@127.0.0.1:" in text and "?api_key=*** with Authorization: Bearer ***" in text
-               and "ValueError: for url 'http://***@" in text for text in logs), logs
+    assert any(
+        "calling http://***@127.0.0.1:" in text
+        and "?api_key=*** with Authorization: Bearer ***" in text
+        and "ValueError: for url 'http://***@" in text
+        for text in logs
+    ), logs
     seen += logs
     leaks = {i: _leaks(text) for i, text in enumerate(seen) if _leaks(text)}
     assert not leaks, {i: (leaks[i], seen[i][:300]) for i in leaks}

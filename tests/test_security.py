@@ -103,10 +103,20 @@ def _fake_gcs(version: str, *, require_token: str | None = None):
         return pb.InternalKVGetReply(value=json.dumps(meta).encode())
 
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("ray.rpc.InternalKVGcsService", {
-        "InternalKVGet": grpc.unary_unary_rpc_method_handler(
-            kv_get, request_deserializer=pb.InternalKVGetRequest.FromString,
-            response_serializer=pb.InternalKVGetReply.SerializeToString)})])
+    server.add_generic_rpc_handlers(
+        [
+            grpc.method_handlers_generic_handler(
+                "ray.rpc.InternalKVGcsService",
+                {
+                    "InternalKVGet": grpc.unary_unary_rpc_method_handler(
+                        kv_get,
+                        request_deserializer=pb.InternalKVGetRequest.FromString,
+                        response_serializer=pb.InternalKVGetReply.SerializeToString,
+                    )
+                },
+            )
+        ]
+    )
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     return server, port
@@ -213,39 +223,49 @@ def test_token_file_is_private_and_unlike_anything_printed(sess, capfd):
 
 
 def _second_process(code: str, env: dict[str, str], timeout: float = 150) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def test_a_process_without_the_token_cannot_run_a_task_and_one_with_it_can(sess):
     base = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
     base["HOME"] = "/nonexistent"  # no ~/.ray/auth_token to fall back on
     # Ray's own client, token auth off on its side: the cluster refuses it.
-    raw = _second_process(f"""
+    raw = _second_process(
+        f"""
         import ray
         ray.init(address="{sess.address}", log_to_driver=False)
         print("RAN", ray.get(ray.remote(lambda: 41 + 1).remote()))
-    """, {**base, "RAY_AUTH_MODE": "disabled"})
+    """,
+        {**base, "RAY_AUTH_MODE": "disabled"},
+    )
     assert raw.returncode != 0 and "RAN" not in raw.stdout
     # Our attach without a token: a clear, quick refusal.
-    ours = _second_process(f"""
+    ours = _second_process(
+        f"""
         import time, rollart_nb as rn
         t = time.monotonic()
         try:
             rn.Session.attach("{sess.address}", timeout_s=20)
         except rn.errors.ConnectError as e:
             print("REFUSED", round(time.monotonic() - t, 1), e)
-    """, base)
+    """,
+        base,
+    )
     assert "REFUSED" in ours.stdout and "requires a token" in ours.stdout, ours.stderr[-2000:]
     assert float(ours.stdout.split()[1]) < 20
     # With the token (from an environment variable of the user's choosing): it runs.
     token = open(sess.token_path).read()
-    ok = _second_process(f"""
+    ok = _second_process(
+        f"""
         import ray, rollart_nb as rn
         s = rn.Session.attach("{sess.address}", timeout_s=60, token_env="TEAM_RAY_TOKEN")
         print("RAN", ray.get(ray.remote(lambda: 41 + 1).remote()))
         s.close()
-    """, {**base, "TEAM_RAY_TOKEN": token})
+    """,
+        {**base, "TEAM_RAY_TOKEN": token},
+    )
     assert ok.returncode == 0 and "RAN 42" in ok.stdout, ok.stderr[-3000:]
     assert token not in ok.stdout + ok.stderr
 
@@ -254,7 +274,11 @@ def test_expose_listens_wider_and_keeps_authentication_on():
     """`expose="auto"`: Ray's ports answer beyond loopback, and still only with the token."""
     base = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
     base["HOME"] = "/nonexistent"
-    host = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
+    host = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent("""
         import json, os, sys, psutil, rollart_nb as rn
         s = rn.Session.local({"cpu": 1}, serverless=False, expose="auto")
         me = psutil.Process()
@@ -264,16 +288,26 @@ def test_expose_listens_wider_and_keeps_authentication_on():
         print(json.dumps({"address": s.address, "wide": wide}), flush=True)
         sys.stdin.readline()
         s.close()
-    """)], env=base, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    """),
+        ],
+        env=base,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     try:
         info = json.loads(host.stdout.readline())
         assert info["wide"], "expose='auto' should listen beyond loopback"
         assert not info["address"].startswith("127.")  # others are given the node's address
-        raw = _second_process(f"""
+        raw = _second_process(
+            f"""
             import ray
-            ray.init(address="{info['address']}", log_to_driver=False)
+            ray.init(address="{info["address"]}", log_to_driver=False)
             print("RAN", ray.get(ray.remote(lambda: 1).remote()))
-        """, {**base, "RAY_AUTH_MODE": "disabled"})
+        """,
+            {**base, "RAY_AUTH_MODE": "disabled"},
+        )
         assert raw.returncode != 0 and "RAN" not in raw.stdout
     finally:
         host.stdin.write("\n")

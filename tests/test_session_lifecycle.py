@@ -48,7 +48,8 @@ def test_a_failed_local_start_leaves_no_ray_behind():
         rn.Session.local({"cpu": 1}, serverless=False, store=f"redis://127.0.0.1:{free_port()}/0")
     assert not ray.is_initialized()
     assert "RAY_AUTH_TOKEN_PATH" not in os.environ or not os.environ["RAY_AUTH_TOKEN_PATH"].startswith(
-        os.path.join(tempfile.gettempdir(), "rollart_auth_"))
+        os.path.join(tempfile.gettempdir(), "rollart_auth_")
+    )
     with rn.Session.local({"cpu": 1}, serverless=False) as s:
         assert s.state == "attached"
 
@@ -79,10 +80,25 @@ def test_attach_from_a_second_process_to_ray_start():
     head_env = {**base, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": token_file}
     env = {**base, "HOME": tmp, "TEAM_TOKEN": open(token_file).read()}
     head = subprocess.Popen(
-        [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", f"--port={port}", "--num-cpus=1",
-         "--num-gpus=2", '--resources={"accelerator_type:H20": 1}', "--include-dashboard=false",
-         f"--temp-dir={tmp}", "--block", "--node-ip-address=127.0.0.1"],
-        env=head_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        [
+            sys.executable,
+            "-m",
+            "ray.scripts.scripts",
+            "start",
+            "--head",
+            f"--port={port}",
+            "--num-cpus=1",
+            "--num-gpus=2",
+            '--resources={"accelerator_type:H20": 1}',
+            "--include-dashboard=false",
+            f"--temp-dir={tmp}",
+            "--block",
+            "--node-ip-address=127.0.0.1",
+        ],
+        env=head_env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
     )
     try:
         code = textwrap.dedent(f"""

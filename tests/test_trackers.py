@@ -26,11 +26,25 @@ from rollart_nb.trackers import (
 )
 
 SECRETS = ("sk-config-secret-123", "hunter2pass", "tok-in-reason-456", "zz-env-secret-789")
-CONFIG = {"pipeline": "exp", "mode": "async", "alpha": 1, "batch_size": 8, "tasks": ["code", "math"],
-          "algo": "GRPO", "algo.kl_coef": 0.01, "api_key": SECRETS[0],
-          "endpoint": f"https://user:{SECRETS[1]}@scores.example/x"}
-EVENT = {"kind": "generator_replaced", "worker": "actor_gen-1", "pool": "H20", "version": 1, "at": 12.5,
-         "reason": f"worker died (token={SECRETS[2]})"}
+CONFIG = {
+    "pipeline": "exp",
+    "mode": "async",
+    "alpha": 1,
+    "batch_size": 8,
+    "tasks": ["code", "math"],
+    "algo": "GRPO",
+    "algo.kl_coef": 0.01,
+    "api_key": SECRETS[0],
+    "endpoint": f"https://user:{SECRETS[1]}@scores.example/x",
+}
+EVENT = {
+    "kind": "generator_replaced",
+    "worker": "actor_gen-1",
+    "pool": "H20",
+    "version": 1,
+    "at": 12.5,
+    "reason": f"worker died (token={SECRETS[2]})",
+}
 
 
 def _reports() -> list[StepReport]:
@@ -38,15 +52,25 @@ def _reports() -> list[StepReport]:
     failover event at step 1; a NaN reward (a task with no finished sample) at step 2."""
     out = []
     for s in range(3):
-        out.append(StepReport(
-            step=s, version=s + 1, mode="async", step_s=2.0 + s, batch_size=8, tokens=1000 * (s + 1),
-            throughput=500.0 + s, phases={"rollout_wait": 1.0, "suspend": 0.1, "update": 0.2, "resume": 0.1,
-                                          "train": 0.5 * s},
-            reward={"math": 0.25 * (s + 1), "code": math.nan if s == 2 else 0.1 * s},
-            counts={"completed": 8 + s, "aborted_stale": s}, env={"restarts": s, "timeouts": 0},
-            train={"loss": 1.5 - 0.25 * s, "grad_norm": 0.3}, weights={"push_s": 0.05},
-            validation={"math": 0.4} if s == 1 else {}, events=[EVENT] if s == 1 else [],
-        ))
+        out.append(
+            StepReport(
+                step=s,
+                version=s + 1,
+                mode="async",
+                step_s=2.0 + s,
+                batch_size=8,
+                tokens=1000 * (s + 1),
+                throughput=500.0 + s,
+                phases={"rollout_wait": 1.0, "suspend": 0.1, "update": 0.2, "resume": 0.1, "train": 0.5 * s},
+                reward={"math": 0.25 * (s + 1), "code": math.nan if s == 2 else 0.1 * s},
+                counts={"completed": 8 + s, "aborted_stale": s},
+                env={"restarts": s, "timeouts": 0},
+                train={"loss": 1.5 - 0.25 * s, "grad_norm": 0.3},
+                weights={"push_s": 0.05},
+                validation={"math": 0.4} if s == 1 else {},
+                events=[EVENT] if s == 1 else [],
+            )
+        )
     return out
 
 
@@ -64,14 +88,25 @@ def _expected(reports: list[StepReport], key: str) -> list[tuple[int, float]]:
     return [(r.step, step_scalars(r)[key]) for r in reports if key in step_scalars(r)]
 
 
-KEYS = ("reward/math", "reward/code", "validation/math", "phase/train", "count/completed", "env/restarts",
-        "train/loss", "weights/push_s", "step/tokens_per_s", "failover/events")
+KEYS = (
+    "reward/math",
+    "reward/code",
+    "validation/math",
+    "phase/train",
+    "count/completed",
+    "env/restarts",
+    "train/loss",
+    "weights/push_s",
+    "step/tokens_per_s",
+    "failover/events",
+)
 
 
 def _same(got: list[tuple[int, float]], want: list[tuple[int, float]], rel: float = 1e-6) -> bool:
     return len(got) == len(want) and all(
         gs == ws and (math.isnan(gv) and math.isnan(wv) or gv == pytest.approx(wv, rel=rel))
-        for (gs, gv), (ws, wv) in zip(got, want, strict=True))
+        for (gs, gv), (ws, wv) in zip(got, want, strict=True)
+    )
 
 
 def _no_secret_under(path: Path) -> None:
@@ -112,12 +147,15 @@ def test_unknown_name_and_non_tracker_are_config_errors(tmp_path):
     assert resolve_trackers(None, run_dir=tmp_path, name="exp") == []
 
 
-@pytest.mark.parametrize("cls, modules", [
-    (TensorBoardTracker, ["torch.utils.tensorboard"]),
-    (WandbTracker, ["wandb"]),
-    (MLflowTracker, ["mlflow.entities", "mlflow.tracking"]),
-    (MLflowTracker, ["sqlalchemy"]),
-])
+@pytest.mark.parametrize(
+    "cls, modules",
+    [
+        (TensorBoardTracker, ["torch.utils.tensorboard"]),
+        (WandbTracker, ["wandb"]),
+        (MLflowTracker, ["mlflow.entities", "mlflow.tracking"]),
+        (MLflowTracker, ["sqlalchemy"]),
+    ],
+)
 def test_a_missing_library_names_the_extra_to_install(cls, modules, tmp_path, env):
     # Imported for real first: a library imported while a dependency looked missing would keep
     # that state (MLflow registers its SQLite stores at import) for the later tests.
@@ -166,10 +204,10 @@ def _wandb_records(path: Path) -> list:
         if block - pos % block < 7:
             pos += block - pos % block
             continue
-        _, n, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        _, n, kind = struct.unpack("<IHB", data[pos : pos + 7])
         if pos + 7 + n > len(data):
             break  # a chunk still being written
-        buf += data[pos + 7:pos + 7 + n]
+        buf += data[pos + 7 : pos + 7 + n]
         pos += 7 + n
         if kind in (1, 4):
             rec = pb.Record()

@@ -36,19 +36,43 @@ def refused(make, field: str, value, **kwargs) -> ConfigError:
 
 
 # -- ModelSpec ---------------------------------------------------------------------------------
-DENSE = {"name": "dense-1b", "params": 1e9, "active_params": 1e9, "layers": 16, "hidden": 2048, "kv_heads": 8,
-         "head_dim": 64}
+DENSE = {
+    "name": "dense-1b",
+    "params": 1e9,
+    "active_params": 1e9,
+    "layers": 16,
+    "hidden": 2048,
+    "kv_heads": 8,
+    "head_dim": 64,
+}
 
 
 def model_spec(**kw):
     return ModelSpec(**{**DENSE, **kw})
 
 
-@pytest.mark.parametrize(("field", "value"), [
-    ("params", -1), ("params", 0), ("params", NAN), ("params", INF), ("params", "1e9"), ("active_params", 0),
-    ("active_params", 2e9), ("layers", 0), ("layers", 2.5), ("layers", True), ("hidden", -5), ("kv_heads", 0),
-    ("head_dim", 0), ("bytes_per_param", 0), ("bytes_per_param", -2), ("name", ""), ("name", None),
-])
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("params", -1),
+        ("params", 0),
+        ("params", NAN),
+        ("params", INF),
+        ("params", "1e9"),
+        ("active_params", 0),
+        ("active_params", 2e9),
+        ("layers", 0),
+        ("layers", 2.5),
+        ("layers", True),
+        ("hidden", -5),
+        ("kv_heads", 0),
+        ("head_dim", 0),
+        ("bytes_per_param", 0),
+        ("bytes_per_param", -2),
+        ("name", ""),
+        ("name", None),
+    ],
+)
 def test_model_spec_refuses_bad_sizes(field, value):
     refused(model_spec, field, value)
 
@@ -62,19 +86,39 @@ def test_model_spec_reports_every_problem_at_once():
 def test_model_spec_valid_edges():
     moe = model_spec(active_params=1e8)
     assert moe.moe and not model_spec().moe
-    assert model_spec(params=600_000_000, active_params=600_000_000, layers=1, kv_heads=1, head_dim=1,
-                      bytes_per_param=1).kv_bytes_per_token == 2
+    assert (
+        model_spec(
+            params=600_000_000, active_params=600_000_000, layers=1, kv_heads=1, head_dim=1, bytes_per_param=1
+        ).kv_bytes_per_token
+        == 2
+    )
     assert model_spec(layers=np.int64(4), params=np.float64(1e9)).layers == 4
     assert all(s.params > 0 for s in rn.models.SPECS.values())  # the shipped specs pass
 
 
 # -- RolloutConfig -----------------------------------------------------------------------------
-@pytest.mark.parametrize(("field", "value"), [
-    ("max_turns", 0), ("max_turns", 1.5), ("max_turns", True), ("max_new_tokens", 0), ("max_new_tokens", -3),
-    ("max_context", 8), ("max_context", 0), ("temperature", -1), ("temperature", NAN), ("temperature", INF),
-    ("temperature", "hot"), ("env_timeout_s", 0), ("env_timeout_s", -1), ("env_timeout_s", INF),
-    ("env_timeout_s", "60"), ("max_abandoned_threads", -1), ("user_tag", None),
-])
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("max_turns", 0),
+        ("max_turns", 1.5),
+        ("max_turns", True),
+        ("max_new_tokens", 0),
+        ("max_new_tokens", -3),
+        ("max_context", 8),
+        ("max_context", 0),
+        ("temperature", -1),
+        ("temperature", NAN),
+        ("temperature", INF),
+        ("temperature", "hot"),
+        ("env_timeout_s", 0),
+        ("env_timeout_s", -1),
+        ("env_timeout_s", INF),
+        ("env_timeout_s", "60"),
+        ("max_abandoned_threads", -1),
+        ("user_tag", None),
+    ],
+)
 def test_rollout_config_refuses_bad_values(field, value):
     refused(RolloutConfig, field, value)
 
@@ -86,18 +130,40 @@ def test_rollout_config_reports_every_problem_at_once():
 
 
 def test_rollout_config_valid_edges():
-    cfg = RolloutConfig(max_turns=1, max_new_tokens=1, max_context=1, temperature=0, env_timeout_s=None,
-                        max_abandoned_threads=0, user_tag="", assistant_tag="")
+    cfg = RolloutConfig(
+        max_turns=1,
+        max_new_tokens=1,
+        max_context=1,
+        temperature=0,
+        env_timeout_s=None,
+        max_abandoned_threads=0,
+        user_tag="",
+        assistant_tag="",
+    )
     assert cfg.temperature == 0 and cfg.env_timeout_s is None
     assert RolloutConfig(env_timeout_s=0.01, temperature=2.5).env_timeout_s == 0.01
 
 
 # -- CodeTask ----------------------------------------------------------------------------------
-@pytest.mark.parametrize(("field", "value"), [
-    ("timeout_s", -1), ("timeout_s", 0), ("timeout_s", NAN), ("timeout_s", INF), ("timeout_s", 86_401),
-    ("timeout_s", True), ("timeout_s", "5"), ("memory_mb", 0), ("memory_mb", 31), ("memory_mb", 64.5),
-    ("memory_mb", True), ("memory_mb", 2**21), ("isolation", "chroot"), ("problems", ()),
-])
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("timeout_s", -1),
+        ("timeout_s", 0),
+        ("timeout_s", NAN),
+        ("timeout_s", INF),
+        ("timeout_s", 86_401),
+        ("timeout_s", True),
+        ("timeout_s", "5"),
+        ("memory_mb", 0),
+        ("memory_mb", 31),
+        ("memory_mb", 64.5),
+        ("memory_mb", True),
+        ("memory_mb", 2**21),
+        ("isolation", "chroot"),
+        ("problems", ()),
+    ],
+)
 def test_code_task_refuses_bad_values(field, value):
     refused(CodeTask, field, value)
 
@@ -119,12 +185,30 @@ def scheduler_config(**kw):
     return SchedulerConfig(**{"batch_size": 8, "group_size": 4, **kw})
 
 
-@pytest.mark.parametrize(("field", "value"), [
-    ("alpha", 0.5), ("alpha", -1), ("alpha", True), ("alpha", "1"), ("batch_size", 0), ("batch_size", 6),
-    ("batch_size", 8.0), ("group_size", 0), ("group_size", 2.0), ("mode", "async"), ("mode", 3),
-    ("redundancy", -1), ("max_group_failures", 0), ("seed", None), ("seed", 1.5), ("task_weights", {"math": NAN}),
-    ("task_weights", {"math": -1.0}), ("task_weights", {"math": 0.0}), ("rollout", {}),
-])
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("alpha", 0.5),
+        ("alpha", -1),
+        ("alpha", True),
+        ("alpha", "1"),
+        ("batch_size", 0),
+        ("batch_size", 6),
+        ("batch_size", 8.0),
+        ("group_size", 0),
+        ("group_size", 2.0),
+        ("mode", "async"),
+        ("mode", 3),
+        ("redundancy", -1),
+        ("max_group_failures", 0),
+        ("seed", None),
+        ("seed", 1.5),
+        ("task_weights", {"math": NAN}),
+        ("task_weights", {"math": -1.0}),
+        ("task_weights", {"math": 0.0}),
+        ("rollout", {}),
+    ],
+)
 def test_scheduler_config_refuses_bad_values(field, value):
     refused(scheduler_config, field, value)
 
@@ -137,17 +221,33 @@ def test_scheduler_config_suggests_the_mode_and_batch_size():
 
 
 def test_scheduler_config_valid_edges():
-    cfg = scheduler_config(alpha=0, batch_size=4, redundancy=0, seed=-3, mode="sync", max_group_failures=1,
-                           task_weights={"math": 1.0, "other": 0})
+    cfg = scheduler_config(
+        alpha=0,
+        batch_size=4,
+        redundancy=0,
+        seed=-3,
+        mode="sync",
+        max_group_failures=1,
+        task_weights={"math": 1.0, "other": 0},
+    )
     assert cfg.mode is MODES["sync"] and cfg.alpha == 0 and cfg.batch_groups == 1
     assert scheduler_config(batch_size=np.int64(8), mode=MODES["areal"], task_weights={}).batch_groups == 2
 
 
 # -- RewardDispatcher.set ------------------------------------------------------------------------
-@pytest.mark.parametrize(("field", "value"), [
-    ("fn", 3), ("fn", "exact"), ("timeout_s", 0), ("timeout_s", NAN), ("retries", -1), ("retries", True),
-    ("validate_with", "exact"), ("endpoint", "http://127.0.0.1:1/score"),
-])
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("fn", 3),
+        ("fn", "exact"),
+        ("timeout_s", 0),
+        ("timeout_s", NAN),
+        ("retries", -1),
+        ("retries", True),
+        ("validate_with", "exact"),
+        ("endpoint", "http://127.0.0.1:1/score"),
+    ],
+)
 def test_reward_dispatcher_refuses_bad_arguments(field, value):
     d = RewardDispatcher()
     base = {} if field in ("fn", "endpoint") else {"fn": len}
@@ -172,11 +272,19 @@ def parts():
     sess.close()
 
 
-@pytest.mark.parametrize(("field", "value", "kwargs"), [
-    ("fn", 42, {}), ("fn", "exact_answer", {}), ("fn", "http://127.0.0.1:1/score", {}),
-    ("timeout_s", 0, {"fn": len}), ("timeout_s", -1.0, {"fn": len}), ("retries", -1, {"fn": len}),
-    ("validate_with", "exact", {"fn": len}), ("task", "", {"fn": len}),
-])
+@pytest.mark.parametrize(
+    ("field", "value", "kwargs"),
+    [
+        ("fn", 42, {}),
+        ("fn", "exact_answer", {}),
+        ("fn", "http://127.0.0.1:1/score", {}),
+        ("timeout_s", 0, {"fn": len}),
+        ("timeout_s", -1.0, {"fn": len}),
+        ("retries", -1, {"fn": len}),
+        ("validate_with", "exact", {"fn": len}),
+        ("task", "", {"fn": len}),
+    ],
+)
 def test_session_reward_refuses_bad_arguments_at_once(parts, field, value, kwargs):
     sess, _, _ = parts
     others = {k: v for k, v in {"task": "math", **kwargs}.items() if k != field}
@@ -193,12 +301,19 @@ def test_session_reward_refuses_serve_options_without_serverless(parts):
     assert not sess._rewards
 
 
-@pytest.mark.parametrize(("kwargs", "shown"), [
-    ({"alpha": 0.5}, "alpha=0.5"), ({"alpha": True}, "alpha=True"), ({"alpha": -1}, "alpha=-1"),
-    ({"batch_size": 6, "group_size": 4}, "batch_size=6"), ({"group_size": 0}, "group_size=0"),
-    ({"mode": "rolart"}, "'rolart'"), ({"redundancy": -2}, "redundancy=-2"),
-    ({"rollout": RolloutConfig(temperature=0)}, None),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "shown"),
+    [
+        ({"alpha": 0.5}, "alpha=0.5"),
+        ({"alpha": True}, "alpha=True"),
+        ({"alpha": -1}, "alpha=-1"),
+        ({"batch_size": 6, "group_size": 4}, "batch_size=6"),
+        ({"group_size": 0}, "group_size=0"),
+        ({"mode": "rolart"}, "'rolart'"),
+        ({"redundancy": -2}, "redundancy=-2"),
+        ({"rollout": RolloutConfig(temperature=0)}, None),
+    ],
+)
 def test_session_pipeline_checks_its_arguments(parts, kwargs, shown):
     sess, train, gen = parts
     tasks = sess.tasks({"math": Arithmetic()}, envs_per_task=2)

@@ -120,8 +120,18 @@ class GRPO:
         return [self.scale_by_std.get(t, True) for t in tasks]
 
 
-def step_metrics(sums: dict[str, float], *, grad_norm: float, rewards: Any, adv: Any, num_trajectories: int,
-                 num_rows: int, num_tokens: float, step_s: float, version: int) -> dict[str, float]:
+def step_metrics(
+    sums: dict[str, float],
+    *,
+    grad_norm: float,
+    rewards: Any,
+    adv: Any,
+    num_trajectories: int,
+    num_rows: int,
+    num_tokens: float,
+    step_s: float,
+    version: int,
+) -> dict[str, float]:
     """A train step's metrics, as every GRPO backend reports them: ``sums`` (loss terms summed
     over micro-batches) plus the gradient norm, the batch's reward and advantage statistics,
     its size and the step's time and new version."""
@@ -197,8 +207,9 @@ def batch_advantages(algo: GRPO, batch: Sequence[Any]) -> tuple[Any, Any]:
     return rewards, group_advantages(rewards, groups, eps=algo.adv_eps, scale_by_std=scales)
 
 
-def loss_weights(loss_mask: Any, loss_agg: str = "token-mean", seq_index: Any = None,
-                 task_index: Sequence[Hashable] | None = None) -> Any:
+def loss_weights(
+    loss_mask: Any, loss_agg: str = "token-mean", seq_index: Any = None, task_index: Sequence[Hashable] | None = None
+) -> Any:
     """Per-token weights that turn a per-token loss into the batch loss by a plain sum.
 
     Computing them once for the whole batch makes gradient accumulation over micro-batches

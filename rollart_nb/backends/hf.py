@@ -343,10 +343,7 @@ class HFBackend:
                 )
             t_decode = time.perf_counter() - t0 - t_prefill
             self._keep_kv(slots, reuse, forwards, p_max, s_max, getattr(out, self._cache_kw, None))
-        return [
-            self._result(s, reasons[i] or "length", t_prefill, t_decode, version, 0)
-            for i, s in enumerate(slots)
-        ]
+        return [self._result(s, reasons[i] or "length", t_prefill, t_decode, version, 0) for i, s in enumerate(slots)]
 
     # -- KV reuse (called with _weights_lock held) ------------------------------------------
     def _take_cached(self, slots: list[_Slot]) -> list[_KV | None]:
@@ -393,8 +390,7 @@ class HFBackend:
             data.append((k, v))  # new_zeros: already on the cached tensors' device
         return DynamicCache(data)
 
-    def _keep_kv(self, slots: list[_Slot], reuse: list[int], forwards: int, p_max: int, s_max: int,
-                 cache: Any) -> None:
+    def _keep_kv(self, slots: list[_Slot], reuse: list[int], forwards: int, p_max: int, s_max: int, cache: Any) -> None:
         """Store each finished row's KV (prompt + the generated tokens fed in the ``forwards``
         decode steps) for its next request."""
         import torch
@@ -415,11 +411,17 @@ class HFBackend:
                 n, fed = len(s.request.prompt_ids) - reuse[i], min(len(s.tokens), forwards)  # last token may be unfed
                 groups.setdefault((reuse[i], n, fed), []).append(i)
         for (r, n, fed), rows in groups.items():
-            idx = torch.cat([torch.arange(p_max - r, p_max),
-                             torch.arange(p_max + s_max - n, p_max + s_max + fed)]).to(self.device)
+            idx = torch.cat([torch.arange(p_max - r, p_max), torch.arange(p_max + s_max - n, p_max + s_max + fed)]).to(
+                self.device
+            )
             sel = torch.tensor(rows, device=self.device)
-            kept = [(la.keys.index_select(0, sel).index_select(-2, idx),
-                     la.values.index_select(0, sel).index_select(-2, idx)) for la in layers]
+            kept = [
+                (
+                    la.keys.index_select(0, sel).index_select(-2, idx),
+                    la.values.index_select(0, sel).index_select(-2, idx),
+                )
+                for la in layers
+            ]
             for j, i in enumerate(rows):
                 s = slots[i]
                 kv = _KV(list(s.request.prompt_ids) + s.tokens[:fed], [(k[j], v[j]) for k, v in kept])

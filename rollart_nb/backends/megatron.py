@@ -212,8 +212,11 @@ class MegatronTrainBackend:
 
         t0 = time.perf_counter()
         if self.algo.epochs != 1:
-            raise ConfigError(f"GRPO(epochs={self.algo.epochs}): this backend makes one optimizer step per batch; "
-                              "use epochs=1, or the torch backend for several", where="MegatronTrainBackend")
+            raise ConfigError(
+                f"GRPO(epochs={self.algo.epochs}): this backend makes one optimizer step per batch; "
+                "use epochs=1, or the torch backend for several",
+                where="MegatronTrainBackend",
+            )
         if not batch:
             raise ConfigError("train_step got an empty batch")
         unscored = [t.id for t in batch if not math.isfinite(t.reward)]
@@ -232,8 +235,9 @@ class MegatronTrainBackend:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         sums: dict[str, float] = {}
-        for lo, hi in micro_batches([len(r.ids) for r in rows], self.algo.micro_batch_size,
-                                    self.algo.micro_batch_tokens):
+        for lo, hi in micro_batches(
+            [len(r.ids) for r in rows], self.algo.micro_batch_size, self.algo.micro_batch_tokens
+        ):
             part, sl = rows[lo:hi], slice(lo, hi)
             ids = self._ids(part)
             new_lp, entropy = self._token_logprobs(self.model, ids, with_entropy=self.algo.entropy_coef > 0)
@@ -267,9 +271,17 @@ class MegatronTrainBackend:
         self.optimizer.step()
         self.model.eval()
         self.version += 1
-        return step_metrics(sums, grad_norm=grad_norm, rewards=rewards, adv=adv, num_trajectories=len(batch),
-                            num_rows=len(rows), num_tokens=float(mask.sum()), step_s=time.perf_counter() - t0,
-                            version=self.version)
+        return step_metrics(
+            sums,
+            grad_norm=grad_norm,
+            rewards=rewards,
+            adv=adv,
+            num_trajectories=len(batch),
+            num_rows=len(rows),
+            num_tokens=float(mask.sum()),
+            step_s=time.perf_counter() - t0,
+            version=self.version,
+        )
 
     def state_dict(self) -> dict[str, Any]:
         """Whole-model weights in HF naming, as CPU tensors (gathered over TP; every rank gets them)."""

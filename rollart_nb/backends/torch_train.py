@@ -79,8 +79,8 @@ def micro_batches(lengths: list[int], max_rows: int, max_tokens: int = 0) -> lis
     out, lo = [], 0
     while lo < len(lengths):
         hi = lo + 1
-        while hi < len(lengths) and hi - lo < max_rows and (
-            not max_tokens or (hi - lo + 1) * lengths[hi] <= max_tokens
+        while (
+            hi < len(lengths) and hi - lo < max_rows and (not max_tokens or (hi - lo + 1) * lengths[hi] <= max_tokens)
         ):
             hi += 1
         out.append((lo, hi))
@@ -97,8 +97,7 @@ def row_groups(traj: Trajectory) -> list[tuple[list[int], list[Turn]]]:
         return []
     final = list(turns[-1].prompt_ids) + list(turns[-1].response_ids)
     consistent = all(
-        final[: len(t.prompt_ids) + len(t.response_ids)] == list(t.prompt_ids) + list(t.response_ids)
-        for t in turns
+        final[: len(t.prompt_ids) + len(t.response_ids)] == list(t.prompt_ids) + list(t.response_ids) for t in turns
     )
     return [(final, turns)] if consistent else [(list(t.prompt_ids) + list(t.response_ids), [t]) for t in turns]
 
@@ -118,9 +117,7 @@ def build_rows(traj: Trajectory, index: int = 0) -> list[Row]:
                 old[start + j] = float(tlp[j])
                 ref[start + j] = float(tref[j])
         if mask[0]:
-            raise ConfigError(
-                f"trajectory {traj.id}: a turn has an empty prompt; the first token has no context"
-            )
+            raise ConfigError(f"trajectory {traj.id}: a turn has an empty prompt; the first token has no context")
         rows.append(Row(ids, mask, old, index, ref))
     return rows
 
@@ -204,9 +201,7 @@ class TorchTrainBackend:
         1
     """
 
-    def __init__(
-        self, model: ModelRef | str, algo: GRPO | None = None, seed: int = 0, device: str | None = None
-    ):
+    def __init__(self, model: ModelRef | str, algo: GRPO | None = None, seed: int = 0, device: str | None = None):
         self.ref = model if isinstance(model, ModelRef) else from_pretrained(model)
         self.algo = algo or GRPO()
         self.seed = seed
@@ -240,9 +235,7 @@ class TorchTrainBackend:
             raise ConfigError("train_step got an empty batch")
         unscored = [t.id for t in batch if not math.isfinite(t.reward)]
         if unscored:
-            raise ConfigError(
-                f"trajectories {unscored[:5]} have no finite reward; score them before training"
-            )
+            raise ConfigError(f"trajectories {unscored[:5]} have no finite reward; score them before training")
         rewards, adv = batch_advantages(self.algo, batch)
         rows = [r for i, t in enumerate(batch) for r in build_rows(t, i)]
         if not rows or not any(any(r.mask) for r in rows):
@@ -252,8 +245,13 @@ class TorchTrainBackend:
         if self.algo.skip_zero_advantage and not regularized:
             # A row whose advantage is 0 adds nothing to the policy gradient; skip its forward/backward.
             rows = [r for r in rows if float(adv[r.traj]) != 0.0]
-        sums: dict[str, float] = {"loss": 0.0, "pg_loss": 0.0, "clip_frac": 0.0, "ratio_mean": 1.0,
-                                  "approx_kl_old": 0.0}
+        sums: dict[str, float] = {
+            "loss": 0.0,
+            "pg_loss": 0.0,
+            "clip_frac": 0.0,
+            "ratio_mean": 1.0,
+            "approx_kl_old": 0.0,
+        }
         grad_norm = 0.0
         if rows:
             ref_cache: dict[tuple[int, int], torch.Tensor] = {}  # the reference pass, once per batch
@@ -264,12 +262,21 @@ class TorchTrainBackend:
         self.version += 1
         sums["trained_rows"] = float(len(rows))
         sums["epochs"] = float(self.algo.epochs if rows else 0)
-        return step_metrics(sums, grad_norm=grad_norm, rewards=rewards, adv=adv, num_trajectories=len(batch),
-                            num_rows=num_rows, num_tokens=sum(sum(r.mask) for r in rows),
-                            step_s=time.perf_counter() - t0, version=self.version)
+        return step_metrics(
+            sums,
+            grad_norm=grad_norm,
+            rewards=rewards,
+            adv=adv,
+            num_trajectories=len(batch),
+            num_rows=num_rows,
+            num_tokens=sum(sum(r.mask) for r in rows),
+            step_s=time.perf_counter() - t0,
+            version=self.version,
+        )
 
-    def _optimize(self, rows: list[Row], adv: torch.Tensor, tasks: list[str],
-                  ref_cache: dict[tuple[int, int], torch.Tensor]) -> tuple[dict[str, float], float]:
+    def _optimize(
+        self, rows: list[Row], adv: torch.Tensor, tasks: list[str], ref_cache: dict[tuple[int, int], torch.Tensor]
+    ) -> tuple[dict[str, float], float]:
         """Forward/backward over ``rows`` in micro-batches, then one optimizer step (``tasks``: per
         trajectory of the batch, for ``loss_agg="task-token-mean"``; ``ref_cache``: the reference
         logprobs per micro-batch, filled on the first call for a batch and reused by later epochs)."""
@@ -283,8 +290,9 @@ class TorchTrainBackend:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         sums: dict[str, float] = {}
-        for lo, hi in micro_batches([len(r.ids) for r in rows], self.algo.micro_batch_size,
-                                    self.algo.micro_batch_tokens):
+        for lo, hi in micro_batches(
+            [len(r.ids) for r in rows], self.algo.micro_batch_size, self.algo.micro_batch_tokens
+        ):
             sl = slice(lo, hi)
             part = rows[lo:hi]
             new_lp, entropy, ids, attn = self._forward(part, with_entropy=self.algo.entropy_coef > 0)

@@ -442,4 +442,3 @@ class VLLMBackend:
     def _hit_stop(self, tokens: list[int], stop: list[str]) -> bool:
         text = self.tokenizer.decode(tokens, skip_special_tokens=True)
         return any(s and s in text for s in stop)
-

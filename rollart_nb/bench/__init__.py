@@ -22,8 +22,17 @@ from rollart_nb.bench.modes import scaling, throughput_ladder
 from rollart_nb.bench.scheduling import alpha_sweep, redundant_rollouts
 from rollart_nb.errors import ConfigError
 
-__all__ = ["EXPERIMENTS", "alpha_sweep", "script_main", "pd_disaggregation", "r1_affinity", "redundant_rollouts",
-           "run_experiments", "scaling", "throughput_ladder"]
+__all__ = [
+    "EXPERIMENTS",
+    "alpha_sweep",
+    "script_main",
+    "pd_disaggregation",
+    "r1_affinity",
+    "redundant_rollouts",
+    "run_experiments",
+    "scaling",
+    "throughput_ladder",
+]
 
 EXPERIMENTS: dict[str, Callable[..., dict[str, Any]]] = {
     "r1_affinity": r1_affinity,
@@ -35,13 +44,21 @@ EXPERIMENTS: dict[str, Callable[..., dict[str, Any]]] = {
 }
 """Experiment name -> function ``(out, quick, printer) -> result dict``."""
 
-_ALIASES = {"r1": "r1_affinity", "affinity": "r1_affinity", "pd": "pd_disaggregation",
-            "redundancy": "redundant_rollouts", "alpha": "alpha_sweep", "r4": "alpha_sweep",
-            "ladder": "throughput_ladder", "throughput": "throughput_ladder"}
+_ALIASES = {
+    "r1": "r1_affinity",
+    "affinity": "r1_affinity",
+    "pd": "pd_disaggregation",
+    "redundancy": "redundant_rollouts",
+    "alpha": "alpha_sweep",
+    "r4": "alpha_sweep",
+    "ladder": "throughput_ladder",
+    "throughput": "throughput_ladder",
+}
 
 
-def run_experiments(name: str = "all", out: str = "rollart_bench", quick: bool = False,
-                    printer: Callable[[str], None] | None = print) -> dict[str, Any]:
+def run_experiments(
+    name: str = "all", out: str = "rollart_bench", quick: bool = False, printer: Callable[[str], None] | None = print
+) -> dict[str, Any]:
     """Run one experiment (or ``"all"``); returns ``{experiment: result}`` plus ``wall_s``.
 
     Args:

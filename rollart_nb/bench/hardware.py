@@ -21,8 +21,9 @@ SCALE = 1 / 8
 """Fraction of the paper's GPU counts simulated."""
 
 
-def r1_affinity(out: str = "rollart_bench", quick: bool = False,
-                printer: Callable[[str], None] | None = print) -> dict[str, Any]:
+def r1_affinity(
+    out: str = "rollart_bench", quick: bool = False, printer: Callable[[str], None] | None = print
+) -> dict[str, Any]:
     """R1: rollout on H800 only vs H20 only vs an affinity mix, at equal cost; training fixed.
 
     Paper (§7.3 R1): 32 H800 train; rollout on 72 H800, 208 H20, or 64 H800 + 24 H20 (about
@@ -41,39 +42,54 @@ def r1_affinity(out: str = "rollart_bench", quick: bool = False,
         "h20_only": {"H20": equal_cost_counts(budget, "H20")},
         "affinity_mix": {"H800": mix_h800, "H20": equal_cost_counts(budget - pool_cost({"H800": mix_h800}), "H20")},
     }
-    base = RunSpec("qwen3-8b", {}, train_gpus=round(32 * SCALE), tasks={"swe": "swe", "math": "gem-math"},
-                   envs_per_task=16 if quick else 32, batch=32 if quick else 64, steps=1 if quick else 5,
-                   warmup=1)
+    base = RunSpec(
+        "qwen3-8b",
+        {},
+        train_gpus=round(32 * SCALE),
+        tasks={"swe": "swe", "math": "gem-math"},
+        envs_per_task=16 if quick else 32,
+        batch=32 if quick else 64,
+        steps=1 if quick else 5,
+        warmup=1,
+    )
     raw = {k: {**simulate(base.with_(rollout=v)), "rollout_gpus": v} for k, v in configs.items()}
     mix = raw["affinity_mix"]["step_s"]
-    ours = {"mix_over_h20_only": raw["h20_only"]["step_s"] / mix,
-            "mix_over_h800_only": raw["h800_only"]["step_s"] / mix}
+    ours = {
+        "mix_over_h20_only": raw["h20_only"]["step_s"] / mix,
+        "mix_over_h800_only": raw["h800_only"]["step_s"] / mix,
+    }
     paper = {"mix_over_h20_only": (1.30, 1.68), "mix_over_h800_only": (1.12, 1.37)}
     why = {
         "mix_over_h20_only": {
             "below": "SimBackend keeps each trajectory's KV prefix (only new tokens are prefilled) and never lets a "
-                     "prefill stall a decode, so the H20's weak compute costs little.",
+            "prefill stall a decode, so the H20's weak compute costs little.",
             "above": "SimBackend serves prefills one at a time per device (FCFS on its FLOP/s, no chunked prefill "
-                     "mixed into decode batches), and re-prefills a whole history after every weight update; on "
-                     "H20 those queues grow faster than on a real engine.",
+            "mixed into decode batches), and re-prefills a whole history after every weight update; on "
+            "H20 those queues grow faster than on a real engine.",
         },
         "mix_over_h800_only": {
             "below": "A decode is priced once at admission for the batch active then (SimBackend): later joiners "
-                     "do not slow it, so spreading decodes over the mix's extra H20s gains less than on real engines.",
+            "do not slow it, so spreading decodes over the mix's extra H20s gains less than on real engines.",
             "above": "At this 1/8 scale H800-only has 9 devices for ~64 concurrent trajectories; the roofline "
-                     "decode term grows with batch x context (KV read) and the FCFS prefill queue, and only the "
-                     "extra devices of the mix relieve it (no TP communication or scheduler overhead offsets them).",
+            "decode term grows with batch x context (KV read) and the FCFS prefill queue, and only the "
+            "extra devices of the mix relieve it (no TP communication or scheduler overhead offsets them).",
         },
     }
-    res = result("r1_affinity", ours, paper, why, raw,
-                 description=f"equal ${budget:.0f}/h rollout: {configs}, train {base.train_gpus} H800, "
-                             f"qwen3-8b, swe+gem-math")
+    res = result(
+        "r1_affinity",
+        ours,
+        paper,
+        why,
+        raw,
+        description=f"equal ${budget:.0f}/h rollout: {configs}, train {base.train_gpus} H800, qwen3-8b, swe+gem-math",
+    )
     res["wall_s"] = round(time.monotonic() - t0, 1)
     return finish(res, out, printer, "R1 hardware affinity: step-time speed-up of the affinity mix")
 
 
-def pd_disaggregation(out: str = "rollart_bench", quick: bool = False,
-                      printer: Callable[[str], None] | None = print) -> dict[str, Any]:
+def pd_disaggregation(
+    out: str = "rollart_bench", quick: bool = False, printer: Callable[[str], None] | None = print
+) -> dict[str, Any]:
     """PD disaggregation 1P3D / 2P2D / 3P1D vs colocated prefill+decode on the same nodes.
 
     Paper (§7.4): SWE tasks, 8-GPU nodes (P nodes H800, D nodes H20). Dense Qwen3-32B:
@@ -86,8 +102,18 @@ def pd_disaggregation(out: str = "rollart_bench", quick: bool = False,
     t0 = time.monotonic()
     splits = {"1P3D": 1, "2P2D": 2} if quick else {"1P3D": 1, "2P2D": 2, "3P1D": 3}
     models = {"dense": "qwen3-32b"} if quick else {"dense": "qwen3-32b", "moe": "qwen3-30b-a3b"}
-    base = RunSpec("", {}, train_gpus=8, tp=8, tasks={"swe": "swe"}, envs_per_task=16 if quick else 32,
-                   batch=16 if quick else 32, group=8, steps=1 if quick else 3, warmup=1)
+    base = RunSpec(
+        "",
+        {},
+        train_gpus=8,
+        tp=8,
+        tasks={"swe": "swe"},
+        envs_per_task=16 if quick else 32,
+        batch=16 if quick else 32,
+        group=8,
+        steps=1 if quick else 3,
+        warmup=1,
+    )
     raw: dict[str, Any] = {}
     ours: dict[str, float] = {}
     for kind, model in models.items():
@@ -98,26 +124,41 @@ def pd_disaggregation(out: str = "rollart_bench", quick: bool = False,
             pd = simulate(s.with_(pd=True))
             raw[f"{kind}_{split}"] = {"colocated": colo, "pd": pd, "gpus": gpus}
             ours[f"{kind}_{split}"] = colo["rollout_s"] / pd["rollout_s"] if pd["rollout_s"] > 0 else float("nan")
-    paper: dict[str, Any] = {"dense_1P3D": 1.03, "dense_2P2D": 1.05, "moe_1P3D": 1.11, "moe_2P2D": 1.21,
-                             "dense_3P1D": None, "moe_3P1D": None}
+    paper: dict[str, Any] = {
+        "dense_1P3D": 1.03,
+        "dense_2P2D": 1.05,
+        "moe_1P3D": 1.11,
+        "moe_2P2D": 1.21,
+        "dense_3P1D": None,
+        "moe_3P1D": None,
+    }
     paper = {k: v for k, v in paper.items() if k in ours}
-    why = {"*": {
-        "below": "SimBackend never lets a prefill stall a colocated decode (decodes are priced at admission), so "
-                 "the interference PD disaggregation removes is not in the model; what remains is the H800's faster "
-                 "prefill and the H20's bandwidth, minus the KV transfer and the un-sticky decode placement (every "
-                 "turn's new KV moves to whichever H20 is least loaded).",
-        "above": "The colocated baseline routes by load only, so SWE prefills also land on H20 workers, whose "
-                 "FCFS prefill queue (no chunked prefill) is slow; PD keeps every prefill on H800.",
-    }}
-    res = result("pd_disaggregation", ours, paper, why, raw,
-                 description="rollout-time speed-up of PD over colocated on the same 4 nodes (P=H800x8, D=H20x8), "
-                             f"swe, models {list(models.values())}; 3P1D: paper says worst, no number")
+    why = {
+        "*": {
+            "below": "SimBackend never lets a prefill stall a colocated decode (decodes are priced at admission), so "
+            "the interference PD disaggregation removes is not in the model; what remains is the H800's faster "
+            "prefill and the H20's bandwidth, minus the KV transfer and the un-sticky decode placement (every "
+            "turn's new KV moves to whichever H20 is least loaded).",
+            "above": "The colocated baseline routes by load only, so SWE prefills also land on H20 workers, whose "
+            "FCFS prefill queue (no chunked prefill) is slow; PD keeps every prefill on H800.",
+        }
+    }
+    res = result(
+        "pd_disaggregation",
+        ours,
+        paper,
+        why,
+        raw,
+        description="rollout-time speed-up of PD over colocated on the same 4 nodes (P=H800x8, D=H20x8), "
+        f"swe, models {list(models.values())}; 3P1D: paper says worst, no number",
+    )
     if "dense_3P1D" in ours:
         for kind in models:
             best = max((k for k in ours if k.startswith(kind)), key=lambda k: ours[k])
             worst = min((k for k in ours if k.startswith(kind)), key=lambda k: ours[k])
-            res["notes"].append(f"{kind}: best split {best.split('_')[1]}, worst {worst.split('_')[1]} "
-                                f"(paper: 3P1D worst)")
+            res["notes"].append(
+                f"{kind}: best split {best.split('_')[1]}, worst {worst.split('_')[1]} (paper: 3P1D worst)"
+            )
     res["wall_s"] = round(time.monotonic() - t0, 1)
     res["prices"] = {h: PROFILES[h].price_per_hour for h in ("H800", "H20")}
     return finish(res, out, printer, "PD disaggregation: rollout speed-up over colocation")

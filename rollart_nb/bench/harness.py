@@ -121,8 +121,14 @@ def _make_env(w: Workload, seed: int, ts: float, stragglers: Stragglers | None) 
     if stragglers is None:
         return env
     # WithLatency's deep copies (one per EnvManager) each draw their own, seeded latencies
-    return WithLatency(env, mean_s=stragglers.mean_s * ts, std_s=stragglers.std_s * ts,
-                            long_tail_p=stragglers.p, long_tail_scale=stragglers.scale, seed=seed)
+    return WithLatency(
+        env,
+        mean_s=stragglers.mean_s * ts,
+        std_s=stragglers.std_s * ts,
+        long_tail_p=stragglers.p,
+        long_tail_scale=stragglers.scale,
+        seed=seed,
+    )
 
 
 async def _lag_probe(period_s: float, out: list[float]) -> None:
@@ -155,21 +161,54 @@ def simulate(s: RunSpec) -> dict[str, float]:
     with SimSession(pools, seed=s.seed, gpus_per_node=GPUS_PER_NODE, virtual=s.virtual) as sess:
         train_slots = min(s.train_gpus, GPUS_PER_NODE)
         # rank 0 models the whole data-parallel group; the other ranks hold its GPUs in the pools
-        train = sess.cluster("actor_train", SimTrainer, pool="H800", replicas=max(1, s.train_gpus // train_slots),
-                             slots=train_slots, fallback=[], model=m, gpus=s.train_gpus, time_scale=ts,
-                             mfu=s.train_mfu)
+        train = sess.cluster(
+            "actor_train",
+            SimTrainer,
+            pool="H800",
+            replicas=max(1, s.train_gpus // train_slots),
+            slots=train_slots,
+            fallback=[],
+            model=m,
+            gpus=s.train_gpus,
+            time_scale=ts,
+            mfu=s.train_mfu,
+        )
         order = list(gen_pools)
         replicas = sum(n // s.tp for n in gen_pools.values())
-        gen = sess.cluster("actor_gen", SimGenerator, pool=order[0], replicas=replicas, slots=s.tp,
-                           fallback=order[1:], model=m, tp=s.tp, time_scale=ts, seed=s.seed,
-                           response_tokens=response_tokens_fn(wls, seed=s.seed))
+        gen = sess.cluster(
+            "actor_gen",
+            SimGenerator,
+            pool=order[0],
+            replicas=replicas,
+            slots=s.tp,
+            fallback=order[1:],
+            model=m,
+            tp=s.tp,
+            time_scale=ts,
+            seed=s.seed,
+            response_tokens=response_tokens_fn(wls, seed=s.seed),
+        )
         envs = {t: _make_env(w, s.seed + i, ts, s.stragglers) for i, (t, w) in enumerate(wls.items())}
         tasks = sess.tasks(envs, envs_per_task=s.envs_per_task)
-        rc = RolloutConfig(max_turns=max(w.turns[1] for w in wls.values()),
-                           max_new_tokens=max(w.max_response_tokens for w in wls.values()), max_context=32768,
-                           env_timeout_s=600.0)
-        pipe = sess.pipeline(train, gen, tasks, batch_size=s.batch, group_size=s.group, alpha=s.alpha, mode=s.mode,
-                             redundancy=s.redundancy, pd=s.pd, hw_affinity=s.hw_affinity, rollout=rc)
+        rc = RolloutConfig(
+            max_turns=max(w.turns[1] for w in wls.values()),
+            max_new_tokens=max(w.max_response_tokens for w in wls.values()),
+            max_context=32768,
+            env_timeout_s=600.0,
+        )
+        pipe = sess.pipeline(
+            train,
+            gen,
+            tasks,
+            batch_size=s.batch,
+            group_size=s.group,
+            alpha=s.alpha,
+            mode=s.mode,
+            redundancy=s.redundancy,
+            pd=s.pd,
+            hw_affinity=s.hw_affinity,
+            rollout=rc,
+        )
         probe_period = 0.01
         # a virtual clock has no lag to measure (and a probe's timers would only add events)
         probe = None if s.virtual else asyncio.run_coroutine_threadsafe(_lag_probe(probe_period, lags), sess._loop)

@@ -19,8 +19,9 @@ SCALE = 1 / 8
 _TASKS = {"swe": "swe", "math": "gem-math"}
 
 
-def throughput_ladder(out: str = "rollart_bench", quick: bool = False,
-                      printer: Callable[[str], None] | None = print) -> dict[str, Any]:
+def throughput_ladder(
+    out: str = "rollart_bench", quick: bool = False, printer: Callable[[str], None] | None = print
+) -> dict[str, Any]:
     """Throughput (tokens per modelled second) of Sync, Sync+, One-off, AReaL and RollArt.
 
     Paper (§7.2): baselines on 128 H800, RollArt on an H800/H20 mix at ~83% of their cost, alpha=1:
@@ -35,9 +36,18 @@ def throughput_ladder(out: str = "rollart_bench", quick: bool = False,
     budget = 0.83 * pool_cost({"H800": train + rollout}) - pool_cost({"H800": train})
     mix_h800 = round(rollout * 2 / 3)
     mix = {"H800": mix_h800, "H20": equal_cost_counts(budget - pool_cost({"H800": mix_h800}), "H20")}
-    base = RunSpec("qwen3-8b", {"H800": rollout}, train_gpus=train, tasks=_TASKS, envs_per_task=16 if quick else 32,
-                   batch=32 if quick else 64, group=8, stragglers=Stragglers(mean_s=1.0, std_s=0.5, p=0.02),
-                   steps=1 if quick else 3, warmup=1)
+    base = RunSpec(
+        "qwen3-8b",
+        {"H800": rollout},
+        train_gpus=train,
+        tasks=_TASKS,
+        envs_per_task=16 if quick else 32,
+        batch=32 if quick else 64,
+        group=8,
+        stragglers=Stragglers(mean_s=1.0, std_s=0.5, p=0.02),
+        steps=1 if quick else 3,
+        warmup=1,
+    )
     modes = ["sync", "sync+", "rollart"] if quick else ["sync", "sync+", "one-off", "areal", "rollart"]
     raw = {}
     for m in modes:
@@ -46,47 +56,62 @@ def throughput_ladder(out: str = "rollart_bench", quick: bool = False,
     tput = {m: raw[m]["tokens_per_s"] for m in modes}
     ours = {"syncplus_over_sync": tput["sync+"] / tput["sync"]}
     if not quick:
-        ours.update(oneoff_over_syncplus=tput["one-off"] / tput["sync+"], areal_over_oneoff=tput["areal"] / tput["one-off"],
-                    rollart_over_areal=tput["rollart"] / tput["areal"])
+        ours.update(
+            oneoff_over_syncplus=tput["one-off"] / tput["sync+"],
+            areal_over_oneoff=tput["areal"] / tput["one-off"],
+            rollart_over_areal=tput["rollart"] / tput["areal"],
+        )
     ours["rollart_over_sync"] = tput["rollart"] / tput["sync"]
-    paper = {"syncplus_over_sync": (1.40, 2.40), "oneoff_over_syncplus": (1.31, 1.47),
-             "areal_over_oneoff": (1.03, 1.06), "rollart_over_areal": (1.22, 1.36), "rollart_over_sync": (2.65, 4.58)}
+    paper = {
+        "syncplus_over_sync": (1.40, 2.40),
+        "oneoff_over_syncplus": (1.31, 1.47),
+        "areal_over_oneoff": (1.03, 1.06),
+        "rollart_over_areal": (1.22, 1.36),
+        "rollart_over_sync": (2.65, 4.58),
+    }
     paper = {k: v for k, v in paper.items() if k in ours}
     why = {
         "syncplus_over_sync": {
             "below": "Our Sync differs from Sync+ only by batch-level env stepping and scoring after the batch; sim "
-                     "rewards are instant rules, so the paper's async-reward and serverless-offloading gains are absent.",
+            "rewards are instant rules, so the paper's async-reward and serverless-offloading gains are absent.",
             "above": "Batch-level stepping waits for the slowest env every turn; SWE-shaped steps (2 s mean, 20 s "
-                     "resets) make that barrier costlier than in the paper's task mix.",
+            "resets) make that barrier costlier than in the paper's task mix.",
         },
         "oneoff_over_syncplus": {
             "below": "One-off can only hide the train step, and the sim's train step (6 x params x tokens at fixed "
-                     "MFU, free 'direct' weight sync) is a small share of an SWE-bound step; the long tail of each "
-                     "iteration, which One-off still waits for, dominates.",
+            "MFU, free 'direct' weight sync) is a small share of an SWE-bound step; the long tail of each "
+            "iteration, which One-off still waits for, dominates.",
             "above": "The sim's train step is a large share of the step here, so overlapping it pays more.",
         },
         "areal_over_oneoff": {
             "above": "Continuous admission keeps envs busy across iterations; the SWE-shaped tail (10-50 turns, 20 s "
-                     "resets) leaves iteration-level launching (One-off) idle far longer than the paper's task mix.",
+            "resets) leaves iteration-level launching (One-off) idle far longer than the paper's task mix.",
             "below": "Continuous admission gains little when iterations have no long tail.",
         },
         "rollart_over_areal": {
             "below": "At alpha=1 RollArt aborts in-flight trajectories older than one version at every update "
-                     "(aborted_per_step in raw) while AReaL keeps them; with the sim's short train step versions "
-                     "advance faster than SWE trajectories finish, and the 83%-cost affinity mix does not make up "
-                     "the lost work.",
+            "(aborted_per_step in raw) while AReaL keeps them; with the sim's short train step versions "
+            "advance faster than SWE trajectories finish, and the 83%-cost affinity mix does not make up "
+            "the lost work.",
             "above": "The affinity mix's value is priced by the roofline model as in R1; see that experiment.",
         },
         "rollart_over_sync": "Product of the rungs above (see their notes).",
     }
-    res = result("throughput_ladder", ours, paper, why, raw,
-                 description=f"tokens/modelled s; baselines {train}+{rollout} H800, rollart {train} H800 + {mix}")
+    res = result(
+        "throughput_ladder",
+        ours,
+        paper,
+        why,
+        raw,
+        description=f"tokens/modelled s; baselines {train}+{rollout} H800, rollart {train} H800 + {mix}",
+    )
     res["wall_s"] = round(time.monotonic() - t0, 1)
     return finish(res, out, printer, "Throughput ladder: speed-up of each rung over the previous")
 
 
-def scaling(out: str = "rollart_bench", quick: bool = False,
-            printer: Callable[[str], None] | None = print) -> dict[str, Any]:
+def scaling(
+    out: str = "rollart_bench", quick: bool = False, printer: Callable[[str], None] | None = print
+) -> dict[str, Any]:
     """Scaling efficiency: throughput of each mode on 64, 96 and 128 H800 (no affinity), Qwen3-14B.
 
     Paper (§7.2): normalised to Sync+ on 64 GPUs, Sync+ shows diminishing gains and One-off/AReaL
@@ -101,28 +126,48 @@ def scaling(out: str = "rollart_bench", quick: bool = False,
     for n in sizes:
         g = round(n * SCALE)
         train = g // 4
-        s = RunSpec("qwen3-14b", {"H800": g - train}, train_gpus=train, tasks=_TASKS, hw_affinity=False,
-                    envs_per_task=(12 if quick else 16) * g // 8, batch=32 if quick else 64, group=8,
-                    steps=1 if quick else 3, warmup=1)
+        s = RunSpec(
+            "qwen3-14b",
+            {"H800": g - train},
+            train_gpus=train,
+            tasks=_TASKS,
+            hw_affinity=False,
+            envs_per_task=(12 if quick else 16) * g // 8,
+            batch=32 if quick else 64,
+            group=8,
+            steps=1 if quick else 3,
+            warmup=1,
+        )
         for m in modes:
             raw[f"{m}@{n}"] = simulate(s.with_(mode=m))
     ref = raw[f"sync+@{sizes[0]}"]["tokens_per_s"]
     norm = {k: v["tokens_per_s"] / ref for k, v in raw.items()}
     top = sizes[-1]
-    ours = {f"rollart_over_{m.replace('+', 'plus').replace('-', '')}@{top}": norm[f"rollart@{top}"] / norm[f"{m}@{top}"]
-            for m in modes if m != "rollart"}
+    ours = {
+        f"rollart_over_{m.replace('+', 'plus').replace('-', '')}@{top}": norm[f"rollart@{top}"] / norm[f"{m}@{top}"]
+        for m in modes
+        if m != "rollart"
+    }
     paper: dict[str, Any] = dict.fromkeys(ours, (1.33, 2.08))
-    why = {"*": {
-        "below": "RollArt's alpha=1 bound aborts in-flight trajectories older than one version at every update "
-                 "(aborted_per_step in raw); SWE-shaped trajectories (10-50 turns) outlive a step here because the "
-                 "sim's train step is short (6 x params x tokens at fixed MFU, free weight sync), so the aborted "
-                 "work outweighs the overlap gain. AReaL/One-off bound staleness only at start and keep that work.",
-        "above": "The sim's baselines pay the full long tail of each batch (no stragglers masked), while RollArt's "
-                 "continuous admission keeps all envs busy.",
-    }}
-    res = result("scaling", ours, paper, why, {k: {**v, "normalised": round(norm[k], 3)} for k, v in raw.items()},
-                 description=f"tokens/modelled s normalised to sync+@{sizes[0]}; sizes {sizes} (x1/8 simulated), "
-                             "qwen3-14b, H800 only")
+    why = {
+        "*": {
+            "below": "RollArt's alpha=1 bound aborts in-flight trajectories older than one version at every update "
+            "(aborted_per_step in raw); SWE-shaped trajectories (10-50 turns) outlive a step here because the "
+            "sim's train step is short (6 x params x tokens at fixed MFU, free weight sync), so the aborted "
+            "work outweighs the overlap gain. AReaL/One-off bound staleness only at start and keep that work.",
+            "above": "The sim's baselines pay the full long tail of each batch (no stragglers masked), while RollArt's "
+            "continuous admission keeps all envs busy.",
+        }
+    }
+    res = result(
+        "scaling",
+        ours,
+        paper,
+        why,
+        {k: {**v, "normalised": round(norm[k], 3)} for k, v in raw.items()},
+        description=f"tokens/modelled s normalised to sync+@{sizes[0]}; sizes {sizes} (x1/8 simulated), "
+        "qwen3-14b, H800 only",
+    )
     res["normalised"] = {k: round(v, 3) for k, v in norm.items()}
     res["wall_s"] = round(time.monotonic() - t0, 1)
     return finish(res, out, printer, "Scaling: RollArt throughput over each baseline at the largest cluster")

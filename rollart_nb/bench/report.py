@@ -38,8 +38,15 @@ def deviation(ours: float, paper: Paper) -> float:
     return 0.0
 
 
-def result(name: str, ours: dict[str, float], paper: dict[str, Paper], why: dict[str, Any], raw: dict[str, Any],
-           *, description: str) -> dict[str, Any]:
+def result(
+    name: str,
+    ours: dict[str, float],
+    paper: dict[str, Paper],
+    why: dict[str, Any],
+    raw: dict[str, Any],
+    *,
+    description: str,
+) -> dict[str, Any]:
     """Assemble an experiment's record; a note is added for every metric > :data:`TOLERANCE` off.
 
     Args:
@@ -62,14 +69,20 @@ def result(name: str, ours: dict[str, float], paper: dict[str, Paper], why: dict
             notes.append(f"{k}: ours {ours[k]:.2f}x is {d:.0%} {side} the paper's {_fmt(paper[k])}. " + reason)
     lags = [v["lag_frac"] for v in _runs(raw)]
     if lags and max(lags) > LAG_WARN:
-        notes.append(f"sim fidelity: the event loop lagged up to {max(lags):.0%} of a 10 ms sleep (control-plane CPU "
-                     "time is not scaled down with time_scale; wall-clock sleeps end late), so modelled durations "
-                     "are stretched unevenly and ratios carry extra noise; see raw[...]['lag_frac'].")
-    return {"experiment": name, "description": description,
-            "ours": {k: round(v, 3) for k, v in ours.items()},
-            "paper": {k: (list(v) if isinstance(v, tuple) else v) for k, v in paper.items()},
-            "deviation": {k: (None if math.isnan(d) else round(d, 3)) for k, d in dev.items()},
-            "notes": notes, "raw": raw}
+        notes.append(
+            f"sim fidelity: the event loop lagged up to {max(lags):.0%} of a 10 ms sleep (control-plane CPU "
+            "time is not scaled down with time_scale; wall-clock sleeps end late), so modelled durations "
+            "are stretched unevenly and ratios carry extra noise; see raw[...]['lag_frac']."
+        )
+    return {
+        "experiment": name,
+        "description": description,
+        "ours": {k: round(v, 3) for k, v in ours.items()},
+        "paper": {k: (list(v) if isinstance(v, tuple) else v) for k, v in paper.items()},
+        "deviation": {k: (None if math.isnan(d) else round(d, 3)) for k, d in dev.items()},
+        "notes": notes,
+        "raw": raw,
+    }
 
 
 def format_table(res: dict[str, Any]) -> str:
@@ -78,8 +91,14 @@ def format_table(res: dict[str, Any]) -> str:
     for k, v in res["ours"].items():
         p = res["paper"].get(k)
         d = res["deviation"].get(k)
-        rows.append((k, f"{v:.2f}x", _fmt(tuple(p) if isinstance(p, list) else p),
-                     "-" if d is None else ("in range" if d == 0 else f"{d:.0%}")))
+        rows.append(
+            (
+                k,
+                f"{v:.2f}x",
+                _fmt(tuple(p) if isinstance(p, list) else p),
+                "-" if d is None else ("in range" if d == 0 else f"{d:.0%}"),
+            )
+        )
     w = [max(len(r[i]) for r in rows) for i in range(4)]
     lines = [f"== {res['experiment']} ({res.get('wall_s', '?')} s): {res['description']}"]
     lines += ["  " + "  ".join(c.ljust(w[i]) for i, c in enumerate(r)) for r in rows]
@@ -100,10 +119,12 @@ def write_figure(res: dict[str, Any], out: str, title: str) -> str | None:
     paper = [res["paper"].get(k) for k in keys]
     mid = [None if p is None else (sum(p) / 2 if isinstance(p, list) else p) for p in paper]
     err = [0 if p is None or not isinstance(p, list) else (p[1] - p[0]) / 2 for p in paper]
-    fig = go.Figure([
-        go.Bar(name="ours (sim)", x=keys, y=[res["ours"][k] for k in keys]),
-        go.Bar(name="paper", x=keys, y=mid, error_y={"type": "data", "array": err, "visible": True}),
-    ])
+    fig = go.Figure(
+        [
+            go.Bar(name="ours (sim)", x=keys, y=[res["ours"][k] for k in keys]),
+            go.Bar(name="paper", x=keys, y=mid, error_y={"type": "data", "array": err, "visible": True}),
+        ]
+    )
     fig.update_layout(barmode="group", title=title, yaxis_title="speed-up (x)", template="plotly_white")
     os.makedirs(out, exist_ok=True)
     path = os.path.join(out, f"{res['experiment']}.html")

@@ -15,8 +15,9 @@ from rollart_nb.bench.report import finish, result
 __all__ = ["alpha_sweep", "redundant_rollouts"]
 
 
-def redundant_rollouts(out: str = "rollart_bench", quick: bool = False,
-                       printer: Callable[[str], None] | None = print) -> dict[str, Any]:
+def redundant_rollouts(
+    out: str = "rollart_bench", quick: bool = False, printer: Callable[[str], None] | None = print
+) -> dict[str, Any]:
     """Redundant rollouts: rollout speed-up of launching ``group + r`` members per GRPO group.
 
     Paper (§7.4): Qwen3-8B on 32 H800, GEM-math, varying group size and number of groups under
@@ -33,9 +34,18 @@ def redundant_rollouts(out: str = "rollart_bench", quick: bool = False,
     ours: dict[str, float] = {}
     for g in groups:
         n_groups = 4
-        base = RunSpec("qwen3-8b", {"H800": 4}, train_gpus=4, tasks={"math": "gem-math"}, batch=g * n_groups,
-                       group=g, mode="sync+", stragglers=Stragglers(p=0.05, scale=20.0),
-                       steps=1 if quick else 4, warmup=1)
+        base = RunSpec(
+            "qwen3-8b",
+            {"H800": 4},
+            train_gpus=4,
+            tasks={"math": "gem-math"},
+            batch=g * n_groups,
+            group=g,
+            mode="sync+",
+            stragglers=Stragglers(p=0.05, scale=20.0),
+            steps=1 if quick else 4,
+            warmup=1,
+        )
         for r in extras:
             raw[f"g{g}_r{r}"] = simulate(base.with_(redundancy=r, envs_per_task=n_groups * (g + r)))
         for r in extras[1:]:
@@ -43,18 +53,27 @@ def redundant_rollouts(out: str = "rollart_bench", quick: bool = False,
     best = max(ours.values())
     ours["max_speedup"] = best
     paper: dict[str, Any] = {"max_speedup": (1.0, 1.62)}
-    why = {"max_speedup": "Redundant members here also compete for the same 4 generation GPUs (decode batch "
-                          "grows, every member slows), and the straggler model is per env call, not per "
-                          "environment instance."}
-    res = result("redundant_rollouts", ours, paper, why, raw,
-                 description=f"sync+ rollout time r=0 / r=k, group sizes {groups}, 4 groups, 4 H800 gen, "
-                             "gem-math, 5% of env calls 20x slow")
+    why = {
+        "max_speedup": "Redundant members here also compete for the same 4 generation GPUs (decode batch "
+        "grows, every member slows), and the straggler model is per env call, not per "
+        "environment instance."
+    }
+    res = result(
+        "redundant_rollouts",
+        ours,
+        paper,
+        why,
+        raw,
+        description=f"sync+ rollout time r=0 / r=k, group sizes {groups}, 4 groups, 4 H800 gen, "
+        "gem-math, 5% of env calls 20x slow",
+    )
     res["wall_s"] = round(time.monotonic() - t0, 1)
     return finish(res, out, printer, "Redundant rollouts: rollout speed-up over no redundancy")
 
 
-def alpha_sweep(out: str = "rollart_bench", quick: bool = False,
-                printer: Callable[[str], None] | None = print) -> dict[str, Any]:
+def alpha_sweep(
+    out: str = "rollart_bench", quick: bool = False, printer: Callable[[str], None] | None = print
+) -> dict[str, Any]:
     """R4: RollArt's step time for staleness bound alpha = 1..6, relative to alpha = 1.
 
     Paper (§7.3 R4): larger bounds abort fewer stale trajectories and lower the step time, but
@@ -64,25 +83,41 @@ def alpha_sweep(out: str = "rollart_bench", quick: bool = False,
     """
     t0 = time.monotonic()
     alphas = [1, 2, 4] if quick else [1, 2, 3, 4, 5, 6]
-    base = RunSpec("qwen3-8b", {"H800": 8}, train_gpus=4, tasks={"swe": "swe", "math": "gem-math"},
-                   envs_per_task=16 if quick else 32, batch=32, group=8, mode="rollart",
-                   steps=2 if quick else 6, warmup=1)
+    base = RunSpec(
+        "qwen3-8b",
+        {"H800": 8},
+        train_gpus=4,
+        tasks={"swe": "swe", "math": "gem-math"},
+        envs_per_task=16 if quick else 32,
+        batch=32,
+        group=8,
+        mode="rollart",
+        steps=2 if quick else 6,
+        warmup=1,
+    )
     raw = {f"alpha{a}": simulate(base.with_(alpha=a)) for a in alphas}
     one = raw["alpha1"]["step_s"]
     ours = {f"alpha{a}_over_alpha1": one / raw[f"alpha{a}"]["step_s"] for a in alphas[1:]}
     ours["best_over_alpha1"] = max(ours.values())
     paper: dict[str, Any] = {k: None for k in ours}
     paper["best_over_alpha1"] = (1.0, 1.22)
-    why = {"best_over_alpha1": {
-        "above": "SWE trajectories here run 10-50 turns, longer than one step, so at alpha=1 many are aborted as "
-                 "stale (aborted_per_step) and their work is lost; the sim has no partial-rollout reuse and its "
-                 "training step is short (6 x params x tokens at fixed MFU), so versions advance quickly relative "
-                 "to trajectory length.",
-        "below": "Few stale aborts at alpha=1 in this configuration (see aborted_per_step).",
-    }}
-    res = result("alpha_sweep", ours, paper, why, raw,
-                 description=f"rollart step time alpha=1 / alpha=k for k in {alphas}, 8 H800 gen + 4 train, "
-                             "swe+gem-math")
+    why = {
+        "best_over_alpha1": {
+            "above": "SWE trajectories here run 10-50 turns, longer than one step, so at alpha=1 many are aborted as "
+            "stale (aborted_per_step) and their work is lost; the sim has no partial-rollout reuse and its "
+            "training step is short (6 x params x tokens at fixed MFU), so versions advance quickly relative "
+            "to trajectory length.",
+            "below": "Few stale aborts at alpha=1 in this configuration (see aborted_per_step).",
+        }
+    }
+    res = result(
+        "alpha_sweep",
+        ours,
+        paper,
+        why,
+        raw,
+        description=f"rollart step time alpha=1 / alpha=k for k in {alphas}, 8 H800 gen + 4 train, swe+gem-math",
+    )
     res["aborted_per_step"] = {k: round(v["aborted_per_step"], 2) for k, v in raw.items()}
     res["wall_s"] = round(time.monotonic() - t0, 1)
     return finish(res, out, printer, "R4 alpha sweep: step-time speed-up over alpha=1")

@@ -164,8 +164,9 @@ class SampleBuffer:
             batch += self._groups.pop(g)[: self.group_size]
         return batch
 
-    async def wait_ready(self, n: int, timeout_s: float | None = None,
-                         task_weights: dict[str, float] | None = None) -> None:
+    async def wait_ready(
+        self, n: int, timeout_s: float | None = None, task_weights: dict[str, float] | None = None
+    ) -> None:
         """Block (async) until :meth:`ready` (``n``, ``task_weights``)."""
         loop = asyncio.get_running_loop()  # loop time: a SimSession's virtual clock, else monotonic
         deadline = None if timeout_s is None else loop.time() + timeout_s

@@ -48,8 +48,15 @@ if TYPE_CHECKING:
     from rollart_nb.control.pipeline import Pipeline
     from rollart_nb.control.tasks import TaskSet
 
-__all__ = ["FORMAT", "PipelineCheckpoint", "latest_checkpoint", "read_checkpoint", "resolve_checkpoint",
-           "run_checkpoints", "write_checkpoint"]
+__all__ = [
+    "FORMAT",
+    "PipelineCheckpoint",
+    "latest_checkpoint",
+    "read_checkpoint",
+    "resolve_checkpoint",
+    "run_checkpoints",
+    "write_checkpoint",
+]
 
 FORMAT = 2
 """Version of the ``pipeline.json`` layout (2 added the manifest; 1 is still read)."""
@@ -105,8 +112,9 @@ class PipelineCheckpoint:
         if have != want:
             problems = [f"task {t!r} is in the checkpoint but not in tasks" for t in sorted(want - have)]
             problems += [f"task {t!r} is in tasks but not in the checkpoint" for t in sorted(have - want)]
-            raise ConfigError(problems + [f"resume with the saved tasks {sorted(want)}"],
-                              where=f"resume_from={self.path!r}")
+            raise ConfigError(
+                problems + [f"resume with the saved tasks {sorted(want)}"], where=f"resume_from={self.path!r}"
+            )
 
     def warn_reward_changes(self, rewards: dict[str, str]) -> list[str]:
         """Warn (and return the tasks) whose reward source differs from the saved one.
@@ -119,9 +127,11 @@ class PipelineCheckpoint:
         default = RewardDispatcher()
         changed = sorted(t for t, src in self.rewards.items() if rewards.get(t, default.spec(t).source) != src)
         if changed:
-            warnings.warn(f"resuming {self.path!r} with different rewards for {changed} than when it was saved; "
-                          "set them with sess.reward(...) before sess.pipeline(...) if that is not intended",
-                          stacklevel=3)
+            warnings.warn(
+                f"resuming {self.path!r} with different rewards for {changed} than when it was saved; "
+                "set them with sess.reward(...) before sess.pipeline(...) if that is not intended",
+                stacklevel=3,
+            )
         return changed
 
 
@@ -144,8 +154,11 @@ def _sha256(path: Path) -> str:
 
 
 def _manifest(d: Path) -> dict[str, list[Any]]:
-    return {f.relative_to(d).as_posix(): [f.stat().st_size, _sha256(f)]
-            for f in sorted(d.rglob("*")) if f.is_file() and f.relative_to(d).as_posix() != _META}
+    return {
+        f.relative_to(d).as_posix(): [f.stat().st_size, _sha256(f)]
+        for f in sorted(d.rglob("*"))
+        if f.is_file() and f.relative_to(d).as_posix() != _META
+    }
 
 
 def _fsync_dir(d: Path) -> None:
@@ -174,13 +187,23 @@ def write_checkpoint(pipe: Pipeline, path: str | os.PathLike[str]) -> PipelineCh
         tmp.mkdir()
         pipe.train.save_checkpoint(str(tmp / _TRAINER))
         ckpt = PipelineCheckpoint(
-            path=str(d), version=int(pipe.train.version()), steps=pipe.first_step + len(pipe.reports),
-            seed=int(pipe.cfg.seed), tasks={t: type(e).__name__ for t, e in pipe.tasks.envs.items()},
+            path=str(d),
+            version=int(pipe.train.version()),
+            steps=pipe.first_step + len(pipe.reports),
+            seed=int(pipe.cfg.seed),
+            tasks={t: type(e).__name__ for t, e in pipe.tasks.envs.items()},
             rewards=latest_reward_sources(pipe.reward_history()),
-            config={"name": pipe.name, "mode": pipe.mode.name, "alpha": pipe.cfg.alpha,
-                    "batch_size": pipe.cfg.batch_size, "group_size": pipe.cfg.group_size,
-                    "served_version": pipe.version},
-            saved_at=time.time(), files=_manifest(tmp))
+            config={
+                "name": pipe.name,
+                "mode": pipe.mode.name,
+                "alpha": pipe.cfg.alpha,
+                "batch_size": pipe.cfg.batch_size,
+                "group_size": pipe.cfg.group_size,
+                "served_version": pipe.version,
+            },
+            saved_at=time.time(),
+            files=_manifest(tmp),
+        )
         with (tmp / _META).open("w") as f:
             f.write(json.dumps(asdict(ckpt), indent=1, sort_keys=True))
             f.flush()
@@ -235,13 +258,18 @@ def read_checkpoint(path: str | os.PathLike[str], *, verify: bool = True, _hint:
     if not d.is_dir():
         olds = sorted(d.parent.glob(f".{d.name}.old-*")) if d.parent.is_dir() else []
         if olds and (olds[-1] / _META).is_file():  # a replace was cut between its two renames
-            warnings.warn(f"{str(d)!r} was being replaced when the process stopped; reading the previous "
-                          f"checkpoint kept at {str(olds[-1])!r}", stacklevel=2)
+            warnings.warn(
+                f"{str(d)!r} was being replaced when the process stopped; reading the previous "
+                f"checkpoint kept at {str(olds[-1])!r}",
+                stacklevel=2,
+            )
             return read_checkpoint(olds[-1], verify=verify, _hint=_hint)
         raise StateError(f"no pipeline checkpoint at {str(d)!r}: the directory does not exist; {fix}")
     if not (d / _META).is_file():
-        raise StateError(f"{str(d)!r} holds no complete pipeline checkpoint ({_META} missing: "
-                         f"the save was interrupted or this is not a checkpoint); {fix}")
+        raise StateError(
+            f"{str(d)!r} holds no complete pipeline checkpoint ({_META} missing: "
+            f"the save was interrupted or this is not a checkpoint); {fix}"
+        )
 
     def broken(what: str) -> CheckpointError:
         hint = f"; the last good checkpoint: {_last_good(d)}" if _hint else ""
@@ -254,8 +282,10 @@ def read_checkpoint(path: str | os.PathLike[str], *, verify: bool = True, _hint:
     except (ValueError, UnicodeDecodeError) as e:
         raise broken(f"{_META} cannot be read ({type(e).__name__}: {e})") from None
     if int(raw.get("format", 0)) > FORMAT:
-        raise ConfigError(f"checkpoint {str(d)!r} has layout {raw.get('format')}, newer than this rollart_nb "
-                          f"reads ({FORMAT}); upgrade rollart_nb")
+        raise ConfigError(
+            f"checkpoint {str(d)!r} has layout {raw.get('format')}, newer than this rollart_nb "
+            f"reads ({FORMAT}); upgrade rollart_nb"
+        )
     if not (d / _TRAINER).is_dir():
         raise StateError(f"{str(d)!r} is incomplete: its {_TRAINER}/ directory is missing; {fix}")
     if verify:
@@ -283,8 +313,10 @@ def latest_checkpoint(run_dir: str | os.PathLike[str]) -> PipelineCheckpoint:
     """
     found = run_checkpoints(run_dir)
     if not found:
-        raise StateError(f"run folder {str(Path(run_dir).absolute())!r} has no checkpoints/step-* directory; "
-                         "run with autosave_every=N, or resume from a directory pipe.save(path) wrote")
+        raise StateError(
+            f"run folder {str(Path(run_dir).absolute())!r} has no checkpoints/step-* directory; "
+            "run with autosave_every=N, or resume from a directory pipe.save(path) wrote"
+        )
     skipped: list[str] = []
     for p in reversed(found):
         try:
@@ -293,8 +325,9 @@ def latest_checkpoint(run_dir: str | os.PathLike[str]) -> PipelineCheckpoint:
             skipped.append(f"{p.name}: {e}")
             continue
         if skipped:
-            warnings.warn(f"skipped {len(skipped)} newer checkpoint(s) of {str(run_dir)!r}: " + "; ".join(skipped),
-                          stacklevel=2)
+            warnings.warn(
+                f"skipped {len(skipped)} newer checkpoint(s) of {str(run_dir)!r}: " + "; ".join(skipped), stacklevel=2
+            )
         return ckpt
     raise CheckpointError(f"no complete checkpoint in {str(run_dir)!r}: " + "; ".join(skipped), path=str(run_dir))
 

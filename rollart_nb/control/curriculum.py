@@ -54,8 +54,9 @@ class PromptCurriculum:
         ...                                                                     # doctest: +SKIP
     """
 
-    def __init__(self, seeds: Iterable[int], *, success: float = 1.0, uniform: float = 0.25,
-                 decay: float = 0.9) -> None:
+    def __init__(
+        self, seeds: Iterable[int], *, success: float = 1.0, uniform: float = 0.25, decay: float = 0.9
+    ) -> None:
         self.seeds = [int(s) for s in seeds]
         p = []
         if not self.seeds:
@@ -116,10 +117,18 @@ class PromptCurriculum:
         """Counts and the spread of the success estimates (for reports and notebooks)."""
         ps = sorted(self.p(s) for s in self.seeds)
         seen = sum(1 for t in self._trials if t > 0)
-        return {"seeds": len(self.seeds), "seen": seen, "draws": self.draws, "updates": self.updates,
-                "solved": sum(1 for x in ps if x >= 0.8), "p_median": round(ps[len(ps) // 2], 3)}
+        return {
+            "seeds": len(self.seeds),
+            "seen": seen,
+            "draws": self.draws,
+            "updates": self.updates,
+            "solved": sum(1 for x in ps if x >= 0.8),
+            "p_median": round(ps[len(ps) // 2], 3),
+        }
 
     def __repr__(self) -> str:
         s = self.summary()
-        return (f"PromptCurriculum({s['seeds']} seeds, seen {s['seen']}, solved {s['solved']}, "
-                f"median p {s['p_median']}, uniform={self.uniform})")
+        return (
+            f"PromptCurriculum({s['seeds']} seeds, seen {s['seen']}, solved {s['solved']}, "
+            f"median p {s['p_median']}, uniform={self.uniform})"
+        )

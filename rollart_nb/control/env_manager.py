@@ -81,15 +81,18 @@ class RolloutConfig:
                 p.append(f"{name}={value!r} must be a whole number >= {low}")
         if _whole(self.max_new_tokens) and self.max_new_tokens >= 1:
             if not _whole(self.max_context) or self.max_context < self.max_new_tokens:
-                p.append(f"max_context={self.max_context!r} must be a whole number >= max_new_tokens="
-                         f"{self.max_new_tokens} (a turn's response has to fit in the context)")
+                p.append(
+                    f"max_context={self.max_context!r} must be a whole number >= max_new_tokens="
+                    f"{self.max_new_tokens} (a turn's response has to fit in the context)"
+                )
         elif not _whole(self.max_context) or self.max_context < 1:
             p.append(f"max_context={self.max_context!r} must be a whole number >= 1")
         if not _number(self.temperature) or self.temperature < 0:
             p.append(f"temperature={self.temperature!r} must be a finite number >= 0 (0: greedy)")
         if self.env_timeout_s is not None and (not _number(self.env_timeout_s) or self.env_timeout_s <= 0):
-            p.append(f"env_timeout_s={self.env_timeout_s!r} must be a finite number of seconds > 0, "
-                     "or None to wait forever")
+            p.append(
+                f"env_timeout_s={self.env_timeout_s!r} must be a finite number of seconds > 0, or None to wait forever"
+            )
         for name in ("user_tag", "assistant_tag"):
             if not isinstance(getattr(self, name), str):
                 p.append(f"{name}={getattr(self, name)!r} must be a string")
@@ -146,8 +149,16 @@ class EnvManager:
         abandoned: sync env calls given up while still running (timeouts and cancellations).
     """
 
-    def __init__(self, index: int, task: str, template: Any, tokenizer: Tokenizer, proxy: Any,
-                 config: RolloutConfig, pool: BlockingPool | None = None) -> None:
+    def __init__(
+        self,
+        index: int,
+        task: str,
+        template: Any,
+        tokenizer: Tokenizer,
+        proxy: Any,
+        config: RolloutConfig,
+        pool: BlockingPool | None = None,
+    ) -> None:
         self.index, self.task, self.template = index, task, template
         self.tok, self.proxy, self.cfg, self.pool = tokenizer, proxy, config, pool
         self.env: Any = copy.deepcopy(template)
@@ -185,8 +196,14 @@ class EnvManager:
     def _encode_obs(self, obs: str) -> list[int]:
         return self.tok.encode(f"{self.cfg.user_tag} {obs} {self.cfg.assistant_tag}")
 
-    async def run(self, traj: Trajectory, *, barrier: TurnBarrier | None = None, temperature: float | None = None,
-                  clock: Any = time.monotonic) -> Trajectory:
+    async def run(
+        self,
+        traj: Trajectory,
+        *,
+        barrier: TurnBarrier | None = None,
+        temperature: float | None = None,
+        clock: Any = time.monotonic,
+    ) -> Trajectory:
         """Roll out ``traj`` (RUNNING on return if the episode ended normally, else FAILED with a
         reason). Cancelling it is allowed (the caller records the status); an env call it
         interrupts on a thread gets the env replaced."""
@@ -199,8 +216,11 @@ class EnvManager:
         except EnvError as e:
             if isinstance(e.__cause__, TimeoutError):
                 self.timeouts += 1
-            traj.finish(Status.FAILED, f"env: {e} [{self.name}, {self._call}, trajectory {traj.id}; env replaced]",
-                        now=time.time())
+            traj.finish(
+                Status.FAILED,
+                f"env: {e} [{self.name}, {self._call}, trajectory {traj.id}; env replaced]",
+                now=time.time(),
+            )
             self._replace_env()
         except GenerationError as e:
             traj.finish(Status.FAILED, f"generation: {e} [{self.name}, trajectory {traj.id}]", now=time.time())
@@ -210,8 +230,11 @@ class EnvManager:
             raise
         except Exception as e:  # a bug outside the env (tokenizer, proxy): still one recorded ending
             log.exception("%s: rollout of trajectory %s failed", self.name, traj.id)
-            traj.finish(Status.FAILED, f"rollout error: {type(e).__name__}: {e} [{self.name}, {self._call or 'setup'}, "
-                        f"trajectory {traj.id}]", now=time.time())
+            traj.finish(
+                Status.FAILED,
+                f"rollout error: {type(e).__name__}: {e} [{self.name}, {self._call or 'setup'}, trajectory {traj.id}]",
+                now=time.time(),
+            )
         finally:
             self.busy = False
             if barrier is not None:
@@ -225,23 +248,38 @@ class EnvManager:
                 raise EnvError(f"could not copy the env template ({self._broken}); make the env deep-copyable")
         t0 = clock()
         self._call = "reset"
-        obs, info = await env_reset(self.env, traj.seed, timeout_s=self.cfg.env_timeout_s, pool=self.pool,
-                                    on_abandon=self._on_abandon)
+        obs, info = await env_reset(
+            self.env, traj.seed, timeout_s=self.cfg.env_timeout_s, pool=self.pool, on_abandon=self._on_abandon
+        )
         traj.info.update(info or {})
         reset_s = clock() - t0
         prompt = self._encode_obs(obs)
         for k in range(self.max_turns):
             t1, wall = clock(), time.time()
             self._call = f"generate of turn {k}"
-            req = GenerationRequest(traj.id, self.task, list(prompt), self.cfg.max_new_tokens, temp,
-                                    seed=request_seed(traj, k), last_turn=k == self.max_turns - 1)
+            req = GenerationRequest(
+                traj.id,
+                self.task,
+                list(prompt),
+                self.cfg.max_new_tokens,
+                temp,
+                seed=request_seed(traj, k),
+                last_turn=k == self.max_turns - 1,
+            )
             res = await self.proxy.generate(req)
             t2 = clock()
             action = res.text or self.tok.decode(res.token_ids)
-            turn = Turn(observation=obs, action=action, prompt_ids=list(prompt), response_ids=list(res.token_ids),
-                        logprobs=list(res.logprobs), loss_mask=[1] * len(res.token_ids), version=res.version,
-                        timings={"t": wall, "generate": t2 - t1, "prefill_model": res.prefill_s,
-                                 "decode_model": res.decode_s}, worker=res.worker)
+            turn = Turn(
+                observation=obs,
+                action=action,
+                prompt_ids=list(prompt),
+                response_ids=list(res.token_ids),
+                logprobs=list(res.logprobs),
+                loss_mask=[1] * len(res.token_ids),
+                version=res.version,
+                timings={"t": wall, "generate": t2 - t1, "prefill_model": res.prefill_s, "decode_model": res.decode_s},
+                worker=res.worker,
+            )
             if k == 0:
                 turn.timings["reset"] = reset_s
             if res.recomputed_tokens:
@@ -249,7 +287,8 @@ class EnvManager:
             traj.turns.append(turn)
             self._call = f"step of turn {k}"
             obs, reward, terminated, truncated, step_info = await env_step(
-                self.env, action, timeout_s=self.cfg.env_timeout_s, pool=self.pool, on_abandon=self._on_abandon)
+                self.env, action, timeout_s=self.cfg.env_timeout_s, pool=self.pool, on_abandon=self._on_abandon
+            )
             turn.env_reward = float(reward)
             turn.timings["env"] = clock() - t2
             if step_info:

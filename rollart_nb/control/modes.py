@@ -47,8 +47,9 @@ class Mode:
 
 
 MODES: dict[str, Mode] = {
-    "sync": Mode("sync", batch_env=True, reward_after_batch=True, continuous=False, overlap_train=False,
-                 abort_stale=False),
+    "sync": Mode(
+        "sync", batch_env=True, reward_after_batch=True, continuous=False, overlap_train=False, abort_stale=False
+    ),
     "sync+": Mode("sync+", continuous=False, overlap_train=False, abort_stale=False),
     "one-off": Mode("one-off", continuous=False, overlap_train=True, abort_stale=False),
     "areal": Mode("areal", continuous=True, overlap_train=True, abort_stale=False, admit_by_version=True),

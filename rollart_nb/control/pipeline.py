@@ -70,15 +70,38 @@ class Pipeline:
         >>> pipe = sess.pipeline(train, gen, tasks, resume_from="ckpt/run1")                # doctest: +SKIP
     """
 
-    def __init__(self, session: Session, train: Cluster, gen: Cluster, tasks: TaskSet, *, group_size: int = 8,
-                 batch_size: int = 32, alpha: int = 1, mode: str | Mode = "rollart", redundancy: int = 0,
-                 rollout: RolloutConfig | None = None, seed: int | None = None, name: str = "pipeline",
-                 validate_every: int = 0, validation_seeds: dict[str, list[int]] | None = None, pd: bool = False,
-                 max_inflight: int = 256, dispatch: str = "direct", rewards: dict[str, dict[str, Any]] | None = None,
-                 step_timeout_s: float | None = None, weights: Any = "direct", hw_affinity: bool = True,
-                 resume: PipelineCheckpoint | None = None, run_dir: str | os.PathLike[str] | None = None,
-                 autosave_every: int = 0, keep_checkpoints: int = 3, max_worker_restarts: int = 3,
-                 health_every_s: float = 5.0, trackers: Any = None) -> None:
+    def __init__(
+        self,
+        session: Session,
+        train: Cluster,
+        gen: Cluster,
+        tasks: TaskSet,
+        *,
+        group_size: int = 8,
+        batch_size: int = 32,
+        alpha: int = 1,
+        mode: str | Mode = "rollart",
+        redundancy: int = 0,
+        rollout: RolloutConfig | None = None,
+        seed: int | None = None,
+        name: str = "pipeline",
+        validate_every: int = 0,
+        validation_seeds: dict[str, list[int]] | None = None,
+        pd: bool = False,
+        max_inflight: int = 256,
+        dispatch: str = "direct",
+        rewards: dict[str, dict[str, Any]] | None = None,
+        step_timeout_s: float | None = None,
+        weights: Any = "direct",
+        hw_affinity: bool = True,
+        resume: PipelineCheckpoint | None = None,
+        run_dir: str | os.PathLike[str] | None = None,
+        autosave_every: int = 0,
+        keep_checkpoints: int = 3,
+        max_worker_restarts: int = 3,
+        health_every_s: float = 5.0,
+        trackers: Any = None,
+    ) -> None:
         problems = []
         if not isinstance(max_worker_restarts, int) or isinstance(max_worker_restarts, bool) or max_worker_restarts < 0:
             problems.append(f"max_worker_restarts={max_worker_restarts!r} must be a whole number >= 0")
@@ -97,16 +120,27 @@ class Pipeline:
         self.last_autosave: str | None = None
         if self.run_dir is not None:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            log.info("pipeline %s writes steps.jsonl%s to %s", name,
-                     f" and a checkpoint every {autosave_every} steps" if autosave_every else "", self.run_dir)
+            log.info(
+                "pipeline %s writes steps.jsonl%s to %s",
+                name,
+                f" and a checkpoint every {autosave_every} steps" if autosave_every else "",
+                self.run_dir,
+            )
         self.mode = get_mode(mode)
         # step timing: the session's clock (a SimSession's virtual time), else wall time
         self._clock = getattr(session, "clock", None) or time.monotonic
         self.session, self.train, self.gen, self.tasks, self.name = session, train, gen, tasks, name
-        self.cfg = SchedulerConfig(batch_size=batch_size, group_size=group_size, alpha=alpha, mode=self.mode,
-                                   redundancy=redundancy, seed=session.seed if seed is None else seed,
-                                   task_weights=tasks.weights, rollout=rollout or RolloutConfig(),
-                                   curricula=tasks.curricula or None)
+        self.cfg = SchedulerConfig(
+            batch_size=batch_size,
+            group_size=group_size,
+            alpha=alpha,
+            mode=self.mode,
+            redundancy=redundancy,
+            seed=session.seed if seed is None else seed,
+            task_weights=tasks.weights,
+            rollout=rollout or RolloutConfig(),
+            curricula=tasks.curricula or None,
+        )
         self.validate_every = validate_every
         self.state = "idle"
         self.validation_seeds = validation_seeds or tasks.validation_seeds()
@@ -128,12 +162,29 @@ class Pipeline:
         self.trackers = resolve_trackers(trackers, run_dir=self.run_dir, name=name)
         self._tracking_started = False  # trackers get the run's config before its first step
         # task -> preferred hardware: the generator's @hw_mapping, else the env's shape hint
-        self.affinity = {t: gen.affinity("generate", t) or shape_affinity(getattr(env, "shape", None))
-                         for t, env in tasks.envs.items()} if hw_affinity else {}
+        self.affinity = (
+            {
+                t: gen.affinity("generate", t) or shape_affinity(getattr(env, "shape", None))
+                for t, env in tasks.envs.items()
+            }
+            if hw_affinity
+            else {}
+        )
         targets = [(h.actor, h.binding.worker, h.binding.hardware, h.binding.pool) for h in gen.workers]
-        self.rollout = session.cluster(f"{name}.rollout", RolloutWorker, pool="cpu", fallback=None,
-                                       envs=tasks.expand(), model=gen.model, targets=targets, task_affinity=self.affinity,
-                                       config=self.cfg, pd=pd, max_inflight=max_inflight, dispatch=dispatch)
+        self.rollout = session.cluster(
+            f"{name}.rollout",
+            RolloutWorker,
+            pool="cpu",
+            fallback=None,
+            envs=tasks.expand(),
+            model=gen.model,
+            targets=targets,
+            task_affinity=self.affinity,
+            config=self.cfg,
+            pd=pd,
+            max_inflight=max_inflight,
+            dispatch=dispatch,
+        )
         for task, spec in (rewards or {}).items():
             self.rollout.set_reward(task, **spec)
         self.E = self.rollout.start()
@@ -178,37 +229,38 @@ class Pipeline:
 
     def _step(self) -> StepReport:
         n, m = self.cfg.batch_size, self.mode
-        rep = StepReport(step=self.first_step + len(self.reports), version=self.version, mode=m.name,
-                         started_at=time.time())
+        rep = StepReport(
+            step=self.first_step + len(self.reports), version=self.version, mode=m.name, started_at=time.time()
+        )
         t0 = self._clock()
-        self._heal()                                                               # failover, if needed
-        self._wait_batch(n)                                                        # (1) get_batch
+        self._heal()  # failover, if needed
+        self._wait_batch(n)  # (1) get_batch
         batch: list[Trajectory] = self.rollout.take_batch(n)
         t1 = self._clock()
         rep.phases["rollout_wait"] = t1 - t0
         metrics: dict[str, float] = {}
-        if not m.overlap_train:                                                    # sync, sync+
+        if not m.overlap_train:  # sync, sync+
             metrics = self.train.train_step(batch)
             rep.phases["train"] = rep.train_s = self._clock() - t1
         t2 = self._clock()
-        self.rollout.suspend()                                                     # (2) suspend
+        self.rollout.suspend()  # (2) suspend
         t3 = self._clock()
         rep.phases["suspend"] = t3 - t2
-        if m.overlap_train and self._train_fut is not None:                        # previous step's training
+        if m.overlap_train and self._train_fut is not None:  # previous step's training
             metrics = self._train_fut.result()
             rep.phases["train"] = self._clock() - t3
             rep.train_s = metrics.get("step_s", metrics.get("modelled_s", 0.0))
         t4 = self._clock()
-        if metrics:                                                                # (3) update
+        if metrics:  # (3) update
             rep.weights = self._update_weights(int(metrics["version"]))
             rep.weights.update({k: metrics[k] for k in ("push_s", "push_bytes") if k in metrics})
         rep.phases["update"] = self._clock() - t4
         t5 = self._clock()
-        self.rollout.resume()                                                      # (4) resume, (5) recompute
-        if not m.continuous:                                                       # in the backends' next turn
+        self.rollout.resume()  # (4) resume, (5) recompute
+        if not m.continuous:  # in the backends' next turn
             self.rollout.start_iteration()
         rep.phases["resume"] = self._clock() - t5
-        if m.overlap_train:                                                        # (6) train_step, overlapped
+        if m.overlap_train:  # (6) train_step, overlapped
             self._train_fut = self.train.train_step(batch, blocking=False)
         return self._finish_report(rep, batch, metrics, t0)
 
@@ -220,8 +272,11 @@ class Pipeline:
             return
         deadline = None if self.step_timeout_s is None else self._clock() + self.step_timeout_s
         while True:
-            poll = self.health_every_s if deadline is None else min(self.health_every_s,
-                                                                    max(0.0, deadline - self._clock()))
+            poll = (
+                self.health_every_s
+                if deadline is None
+                else min(self.health_every_s, max(0.0, deadline - self._clock()))
+            )
             if self.rollout.wait_for_batch(n, poll)["ready"]:
                 return
             self._heal()
@@ -238,12 +293,16 @@ class Pipeline:
         restored from an autosave) allows it, and the rollout drops what newer weights generated.
         """
         if version < self.version and not rollback:
-            where = (f"resume_from={str(self.run_dir)!r} (its newest autosave, {self.last_autosave})"
-                     if self.last_autosave else "resume_from=<a checkpoint saved with pipe.save(path)>")
+            where = (
+                f"resume_from={str(self.run_dir)!r} (its newest autosave, {self.last_autosave})"
+                if self.last_autosave
+                else "resume_from=<a checkpoint saved with pipe.save(path)>"
+            )
             raise StateError(
                 f"trainer {self.train.name} reports version {version}, older than the version {self.version} the "
                 f"generators serve: it lost its state (was a worker restarted?); nothing was changed. Rebuild the "
-                f"pipeline with sess.pipeline(..., {where}) to continue from a saved version")
+                f"pipeline with sess.pipeline(..., {where}) to continue from a saved version"
+            )
         out: dict[str, float] = {}
         if self.transport is None:
             state = self.train.state_dict(blocking=False)  # an object ref: weights go trainer -> generators
@@ -306,15 +365,22 @@ class Pipeline:
                 f"{self._restarts[b.worker] - 1} time(s) already, the most max_worker_restarts="
                 f"{self.max_worker_restarts} allows. Look at {self.session.log_dir} for its log, then call "
                 f"{cluster.name}.restart_worker({i}) by hand, or raise max_worker_restarts",
-                worker=b.worker, pool=b.pool, fix=f"{cluster.name}.restart_worker({i})")
+                worker=b.worker,
+                pool=b.pool,
+                fix=f"{cluster.name}.restart_worker({i})",
+            )
 
     def _replace_generator(self, i: int, reason: str, version: int, by_hand: bool) -> None:
         """Restart generator ``i`` (unless it was restarted by hand), load ``version``, route to it."""
         t = time.monotonic()
         if not by_hand:
             self._count_restart(self.gen, i, reason)
-            log.warning("pipeline %s: generator %s died (%s); replacing it", self.name,
-                        self.gen.workers[i].binding.worker, reason)
+            log.warning(
+                "pipeline %s: generator %s died (%s); replacing it",
+                self.name,
+                self.gen.workers[i].binding.worker,
+                reason,
+            )
             self.gen.restart_worker(i)
         h = self.gen.workers[i]
         b = h.binding
@@ -326,16 +392,27 @@ class Pipeline:
             self.gen.call_worker(i, "load_weights", self._served_state, version)
         self.rollout.replace_target(i, (h.actor, b.worker, b.hardware, b.pool))
         self._routed[i] = h.actor
-        self._event("generator_replaced", worker=b.worker, pool=b.pool, node=b.node, reason=reason,
-                    by_hand=by_hand, fell_back=b.fell_back, binding=b.reason, version=version,
-                    seconds=round(time.monotonic() - t, 3))
+        self._event(
+            "generator_replaced",
+            worker=b.worker,
+            pool=b.pool,
+            node=b.node,
+            reason=reason,
+            by_hand=by_hand,
+            fell_back=b.fell_back,
+            binding=b.reason,
+            version=version,
+            seconds=round(time.monotonic() - t, 3),
+        )
 
     def _restore_trainer(self, dead: dict[int, str], restarted: list[int]) -> None:
         """A trainer worker died or was restarted: restore every trainer worker from the newest
         autosave and roll the served version back to it."""
         names = ", ".join(self.train.workers[i].binding.worker for i in sorted({*dead, *restarted}))
-        reason = "; ".join(f"{self.train.workers[i].binding.worker}: {r}" for i, r in sorted(dead.items())) or \
-            "restarted with restart_worker"
+        reason = (
+            "; ".join(f"{self.train.workers[i].binding.worker}: {r}" for i, r in sorted(dead.items()))
+            or "restarted with restart_worker"
+        )
         b0 = self.train.workers[min({*dead, *restarted})].binding
         steps = self.first_step + len(self.reports)
         if self.last_autosave is None:
@@ -344,19 +421,28 @@ class Pipeline:
                 f"restore it from: the training up to version {self.version} ({steps} step(s)) is lost. Build the "
                 "trainer cluster and the pipeline again, with autosave_every=N so that a dead trainer is restored "
                 "by itself, or with resume_from=<a directory saved with pipe.save(path)>",
-                worker=b0.worker, pool=b0.pool, fix="sess.pipeline(..., autosave_every=N)")
+                worker=b0.worker,
+                pool=b0.pool,
+                fix="sess.pipeline(..., autosave_every=N)",
+            )
         if self.transport is not None:
             raise StateError(
                 f"trainer {names} lost its state ({reason[:300]}); pipeline {self.name!r} restores a trainer only "
                 f"with weights='direct' (its transport still holds the lost versions). Resume with "
-                f"sess.pipeline(..., resume_from={str(self.run_dir)!r})")
+                f"sess.pipeline(..., resume_from={str(self.run_dir)!r})"
+            )
         from rollart_nb.control.checkpoint import read_checkpoint
 
         t = time.monotonic()
         for i in sorted(dead):
             self._count_restart(self.train, i, dead[i])
-            log.warning("pipeline %s: trainer %s died (%s); restoring it from %s", self.name,
-                        self.train.workers[i].binding.worker, dead[i], self.last_autosave)
+            log.warning(
+                "pipeline %s: trainer %s died (%s); restoring it from %s",
+                self.name,
+                self.train.workers[i].binding.worker,
+                dead[i],
+                self.last_autosave,
+            )
             self.train.restart_worker(i)
         ckpt = read_checkpoint(self.last_autosave)
         restored = int(self.train.load_checkpoint(ckpt.trainer_dir))
@@ -366,8 +452,16 @@ class Pipeline:
         self._train_fut = None  # the batch it was training on is lost with it
         lost = max(0, self.version - restored)  # overlapped modes autosave the trainer one version ahead
         self._update_weights(restored, rollback=True)
-        self._event("trainer_restored", worker=names, pool=b0.pool, reason=reason, checkpoint=ckpt.path,
-                    version=restored, versions_lost=lost, seconds=round(time.monotonic() - t, 3))
+        self._event(
+            "trainer_restored",
+            worker=names,
+            pool=b0.pool,
+            reason=reason,
+            checkpoint=ckpt.path,
+            version=restored,
+            versions_lost=lost,
+            seconds=round(time.monotonic() - t, 3),
+        )
 
     def _event(self, kind: str, **fields: Any) -> None:
         ev = {"kind": kind, "at": time.time(), "step": self.first_step + len(self.reports), **fields}
@@ -375,8 +469,9 @@ class Pipeline:
         self._new_events.append(ev)
         log.warning("pipeline %s: %s %s", self.name, kind, {k: v for k, v in fields.items() if k != "node"})
 
-    def _finish_report(self, rep: StepReport, batch: list[Trajectory], metrics: dict[str, float],
-                       t0: float) -> StepReport:
+    def _finish_report(
+        self, rep: StepReport, batch: list[Trajectory], metrics: dict[str, float], t0: float
+    ) -> StepReport:
         rep.version = self.version
         rep.step_s = self._clock() - t0
         rep.batch_size = len(batch)
@@ -430,13 +525,24 @@ class Pipeline:
     def run_config(self) -> dict[str, Any]:
         """What a tracker records as the run's parameters: mode, alpha, sizes, tasks, algorithm."""
         algo = self.algo
-        return {"pipeline": self.name, "mode": self.mode.name, "alpha": self.cfg.alpha,
-                "batch_size": self.cfg.batch_size, "group_size": self.cfg.group_size,
-                "redundancy": self.cfg.redundancy, "seed": self.cfg.seed, "tasks": sorted(self.tasks.envs),
-                "generators": len(self.gen.workers), "trainers": len(self.train.workers),
-                "algo": type(algo).__name__ if algo is not None else None,
-                **({f"algo.{k}": v for k, v in vars(algo).items() if isinstance(v, int | float | str | bool)}
-                   if algo is not None and hasattr(algo, "__dict__") else {})}
+        return {
+            "pipeline": self.name,
+            "mode": self.mode.name,
+            "alpha": self.cfg.alpha,
+            "batch_size": self.cfg.batch_size,
+            "group_size": self.cfg.group_size,
+            "redundancy": self.cfg.redundancy,
+            "seed": self.cfg.seed,
+            "tasks": sorted(self.tasks.envs),
+            "generators": len(self.gen.workers),
+            "trainers": len(self.train.workers),
+            "algo": type(algo).__name__ if algo is not None else None,
+            **(
+                {f"algo.{k}": v for k, v in vars(algo).items() if isinstance(v, int | float | str | bool)}
+                if algo is not None and hasattr(algo, "__dict__")
+                else {}
+            ),
+        }
 
     # -- the run folder: steps.jsonl and autosaves ----------------------------------------
     def _record(self, rep: StepReport) -> None:
@@ -464,14 +570,19 @@ class Pipeline:
             self._train_fut.result()  # the checkpoint holds every batch taken; the result stays for the next step
         trained = int(self.train.version())
         if trained < self.version:  # a restarted trainer: saving it would make a lost state the latest
-            log.warning("not autosaving pipeline %s: its trainer is at version %d, behind the %d served (it lost its "
-                        "state); the newest good autosave stays %s", self.name, trained, self.version,
-                        self.last_autosave)
+            log.warning(
+                "not autosaving pipeline %s: its trainer is at version %d, behind the %d served (it lost its "
+                "state); the newest good autosave stays %s",
+                self.name,
+                trained,
+                self.version,
+                self.last_autosave,
+            )
             return None
         t = time.monotonic()
         write_checkpoint(self, path)
         self.last_autosave = str(path)
-        for old in run_checkpoints(self.run_dir)[:-self.keep_checkpoints]:
+        for old in run_checkpoints(self.run_dir)[: -self.keep_checkpoints]:
             shutil.rmtree(old, ignore_errors=True)
         log.info("autosaved pipeline %s at step %d to %s (%.1fs)", self.name, steps, path, time.monotonic() - t)
         return self.last_autosave
@@ -480,8 +591,9 @@ class Pipeline:
         """``await pipe.astep()``: :meth:`step` without blocking a running event loop (Jupyter)."""
         return await asyncio.to_thread(self.step)
 
-    def run(self, steps: int, *, background: bool = False, progress: bool = True,
-            on_step: Any = None) -> list[StepReport] | threading.Thread:
+    def run(
+        self, steps: int, *, background: bool = False, progress: bool = True, on_step: Any = None
+    ) -> list[StepReport] | threading.Thread:
         """Run ``steps`` iterations.
 
         With ``background=True`` it returns at once (a thread runs the steps; the kernel stays
@@ -493,8 +605,9 @@ class Pipeline:
             raise StateError("the pipeline is already running in the background; call pipe.pause() or pipe.wait()")
         self._pause.clear()
         if background:
-            self._thread = threading.Thread(target=self._run_loop, args=(steps, progress, on_step),
-                                            name=f"rollart-{self.name}", daemon=True)
+            self._thread = threading.Thread(
+                target=self._run_loop, args=(steps, progress, on_step), name=f"rollart-{self.name}", daemon=True
+            )
             self._thread.start()
             return self._thread
         return self._run_loop(steps, progress, on_step)
@@ -596,12 +709,16 @@ class Pipeline:
             out[task] = res["score"]
         return out
 
-    def trajectories(self, task: str | None = None, status: str | None = None, last: int | None = 200,
-                     include_running: bool = False) -> TrajectoryList:
+    def trajectories(
+        self, task: str | None = None, status: str | None = None, last: int | None = 200, include_running: bool = False
+    ) -> TrajectoryList:
         """Recent trajectories (all statuses), newest last; in a notebook, a TrajectoryViewer."""
         items = self.rollout.trajectories(task, status, last, include_running)
-        return TrajectoryList(items, source=self, filters={"task": task, "status": status, "last": last,
-                                                           "include_running": include_running})
+        return TrajectoryList(
+            items,
+            source=self,
+            filters={"task": task, "status": status, "last": last, "include_running": include_running},
+        )
 
     def viewer(self, **filters: Any) -> Any:
         """The TrajectoryViewer widget (filters as in :meth:`trajectories`), live-updating."""
@@ -651,8 +768,10 @@ class Pipeline:
     def __repr__(self) -> str:
         last = self.reports[-1] if self.reports else None
         tail = f", last step {last.step_s:.2f}s reward {last.mean_reward:.3f}" if last else ""
-        return (f"Pipeline({self.name!r}, mode={self.mode.name}, alpha={self.cfg.alpha}, version={self.version}, "
-                f"{self.state}, steps={len(self.reports)}{tail})")
+        return (
+            f"Pipeline({self.name!r}, mode={self.mode.name}, alpha={self.cfg.alpha}, version={self.version}, "
+            f"{self.state}, steps={len(self.reports)}{tail})"
+        )
 
     def _repr_html_(self) -> str:
         from rollart_nb.control.report import render_pipeline_html

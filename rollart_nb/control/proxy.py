@@ -67,9 +67,17 @@ class LLMProxy:
         failover_wait_s: how long a turn waits for a replacement while every worker is dead.
     """
 
-    def __init__(self, targets: list[GenTarget], affinity: dict[str, str | None] | None = None, *,
-                 max_inflight: int = 256, pd: bool = False, dispatch: str = "direct", max_batch: int = 64,
-                 failover_wait_s: float = 300.0) -> None:
+    def __init__(
+        self,
+        targets: list[GenTarget],
+        affinity: dict[str, str | None] | None = None,
+        *,
+        max_inflight: int = 256,
+        pd: bool = False,
+        dispatch: str = "direct",
+        max_batch: int = 64,
+        failover_wait_s: float = 300.0,
+    ) -> None:
         if not targets:
             raise GenerationError("LLMProxy needs at least one generation worker")
         if dispatch not in ("direct", "batched"):
@@ -107,8 +115,13 @@ class LLMProxy:
         if idx is not None and idx not in self.dead:
             return idx
         pref = pref if pref is not None else self.affinity.get(task)
-        idx, fell_back = pick_worker([(t.hardware, t.pool) for t in self.targets], self._inflight, pref,
-                                     self.max_inflight, exclude=frozenset(self.dead))
+        idx, fell_back = pick_worker(
+            [(t.hardware, t.pool) for t in self.targets],
+            self._inflight,
+            pref,
+            self.max_inflight,
+            exclude=frozenset(self.dead),
+        )
         self.fallbacks += int(fell_back)
         self._sticky[traj_id] = idx
         return idx
@@ -147,8 +160,10 @@ class LLMProxy:
                 await asyncio.wait_for(self._revived.wait(), timeout=left)
             except TimeoutError:
                 why = "; ".join(f"{self.targets[i].name}: {r}" for i, r in sorted(self.dead.items()))
-                raise GenerationError(f"every generation worker is dead and none was replaced within "
-                                      f"{self.failover_wait_s:.0f}s ({why[:400]})") from None
+                raise GenerationError(
+                    f"every generation worker is dead and none was replaced within "
+                    f"{self.failover_wait_s:.0f}s ({why[:400]})"
+                ) from None
 
     def _mark_dead(self, idx: int, target: GenTarget, e: BaseException) -> None:
         """Record that ``target`` (worker ``idx``) died; its trajectories move on their next turn."""
@@ -201,7 +216,7 @@ class LLMProxy:
         """Send whatever is queued for worker ``idx`` as one call, until the queue is empty."""
         try:
             while self._queues[idx]:
-                batch, self._queues[idx] = self._queues[idx][: self.max_batch], self._queues[idx][self.max_batch:]
+                batch, self._queues[idx] = self._queues[idx][: self.max_batch], self._queues[idx][self.max_batch :]
                 live = [(r, f) for r, f in batch if not f.done()]
                 if not live:
                     continue
@@ -221,8 +236,12 @@ class LLMProxy:
                     if isinstance(res, _TargetDied):
                         f.set_exception(res)
                     elif isinstance(res, BaseException):
-                        f.set_exception(GenerationError(f"{self.targets[idx].name} failed on trajectory "
-                                                        f"{r.traj_id}: {type(res).__name__}: {str(res)[:200]}"))
+                        f.set_exception(
+                            GenerationError(
+                                f"{self.targets[idx].name} failed on trajectory "
+                                f"{r.traj_id}: {type(res).__name__}: {str(res)[:200]}"
+                            )
+                        )
                     else:
                         f.set_result(res)
         finally:
@@ -230,8 +249,13 @@ class LLMProxy:
 
     async def _generate_pd(self, req: GenerationRequest) -> GenerationResult:
         p = self.route(req.traj_id, req.task, pref="compute")
-        d, fell_back = pick_worker([(t.hardware, t.pool) for t in self.targets], self._inflight, "bandwidth",
-                                   self.max_inflight, exclude=frozenset(self.dead))
+        d, fell_back = pick_worker(
+            [(t.hardware, t.pool) for t in self.targets],
+            self._inflight,
+            "bandwidth",
+            self.max_inflight,
+            exclude=frozenset(self.dead),
+        )
         self.fallbacks += int(fell_back)
         prefilled = await self._call(p, req, "prefill", req)
         return await self._call(d, req, "decode", req, prefilled)
@@ -250,8 +274,9 @@ class LLMProxy:
             if _is_death(e):
                 self._mark_dead(idx, target, e)
                 raise _TargetDied(f"{target.name} died") from e
-            raise GenerationError(f"{target.name} failed on trajectory {req.traj_id}: "
-                                  f"{type(e).__name__}: {str(e)[:200]}") from e
+            raise GenerationError(
+                f"{target.name} failed on trajectory {req.traj_id}: {type(e).__name__}: {str(e)[:200]}"
+            ) from e
         finally:
             self._inflight[idx] -= 1
             self._running.pop(req.traj_id, None)
@@ -292,7 +317,16 @@ class LLMProxy:
         self._aborted.discard(traj_id)
 
     def stats(self) -> dict[str, Any]:
-        return {"requests": self.requests, "fallbacks": self.fallbacks, "inflight": list(self._inflight),
-                "sticky": len(self._sticky), "suspended_s": self.suspended_s, "batches": self.batches,
-                "dispatch": self.dispatch, "dead": dict(self.dead), "deaths": self.deaths,
-                "rerouted": self.rerouted, "replaced": self.replaced}
+        return {
+            "requests": self.requests,
+            "fallbacks": self.fallbacks,
+            "inflight": list(self._inflight),
+            "sticky": len(self._sticky),
+            "suspended_s": self.suspended_s,
+            "batches": self.batches,
+            "dispatch": self.dispatch,
+            "dead": dict(self.dead),
+            "deaths": self.deaths,
+            "rerouted": self.rerouted,
+            "replaced": self.replaced,
+        }

@@ -109,27 +109,41 @@ class StepReport:
     def __repr__(self) -> str:
         rw = ", ".join(f"{k}={v:.3f}" for k, v in self.reward.items())
         ph = " ".join(f"{k}={v:.2f}s" for k, v in self.phases.items() if v)
-        return (f"StepReport(step={self.step}, v{self.version}, {self.mode}, {self.step_s:.2f}s [{ph}], "
-                f"{self.tokens} tok, {self.throughput:.0f} tok/s, reward: {rw or '-'}, counts={self.counts})")
+        return (
+            f"StepReport(step={self.step}, v{self.version}, {self.mode}, {self.step_s:.2f}s [{ph}], "
+            f"{self.tokens} tok, {self.throughput:.0f} tok/s, reward: {rw or '-'}, counts={self.counts})"
+        )
 
     def _repr_html_(self) -> str:
         total = sum(self.phases.values()) or 1.0
-        colors = {"rollout_wait": "#4c78a8", "suspend": "#f58518", "update": "#e45756", "resume": "#72b7b2",
-                  "train": "#54a24b"}
+        colors = {
+            "rollout_wait": "#4c78a8",
+            "suspend": "#f58518",
+            "update": "#e45756",
+            "resume": "#72b7b2",
+            "train": "#54a24b",
+        }
         bar = "".join(
             f'<div title="{k}: {v:.3f}s" style="display:inline-block;height:14px;width:{300 * v / total:.1f}px;'
-            f'background:{colors[k]}"></div>' for k, v in self.phases.items() if v > 0
+            f'background:{colors[k]}"></div>'
+            for k, v in self.phases.items()
+            if v > 0
         )
-        legend = " ".join(f'<span style="color:{colors[k]}">&#9632;</span> {k} {v:.2f}s'
-                          for k, v in self.phases.items())
-        rows = "".join(f"<tr><td>{html.escape(k)}</td><td>{v:.3f}</td><td>{self.validation.get(k, float('nan')):.3f}"
-                       f"</td></tr>" for k, v in self.reward.items())
+        legend = " ".join(
+            f'<span style="color:{colors[k]}">&#9632;</span> {k} {v:.2f}s' for k, v in self.phases.items()
+        )
+        rows = "".join(
+            f"<tr><td>{html.escape(k)}</td><td>{v:.3f}</td><td>{self.validation.get(k, float('nan')):.3f}</td></tr>"
+            for k, v in self.reward.items()
+        )
         counts = ", ".join(f"{k}: {v}" for k, v in sorted(self.counts.items()))
         faults = ", ".join(f"{k.replace('_', ' ')}: {v}" for k, v in self.env.items() if v)
-        events = "".join(f"<div style='color:#b00'>&#9888; {html.escape(e['kind'].replace('_', ' '))}: "
-                         f"{html.escape(str(e.get('worker', '')))} on {html.escape(str(e.get('pool', '')))} "
-                         f"(version {e.get('version')}; {html.escape(str(e.get('reason', ''))[:200])})</div>"
-                         for e in self.events)
+        events = "".join(
+            f"<div style='color:#b00'>&#9888; {html.escape(e['kind'].replace('_', ' '))}: "
+            f"{html.escape(str(e.get('worker', '')))} on {html.escape(str(e.get('pool', '')))} "
+            f"(version {e.get('version')}; {html.escape(str(e.get('reason', ''))[:200])})</div>"
+            for e in self.events
+        )
         return (
             f"<div><b>Step {self.step}</b> &middot; version {self.version} &middot; {self.mode} &middot; "
             f"{self.step_s:.2f}s &middot; {self.tokens} tokens &middot; {self.throughput:.0f} tok/s"

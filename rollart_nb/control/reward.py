@@ -92,8 +92,10 @@ def option_problems(validate_with: Any, timeout_s: Any, retries: Any) -> list[st
     """What is wrong with a reward's ``validate_with``, ``timeout_s`` and ``retries`` (empty: nothing)."""
     p = []
     if validate_with is not None and not callable(validate_with):
-        p.append(f"validate_with={validate_with!r:.80} ({type(validate_with).__name__}) must be callable: "
-                 "fn(trajectory) -> float, e.g. rn.rewards.exact_answer")
+        p.append(
+            f"validate_with={validate_with!r:.80} ({type(validate_with).__name__}) must be callable: "
+            "fn(trajectory) -> float, e.g. rn.rewards.exact_answer"
+        )
     if not (is_number(timeout_s) and timeout_s > 0):
         p.append(f"timeout_s={timeout_s!r} must be a finite number of seconds > 0")
     if not is_whole(retries) or retries < 0:
@@ -117,8 +119,9 @@ class RewardDispatcher:
         pool: the :class:`~rollart_nb.envs.base.BlockingPool` sync rewards run on.
     """
 
-    def __init__(self, default: Any = None, *, threads: int = 8,
-                 max_abandoned_threads: int = DEFAULT_MAX_REPLACEMENTS) -> None:
+    def __init__(
+        self, default: Any = None, *, threads: int = 8, max_abandoned_threads: int = DEFAULT_MAX_REPLACEMENTS
+    ) -> None:
         from rollart_nb.rewards.rules import env_return
 
         self.default = default or env_return
@@ -134,8 +137,16 @@ class RewardDispatcher:
         """Let ``n`` sync reward calls run at once (one per env that may finish together)."""
         self.pool.ensure_size(n)
 
-    def set(self, task: str, fn: Any = None, *, endpoint: Endpoint | None = None, timeout_s: float = 30.0,
-            retries: int = 1, validate_with: Any = None) -> RewardSpec:
+    def set(
+        self,
+        task: str,
+        fn: Any = None,
+        *,
+        endpoint: Endpoint | None = None,
+        timeout_s: float = 30.0,
+        retries: int = 1,
+        validate_with: Any = None,
+    ) -> RewardSpec:
         """Register (or swap) ``task``'s reward; returns the new version's spec. ``validate_with``
         (a local callable) scores ``task``'s validation rollouts from now on instead of the reward.
 
@@ -150,16 +161,25 @@ class RewardDispatcher:
         elif fn is not None and not callable(fn):
             p.append(f"fn={fn!r:.80} ({type(fn).__name__}) must be callable: fn(trajectory) -> float")
         elif endpoint is not None and not isinstance(endpoint, Endpoint):
-            p.append(f"endpoint={endpoint!r:.80} must be an Endpoint(name, url); for a bare URL use "
-                     "sess.reward(task, url=...)")
+            p.append(
+                f"endpoint={endpoint!r:.80} must be an Endpoint(name, url); for a bare URL use "
+                "sess.reward(task, url=...)"
+            )
         p += option_problems(validate_with, timeout_s, retries)
         if p:
             raise ConfigError(p, where=f"reward for task {task!r}")
         if validate_with is not None:
             self.validators[task] = validate_with
         old = self.current.get(task)
-        spec = RewardSpec(task, 0 if old is None else old.version + 1, fn, endpoint, timeout_s, retries,
-                          _source(fn) if fn is not None else redact_url(endpoint.url))  # type: ignore[union-attr]
+        spec = RewardSpec(
+            task,
+            0 if old is None else old.version + 1,
+            fn,
+            endpoint,
+            timeout_s,
+            retries,
+            _source(fn) if fn is not None else redact_url(endpoint.url),
+        )  # type: ignore[union-attr]
         self.current[task] = spec
         self.history.append(spec)
         return spec
@@ -187,8 +207,10 @@ class RewardDispatcher:
                 return
             except TimeoutError:
                 self.timeouts += 1
-                last = RewardError(f"timed out after {spec.timeout_s:g}s (a sync call still running was abandoned; "
-                                   "make a slow reward async, or raise its timeout_s)")
+                last = RewardError(
+                    f"timed out after {spec.timeout_s:g}s (a sync call still running was abandoned; "
+                    "make a slow reward async, or raise its timeout_s)"
+                )
             except RewardError as e:
                 last = e
             except Exception as e:  # the user's reward raised: keep its type and message
@@ -196,8 +218,10 @@ class RewardDispatcher:
             if attempt < spec.retries:
                 await asyncio.sleep(0.05 * 2**attempt)
         self.failures += 1
-        raise RewardError(f"reward {spec.name} v{spec.version} for task {traj.task!r} (trajectory {traj.id}) failed "
-                          f"after {spec.retries + 1} attempt(s): {last}")
+        raise RewardError(
+            f"reward {spec.name} v{spec.version} for task {traj.task!r} (trajectory {traj.id}) failed "
+            f"after {spec.retries + 1} attempt(s): {last}"
+        )
 
     async def _call(self, spec: RewardSpec, traj: Trajectory) -> Any:
         if spec.endpoint is not None:
@@ -209,11 +233,20 @@ class RewardDispatcher:
     def stats(self) -> dict[str, Any]:
         """calls, failures, timeouts, abandoned_threads, hung_threads, threads, thread_cap, at_cap."""
         pool = self.pool.stats()
-        return {"calls": self.calls, "failures": self.failures, "timeouts": self.timeouts,
-                "abandoned_threads": pool["abandoned"], "hung_threads": pool["hung"], "threads": pool["threads"],
-                "thread_cap": pool["cap"], "at_cap": pool["at_cap"]}
+        return {
+            "calls": self.calls,
+            "failures": self.failures,
+            "timeouts": self.timeouts,
+            "abandoned_threads": pool["abandoned"],
+            "hung_threads": pool["hung"],
+            "threads": pool["threads"],
+            "thread_cap": pool["cap"],
+            "at_cap": pool["at_cap"],
+        }
 
     def versions(self) -> list[dict[str, Any]]:
         """Every version ever registered, with its source and time."""
-        return [{"task": s.task, "version": s.version, "name": s.name, "source": s.source, "created": s.created}
-                for s in self.history]
+        return [
+            {"task": s.task, "version": s.version, "name": s.name, "source": s.source, "created": s.created}
+            for s in self.history
+        ]

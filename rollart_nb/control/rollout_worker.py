@@ -42,9 +42,17 @@ class RolloutWorker(Worker):
 
     default_pool = "cpu"
 
-    def __init__(self, envs: dict[str, list[Any]], model: Any, targets: list[tuple[Any, str, str, str]],
-                 task_affinity: dict[str, str | None], config: SchedulerConfig, pd: bool = False,
-                 max_inflight: int = 256, dispatch: str = "direct") -> None:
+    def __init__(
+        self,
+        envs: dict[str, list[Any]],
+        model: Any,
+        targets: list[tuple[Any, str, str, str]],
+        task_affinity: dict[str, str | None],
+        config: SchedulerConfig,
+        pd: bool = False,
+        max_inflight: int = 256,
+        dispatch: str = "direct",
+    ) -> None:
         self._args = (envs, model, targets, task_affinity, config, pd, max_inflight, dispatch)
         self.rewards = RewardDispatcher()
         self.sched: RolloutScheduler | None = None
@@ -59,8 +67,9 @@ class RolloutWorker(Worker):
         """Build the proxy and scheduler inside the actor's event loop; returns E (env count)."""
         if self.sched is None:
             envs, model, targets, affinity, config, pd, max_inflight, dispatch = self._args
-            proxy = LLMProxy([GenTarget(*t) for t in targets], affinity, max_inflight=max_inflight, pd=pd,
-                             dispatch=dispatch)
+            proxy = LLMProxy(
+                [GenTarget(*t) for t in targets], affinity, max_inflight=max_inflight, pd=pd, dispatch=dispatch
+            )
             self.sched = RolloutScheduler(envs, model.load_tokenizer(), proxy, self.rewards, config, id_salt=self.role)
         self.sched.schedule()
         return self.sched.E
@@ -122,11 +131,19 @@ class RolloutWorker(Worker):
         self._s().start_iteration()
 
     @register("one")
-    def set_reward(self, task: str, fn: Any = None, endpoint: Endpoint | None = None, timeout_s: float = 30.0,
-                   retries: int = 1, validate_with: Any = None) -> int:
+    def set_reward(
+        self,
+        task: str,
+        fn: Any = None,
+        endpoint: Endpoint | None = None,
+        timeout_s: float = 30.0,
+        retries: int = 1,
+        validate_with: Any = None,
+    ) -> int:
         """Register or hot-swap a task's reward (and its validation scorer); returns the new reward version."""
-        return self.rewards.set(task, fn, endpoint=endpoint, timeout_s=timeout_s, retries=retries,
-                                validate_with=validate_with).version
+        return self.rewards.set(
+            task, fn, endpoint=endpoint, timeout_s=timeout_s, retries=retries, validate_with=validate_with
+        ).version
 
     @register("one")
     def reward_history(self) -> list[dict[str, Any]]:
@@ -137,13 +154,15 @@ class RolloutWorker(Worker):
         return self._s().stats() if self.sched else {}
 
     @register("one")
-    def trajectories(self, task: str | None = None, status: str | None = None, last: int | None = None,
-                     include_running: bool = False) -> list[Trajectory]:
+    def trajectories(
+        self, task: str | None = None, status: str | None = None, last: int | None = None, include_running: bool = False
+    ) -> list[Trajectory]:
         return self._s().trajectories(task, status, last, include_running)
 
     @register("one")
-    async def evaluate(self, task: str, seeds: list[int], temperature: float = 0.0,
-                       concurrency: int = 32) -> dict[str, Any]:
+    async def evaluate(
+        self, task: str, seeds: list[int], temperature: float = 0.0, concurrency: int = 32
+    ) -> dict[str, Any]:
         """Greedy validation rollouts of ``task`` over ``seeds``; not buffered or trained on. They are
         scored by the task's ``validate_with`` scorer if it has one, else by its reward.
 
@@ -172,8 +191,13 @@ class RolloutWorker(Worker):
         ok = [t.reward for t in done if t.status is Status.COMPLETED]
         # The final actions show a collapse (one answer everywhere) that a score alone can hide.
         last = Counter(t.turns[-1].action.strip() for t in done if t.status is Status.COMPLETED and t.turns)
-        return {"score": sum(ok) / len(ok) if ok else float("nan"), "n": len(done), "failed": len(done) - len(ok),
-                "distinct_actions": len(last), "top_actions": last.most_common(3)}
+        return {
+            "score": sum(ok) / len(ok) if ok else float("nan"),
+            "n": len(done),
+            "failed": len(done) - len(ok),
+            "distinct_actions": len(last),
+            "top_actions": last.most_common(3),
+        }
 
     @register("one")
     async def shutdown(self) -> dict[str, int]:

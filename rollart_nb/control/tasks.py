@@ -66,7 +66,9 @@ class TaskSet:
         return out
 
     def __repr__(self) -> str:
-        parts = ", ".join(f"{t}: {type(e).__name__} x{self.envs_per_task[t]}"
-                          + (f" on {type(self.launchers[t]).__name__}" if t in self.launchers else "")
-                          for t, e in self.envs.items())
+        parts = ", ".join(
+            f"{t}: {type(e).__name__} x{self.envs_per_task[t]}"
+            + (f" on {type(self.launchers[t]).__name__}" if t in self.launchers else "")
+            for t, e in self.envs.items()
+        )
         return f"TaskSet({parts})"

@@ -166,5 +166,7 @@ class Arithmetic:
         return f"wrong . try again .\n{self._question}", 0.0, False, False, info
 
     def __repr__(self) -> str:
-        return (f"Arithmetic(max_operand={self.max_operand}, ops={self.ops}, max_turns={self.max_turns}, "
-                f"balance_answers={self.balance_answers})")
+        return (
+            f"Arithmetic(max_operand={self.max_operand}, ops={self.ops}, max_turns={self.max_turns}, "
+            f"balance_answers={self.balance_answers})"
+        )

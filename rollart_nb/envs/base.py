@@ -28,8 +28,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from rollart_nb.errors import EnvError
 
-__all__ = ["AsyncEnv", "BlockingPool", "EnvWrapper", "StepResult", "default_pool", "env_name", "env_reset",
-           "env_step"]
+__all__ = ["AsyncEnv", "BlockingPool", "EnvWrapper", "StepResult", "default_pool", "env_name", "env_reset", "env_step"]
 
 log = logging.getLogger(__name__)
 
@@ -105,11 +104,13 @@ class BlockingPool(concurrent.futures.Executor):
         (1, 1)
     """
 
-    def __init__(self, name: str, size: int, *, max_replacements: int = DEFAULT_MAX_REPLACEMENTS,
-                 idle_exit_s: float = 30.0) -> None:
+    def __init__(
+        self, name: str, size: int, *, max_replacements: int = DEFAULT_MAX_REPLACEMENTS, idle_exit_s: float = 30.0
+    ) -> None:
         if size < 1 or max_replacements < 0:
-            raise ValueError(f"BlockingPool {name!r}: size must be >= 1 and max_replacements >= 0, "
-                             f"got {size}, {max_replacements}")
+            raise ValueError(
+                f"BlockingPool {name!r}: size must be >= 1 and max_replacements >= 0, got {size}, {max_replacements}"
+            )
         self.name, self.size, self.max_replacements, self.idle_exit_s = name, size, max_replacements, idle_exit_s
         self._cv = threading.Condition()
         self._jobs: collections.deque[tuple[concurrent.futures.Future, Callable[[], Any]]] = collections.deque()
@@ -163,10 +164,15 @@ class BlockingPool(concurrent.futures.Executor):
                     self.cap_hits += 1
                     if not self._warned:
                         self._warned = True
-                        log.warning("blocking pool %r is at its cap of %d threads (%d calls hung and abandoned, "
-                                    "%d replaced); further calls wait for a thread. Fix the code that hangs, or "
-                                    "give it a timeout of its own.", self.name, self.cap, self._hung,
-                                    self.max_replacements)
+                        log.warning(
+                            "blocking pool %r is at its cap of %d threads (%d calls hung and abandoned, "
+                            "%d replaced); further calls wait for a thread. Fix the code that hangs, or "
+                            "give it a timeout of its own.",
+                            self.name,
+                            self.cap,
+                            self._hung,
+                            self.max_replacements,
+                        )
                 return
             self._threads += 1
             self._spawned += 1
@@ -177,8 +183,10 @@ class BlockingPool(concurrent.futures.Executor):
         with self._cv:
             while True:
                 # self._idle already counts this thread (set by _grow, or at the end of the loop)
-                if not self._cv.wait_for(lambda: self._jobs or self._closed, timeout=self.idle_exit_s) \
-                        or not self._jobs:
+                if (
+                    not self._cv.wait_for(lambda: self._jobs or self._closed, timeout=self.idle_exit_s)
+                    or not self._jobs
+                ):
                     self._idle -= 1
                     self._threads -= 1
                     return
@@ -247,16 +255,27 @@ class BlockingPool(concurrent.futures.Executor):
         """threads (alive), busy, queued, size, cap, abandoned, hung (abandoned, still running),
         returned_late, cap_hits, at_cap."""
         with self._cv:
-            return {"threads": self._threads, "busy": self._threads - self._idle, "queued": len(self._jobs),
-                    "size": self.size, "cap": self.cap, "abandoned": self.abandoned, "hung": self._hung,
-                    "returned_late": self.returned_late, "cap_hits": self.cap_hits, "at_cap": self.at_cap}
+            return {
+                "threads": self._threads,
+                "busy": self._threads - self._idle,
+                "queued": len(self._jobs),
+                "size": self.size,
+                "cap": self.cap,
+                "abandoned": self.abandoned,
+                "hung": self._hung,
+                "returned_late": self.returned_late,
+                "cap_hits": self.cap_hits,
+                "at_cap": self.at_cap,
+            }
 
     def describe(self) -> str:
         """One line for error messages: the pool's name, threads, hung calls and cap."""
         s = self.stats()
         at_cap = " AT ITS CAP (calls wait for a thread)" if s["at_cap"] else ""
-        return (f"{self.name} thread pool: {s['threads']} threads, {s['hung']} hung call(s) abandoned, "
-                f"cap {s['cap']}{at_cap}")
+        return (
+            f"{self.name} thread pool: {s['threads']} threads, {s['hung']} hung call(s) abandoned, "
+            f"cap {s['cap']}{at_cap}"
+        )
 
     def __repr__(self) -> str:
         return f"BlockingPool({self.name!r}, size={self.size}, cap={self.cap})"
@@ -293,8 +312,9 @@ def default_pool() -> BlockingPool:
 
 # The pool (and abandon callback) of the env call in progress: wrappers reach their inner env
 # through env_reset/env_step without passing them, and must use the same pool.
-_THREADS: contextvars.ContextVar[tuple[BlockingPool, Callable[[], None] | None] | None] = \
-    contextvars.ContextVar("rollart_env_threads", default=None)
+_THREADS: contextvars.ContextVar[tuple[BlockingPool, Callable[[], None] | None] | None] = contextvars.ContextVar(
+    "rollart_env_threads", default=None
+)
 
 
 async def _blocking(fn: Callable[..., Any], *args: Any) -> Any:
@@ -312,8 +332,14 @@ def env_name(env: Any) -> str:
     return name if inner is env else f"{name}({type(inner).__name__})"
 
 
-async def _bounded(make: Callable[[], Any], env: Any, what: str, timeout_s: float | None,
-                   pool: BlockingPool | None, on_abandon: Callable[[], None] | None) -> Any:
+async def _bounded(
+    make: Callable[[], Any],
+    env: Any,
+    what: str,
+    timeout_s: float | None,
+    pool: BlockingPool | None,
+    on_abandon: Callable[[], None] | None,
+) -> Any:
     token = _THREADS.set((pool, on_abandon)) if pool is not None else None
     try:
         coro = make()  # inside the context: a wrapper's inner calls see the pool
@@ -339,9 +365,14 @@ async def _bounded(make: Callable[[], Any], env: Any, what: str, timeout_s: floa
             _THREADS.reset(token)
 
 
-async def env_reset(env: Any, seed: int | None = None, *, timeout_s: float | None = None,
-                    pool: BlockingPool | None = None, on_abandon: Callable[[], None] | None = None
-                    ) -> tuple[str, dict]:
+async def env_reset(
+    env: Any,
+    seed: int | None = None,
+    *,
+    timeout_s: float | None = None,
+    pool: BlockingPool | None = None,
+    on_abandon: Callable[[], None] | None = None,
+) -> tuple[str, dict]:
     """Reset ``env`` from async code: its ``areset`` if defined, else ``reset`` on a pool thread.
 
     Args:
@@ -361,8 +392,14 @@ async def env_reset(env: Any, seed: int | None = None, *, timeout_s: float | Non
     return _checked(await _bounded(make, env, "reset", timeout_s, pool, on_abandon), env, "reset", 2)
 
 
-async def env_step(env: Any, action: str, *, timeout_s: float | None = None, pool: BlockingPool | None = None,
-                   on_abandon: Callable[[], None] | None = None) -> StepResult:
+async def env_step(
+    env: Any,
+    action: str,
+    *,
+    timeout_s: float | None = None,
+    pool: BlockingPool | None = None,
+    on_abandon: Callable[[], None] | None = None,
+) -> StepResult:
     """Step ``env`` from async code: its ``astep`` if defined, else ``step`` on a pool thread.
 
     Args:
@@ -382,8 +419,7 @@ def _checked(result: Any, env: Any, what: str, n: int) -> Any:
     """An env that returns the wrong shape fails here, as an env error, not later as a crash."""
     if not isinstance(result, tuple | list) or len(result) != n:
         shape = "(obs, info)" if n == 2 else "(obs, reward, terminated, truncated, info)"
-        raise EnvError(f"env {env_name(env)} {what} returned {type(result).__name__} {result!r:.80}, "
-                       f"expected {shape}")
+        raise EnvError(f"env {env_name(env)} {what} returned {type(result).__name__} {result!r:.80}, expected {shape}")
     return tuple(result)
 
 

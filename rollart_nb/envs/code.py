@@ -139,7 +139,10 @@ class CodeTask:
     max_turns = 1
 
     def __init__(
-        self, problems: tuple[CodeProblem, ...] = PROBLEMS, timeout_s: float = 5.0, memory_mb: int = 256,
+        self,
+        problems: tuple[CodeProblem, ...] = PROBLEMS,
+        timeout_s: float = 5.0,
+        memory_mb: int = 256,
         isolation: str = "bwrap",
     ) -> None:
         if isinstance(problems, Iterable) and not isinstance(problems, str):
@@ -150,18 +153,21 @@ class CodeTask:
         else:
             wrong = [q for q in problems if not all(isinstance(getattr(q, a, None), str) for a in _PROBLEM_FIELDS)]
             if wrong:
-                bad.append(f"problems holds {wrong[0]!r}, not a CodeProblem(name, prompt, tests, solution) "
-                           "of strings")
+                bad.append(f"problems holds {wrong[0]!r}, not a CodeProblem(name, prompt, tests, solution) of strings")
         # the sandbox's own limits (run_sandboxed refuses anything else), checked here so a bad
         # value fails when the task is built, not in every rollout
         number = isinstance(timeout_s, int | float) and not isinstance(timeout_s, bool)
         if not (number and 0 < timeout_s <= MAX_TIMEOUT_S):
-            bad.append(f"timeout_s={timeout_s!r} must be a number of seconds in (0, {MAX_TIMEOUT_S}] "
-                       "(the wall-clock limit of one sandboxed run)")
+            bad.append(
+                f"timeout_s={timeout_s!r} must be a number of seconds in (0, {MAX_TIMEOUT_S}] "
+                "(the wall-clock limit of one sandboxed run)"
+            )
         whole = isinstance(memory_mb, int) and not isinstance(memory_mb, bool)
         if not (whole and MIN_MEMORY_MB <= memory_mb <= MAX_MEMORY_MB):
-            bad.append(f"memory_mb={memory_mb!r} must be a whole number of MiB in "
-                       f"[{MIN_MEMORY_MB}, {MAX_MEMORY_MB}] (the address-space limit of one sandboxed run)")
+            bad.append(
+                f"memory_mb={memory_mb!r} must be a whole number of MiB in "
+                f"[{MIN_MEMORY_MB}, {MAX_MEMORY_MB}] (the address-space limit of one sandboxed run)"
+            )
         if isolation not in ISOLATION_MODES:
             bad.append(f"isolation={isolation!r} must be one of {', '.join(map(repr, ISOLATION_MODES))}")
         if bad:
@@ -197,14 +203,16 @@ class CodeTask:
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         p = self._current()
-        return self._finish(run_sandboxed(extract_code(action), p.tests, self.timeout_s, self.memory_mb,
-                                          isolation=self.isolation))
+        return self._finish(
+            run_sandboxed(extract_code(action), p.tests, self.timeout_s, self.memory_mb, isolation=self.isolation)
+        )
 
     async def astep(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         p = self._current()
         return self._finish(
-            await arun_sandboxed(extract_code(action), p.tests, self.timeout_s, self.memory_mb,
-                                 isolation=self.isolation)
+            await arun_sandboxed(
+                extract_code(action), p.tests, self.timeout_s, self.memory_mb, isolation=self.isolation
+            )
         )
 
     async def areset(self, seed: int | None = None) -> tuple[str, dict[str, Any]]:

@@ -35,8 +35,9 @@ def _stream(seed: int | None) -> str | None:
     return None if seed is None else f"{seed}/{os.getpid()}/{next(_built)}"
 
 
-def with_failures(env: str, env_kwargs: dict[str, Any] | None = None, *, seed: int | None = None,
-                  **failures: Any) -> Any:
+def with_failures(
+    env: str, env_kwargs: dict[str, Any] | None = None, *, seed: int | None = None, **failures: Any
+) -> Any:
     """:class:`~rollart_nb.envs.WithFailures` around the env named ``env`` (``"module:Class"``).
 
     Args:
@@ -50,8 +51,7 @@ def with_failures(env: str, env_kwargs: dict[str, Any] | None = None, *, seed: i
     return WithFailures(_inner(env, env_kwargs), seed=_stream(seed), **failures)
 
 
-def with_latency(env: str, env_kwargs: dict[str, Any] | None = None, *, seed: int | None = None,
-                 **latency: Any) -> Any:
+def with_latency(env: str, env_kwargs: dict[str, Any] | None = None, *, seed: int | None = None, **latency: Any) -> Any:
     """:class:`~rollart_nb.envs.WithLatency` around the env named ``env`` (``"module:Class"``).
 
     Args:

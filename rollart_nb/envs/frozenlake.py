@@ -104,30 +104,34 @@ class FrozenLake:
     @property
     def vocab(self) -> list[str]:
         """Words used by observations and actions."""
-        words = set(_INTRO.split()) | set(_INTRO_COMPACT.split()) | {
-            "P",
-            "F",
-            "H",
-            "G",
-            "S",
-            "moved",
-            "invalid",
-            "action",
-            "fell",
-            "in",
-            "a",
-            "hole",
-            "reached",
-            "the",
-            "goal",
-            "out",
-            "of",
-            "turns",
-            "left",
-            "right",
-            "up",
-            "down",
-        }
+        words = (
+            set(_INTRO.split())
+            | set(_INTRO_COMPACT.split())
+            | {
+                "P",
+                "F",
+                "H",
+                "G",
+                "S",
+                "moved",
+                "invalid",
+                "action",
+                "fell",
+                "in",
+                "a",
+                "hole",
+                "reached",
+                "the",
+                "goal",
+                "out",
+                "of",
+                "turns",
+                "left",
+                "right",
+                "up",
+                "down",
+            }
+        )
         return sorted(words)
 
     def validation_seeds(self) -> list[int]:
@@ -228,9 +232,7 @@ class FrozenLake:
         import gymnasium
 
         # Truncation is ours (max_turns); gymnasium's TimeLimit must never fire first.
-        self._gym = gymnasium.make(
-            "FrozenLake-v1", desc=desc, is_slippery=self.is_slippery, max_episode_steps=10**9
-        )
+        self._gym = gymnasium.make("FrozenLake-v1", desc=desc, is_slippery=self.is_slippery, max_episode_steps=10**9)
         self._gym_desc = tuple(desc)
 
     def _render(self, state: int) -> str:
@@ -248,8 +250,10 @@ class FrozenLake:
         return state
 
     def __repr__(self) -> str:
-        return (f"FrozenLake(size={self.size}, is_slippery={self.is_slippery}, max_turns={self.max_turns}, "
-                f"compact={self.compact})")
+        return (
+            f"FrozenLake(size={self.size}, is_slippery={self.is_slippery}, max_turns={self.max_turns}, "
+            f"compact={self.compact})"
+        )
 
 
 def _shortest_path(desc: list[str], start: tuple[int, int]) -> list[str] | None:

@@ -26,9 +26,7 @@ def _import_gem() -> Any:
     try:
         import gem
     except ImportError as e:
-        raise ImportError(
-            "GEMEnv needs the gem-llm package; install it with pip install 'rollart_nb[gem]'"
-        ) from e
+        raise ImportError("GEMEnv needs the gem-llm package; install it with pip install 'rollart_nb[gem]'") from e
     finally:
         root.handlers[:] = handlers
         root.setLevel(level)

@@ -42,10 +42,7 @@ __all__ = ["PythonRuntime", "code_argv", "python_runtime", "require_bwrap", "ser
 
 log = logging.getLogger(__name__)
 
-_INSTALL_HINT = (
-    "install bubblewrap (Debian/Ubuntu: `apt-get install bubblewrap`; Fedora: `dnf install "
-    "bubblewrap`)"
-)
+_INSTALL_HINT = "install bubblewrap (Debian/Ubuntu: `apt-get install bubblewrap`; Fedora: `dnf install bubblewrap`)"
 _USERNS_HINT = (
     "enable unprivileged user namespaces (`sysctl -w kernel.unprivileged_userns_clone=1` on "
     "Debian kernels, `sysctl -w user.max_user_namespaces=15000`, or on Ubuntu 24.04+ "
@@ -84,9 +81,21 @@ def _mounts_proc() -> bool:
 def _probe() -> tuple[str, bool]:
     path = shutil.which("bwrap")
     if path is None:
-        raise SandboxError(f"bubblewrap (bwrap) is not installed, so model-written code cannot be isolated; {_INSTALL_HINT}")
-    base = [*_drop_privileges(), path, "--unshare-user", "--unshare-pid", "--unshare-net",
-            "--ro-bind", "/", "/", "--dev", "/dev"]
+        raise SandboxError(
+            f"bubblewrap (bwrap) is not installed, so model-written code cannot be isolated; {_INSTALL_HINT}"
+        )
+    base = [
+        *_drop_privileges(),
+        path,
+        "--unshare-user",
+        "--unshare-pid",
+        "--unshare-net",
+        "--ro-bind",
+        "/",
+        "/",
+        "--dev",
+        "/dev",
+    ]
     errors = []
     for proc in (["--proc", "/proc"], []):
         try:
@@ -107,11 +116,20 @@ def _drop_privileges(uid: int | None = None) -> list[str]:
         return []
     setpriv = shutil.which("setpriv")
     if setpriv is None:
-        raise SandboxError("running as root, the sandbox drops to an unprivileged uid with setpriv; "
-                           "install util-linux (`apt-get install util-linux`)")
+        raise SandboxError(
+            "running as root, the sandbox drops to an unprivileged uid with setpriv; "
+            "install util-linux (`apt-get install util-linux`)"
+        )
     uid = uid if uid is not None else _UID_RANGE[0] + secrets.randbelow(_UID_RANGE[1] - _UID_RANGE[0])
-    return [setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all",
-            "--bounding-set=-all", "--"]
+    return [
+        setpriv,
+        f"--reuid={uid}",
+        f"--regid={uid}",
+        "--clear-groups",
+        "--inh-caps=-all",
+        "--bounding-set=-all",
+        "--",
+    ]
 
 
 @dataclass(frozen=True)
@@ -173,10 +191,22 @@ def _python_runtime() -> PythonRuntime:
             tried.append(f"{exe} (not readable by an unprivileged uid)")
             continue
         try:
-            info = json.loads(subprocess.run(
-                [exe, "-I", "-S", "-c", "import json,sys,sysconfig;print(json.dumps([sys.executable,"
-                 "sysconfig.get_path('stdlib'),sysconfig.get_path('purelib'),sysconfig.get_path('platlib')]))"],
-                capture_output=True, text=True, timeout=30, env={}).stdout)
+            info = json.loads(
+                subprocess.run(
+                    [
+                        exe,
+                        "-I",
+                        "-S",
+                        "-c",
+                        "import json,sys,sysconfig;print(json.dumps([sys.executable,"
+                        "sysconfig.get_path('stdlib'),sysconfig.get_path('purelib'),sysconfig.get_path('platlib')]))",
+                    ],
+                    capture_output=True,
+                    text=True,
+                    timeout=30,
+                    env={},
+                ).stdout
+            )
         except (OSError, ValueError, subprocess.TimeoutExpired) as e:
             tried.append(f"{exe} ({e})")
             continue
@@ -186,8 +216,11 @@ def _python_runtime() -> PythonRuntime:
             continue
         sites = tuple(sorted({p for p in (purelib, platlib) if p.startswith(stdlib + os.sep) and os.path.isdir(p)}))
         return PythonRuntime(real, stdlib, sites, _lib_dirs(real, stdlib))
-    raise SandboxError("no Python interpreter the sandbox can run: " + "; ".join(tried)
-                       + ". Install the system python3 package or set ROLLART_SANDBOX_PYTHON to a world-readable one")
+    raise SandboxError(
+        "no Python interpreter the sandbox can run: "
+        + "; ".join(tried)
+        + ". Install the system python3 package or set ROLLART_SANDBOX_PYTHON to a world-readable one"
+    )
 
 
 def _lib_dirs(exe: str, stdlib: str) -> tuple[str, ...]:
@@ -217,8 +250,9 @@ def _top_links() -> list[str]:
     return args
 
 
-def code_argv(command: Sequence[str], *, work_mb: int = 32, workdir: str = "/work",
-              seccomp_fd: int | None = None) -> list[str]:
+def code_argv(
+    command: Sequence[str], *, work_mb: int = 32, workdir: str = "/work", seccomp_fd: int | None = None
+) -> list[str]:
     """argv that runs ``command`` (a command of :func:`python_runtime`'s interpreter) isolated
     as described in the module docstring. Resource limits are the command's own business
     (the sandbox bootstrap sets them before any user code runs).
@@ -234,12 +268,40 @@ def code_argv(command: Sequence[str], *, work_mb: int = 32, workdir: str = "/wor
         SandboxError: bubblewrap is unusable here.
     """
     bwrap, rt = require_bwrap(), python_runtime()
-    args = [*_drop_privileges(), bwrap,
-            "--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
-            "--unshare-cgroup", "--disable-userns", "--uid", "1000", "--gid", "1000",
-            "--hostname", "sandbox", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
-            "--clearenv", "--setenv", "HOME", workdir, "--setenv", "TMPDIR", workdir,
-            "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "LANG", "C.UTF-8"]
+    args = [
+        *_drop_privileges(),
+        bwrap,
+        "--unshare-user",
+        "--unshare-pid",
+        "--unshare-net",
+        "--unshare-ipc",
+        "--unshare-uts",
+        "--unshare-cgroup",
+        "--disable-userns",
+        "--uid",
+        "1000",
+        "--gid",
+        "1000",
+        "--hostname",
+        "sandbox",
+        "--die-with-parent",
+        "--new-session",
+        "--cap-drop",
+        "ALL",
+        "--clearenv",
+        "--setenv",
+        "HOME",
+        workdir,
+        "--setenv",
+        "TMPDIR",
+        workdir,
+        "--setenv",
+        "PATH",
+        "/usr/bin:/bin",
+        "--setenv",
+        "LANG",
+        "C.UTF-8",
+    ]
     # the work dir first: a runtime that lives below it is then bound on top, not hidden
     args += ["--size", str(work_mb * 1024 * 1024), "--perms", "0700", "--tmpfs", workdir]
     for d in rt.lib_dirs:
@@ -248,17 +310,29 @@ def code_argv(command: Sequence[str], *, work_mb: int = 32, workdir: str = "/wor
     args += ["--ro-bind", rt.stdlib, rt.stdlib]
     for site in rt.site_dirs:  # third-party packages are not the runtime: hide them
         args += ["--tmpfs", site, "--remount-ro", site]
-    args += ["--ro-bind", rt.executable, rt.executable,
-             *(["--proc", "/proc"] if _mounts_proc() else []), "--dev", "/dev",
-             # bubblewrap's root and /dev are tmpfs without a size cap: nothing may write there
-             "--remount-ro", "/dev", "--remount-ro", "/", "--chdir", workdir]
+    args += [
+        "--ro-bind",
+        rt.executable,
+        rt.executable,
+        *(["--proc", "/proc"] if _mounts_proc() else []),
+        "--dev",
+        "/dev",
+        # bubblewrap's root and /dev are tmpfs without a size cap: nothing may write there
+        "--remount-ro",
+        "/dev",
+        "--remount-ro",
+        "/",
+        "--chdir",
+        workdir,
+    ]
     if seccomp_fd is not None:
         args += ["--seccomp", str(seccomp_fd)]
     return args + list(command)
 
 
-def service_argv(command: Sequence[str], *, ro_paths: Sequence[str] = (),
-                 env: Mapping[str, str] | None = None, tmp_mb: int = 256) -> list[str]:
+def service_argv(
+    command: Sequence[str], *, ro_paths: Sequence[str] = (), env: Mapping[str, str] | None = None, tmp_mb: int = 256
+) -> list[str]:
     """argv that runs a trusted service ``command`` in its own PID/IPC/UTS namespaces with a
     read-only filesystem (system dirs, the Python runtime and ``ro_paths``), a private ``/tmp``
     and the host network. It dies with its parent, and everything it started dies with it.
@@ -277,8 +351,17 @@ def service_argv(command: Sequence[str], *, ro_paths: Sequence[str] = (),
     # code sandboxes inside can still drop to a fresh uid; others get a user namespace too.
     userns = [] if os.geteuid() == 0 else ["--unshare-user"]
     caps = ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"] if os.geteuid() == 0 else []
-    args = [bwrap, *userns, "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--die-with-parent",
-            "--new-session", *caps, "--clearenv"]
+    args = [
+        bwrap,
+        *userns,
+        "--unshare-pid",
+        "--unshare-ipc",
+        "--unshare-uts",
+        "--die-with-parent",
+        "--new-session",
+        *caps,
+        "--clearenv",
+    ]
     full_env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp"} if env is None else dict(env)
     for k, v in full_env.items():
         args += ["--setenv", k, v]

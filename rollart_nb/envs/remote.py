@@ -59,8 +59,16 @@ class RemoteEnv:
         'vm:8000'
     """
 
-    def __init__(self, url: str | None = None, *, launcher: Any = None, timeout_s: float = 30.0,
-                 connect_timeout_s: float = 5.0, connect_retries: int = 3, retry_backoff_s: float = 0.2) -> None:
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        launcher: Any = None,
+        timeout_s: float = 30.0,
+        connect_timeout_s: float = 5.0,
+        connect_retries: int = 3,
+        retry_backoff_s: float = 0.2,
+    ) -> None:
         from rollart_nb.errors import ConfigError
 
         if (url is None) == (launcher is None):
@@ -83,8 +91,7 @@ class RemoteEnv:
 
     # -- pickling / copying: a copy never shares a client or an episode -----------------------
     def __getstate__(self) -> dict[str, Any]:
-        state = {k: v for k, v in self.__dict__.items()
-                 if k not in ("_client", "_aclient", "_aloop", "_episode")}
+        state = {k: v for k, v in self.__dict__.items() if k not in ("_client", "_aclient", "_aloop", "_episode")}
         handle = getattr(self.launcher, "handle", None)
         if callable(handle):  # a launcher owns processes/threads: copies get its small handle
             state["launcher"] = handle()
@@ -155,8 +162,9 @@ class RemoteEnv:
         cands = self._candidates()
         for i, (replica, base) in enumerate(cands):
             try:  # as in reset
-                out = await self._async("POST", base, "/v1/episodes", "reset", {"seed": seed},
-                                        retry=i == len(cands) - 1)
+                out = await self._async(
+                    "POST", base, "/v1/episodes", "reset", {"seed": seed}, retry=i == len(cands) - 1
+                )
             except _Retryable as e:
                 last = e
                 continue
@@ -166,8 +174,7 @@ class RemoteEnv:
     async def astep(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         base, eid, replica = self._current()
         try:
-            out = await self._async("POST", base, f"/v1/episodes/{eid}/step", "step", {"action": action},
-                                    retry=True)
+            out = await self._async("POST", base, f"/v1/episodes/{eid}/step", "step", {"action": action}, retry=True)
         except _Retryable as e:
             self._close_local()  # see _close_local: the episode's state is unknown now
             raise self._error("step", base, str(e)) from e
@@ -200,8 +207,10 @@ class RemoteEnv:
         except Exception as e:  # e.g. the Kubernetes API: the trajectory fails, the rollout goes on
             raise EnvError(f"remote env: cannot list the replicas of {source!r}: {type(e).__name__}: {e}") from e
         if not reps:
-            raise EnvError(f"remote env: no healthy replica of {source!r}; start the launcher "
-                           "(launcher.start()) or check its replicas (display the launcher)")
+            raise EnvError(
+                f"remote env: no healthy replica of {source!r}; start the launcher "
+                "(launcher.start()) or check its replicas (display the launcher)"
+            )
         turn = next(_TURN)
         order = sorted(range(len(reps)), key=lambda i: (_OPEN[reps[i][1]], (i - turn) % len(reps)))
         return [reps[i] for i in order]

@@ -68,7 +68,7 @@ MAX_TIMEOUT_S = 86_400  # the longest wall clock one run may get
 MIN_MEMORY_MB, MAX_MEMORY_MB = 32, 1 << 20  # the address space one run may get (MiB)
 
 # Runs in both processes: limits and a length-prefixed JSON codec of plain data.
-_COMMON = r'''
+_COMMON = r"""
 import json, os, resource, struct, sys, base64
 
 _MAX_MSG = 16 << 20
@@ -158,9 +158,11 @@ def _recv(fd):
     if n > _MAX_MSG:
         raise ValueError(f"message of {n} bytes is over the limit")
     return json.loads(_read(fd, n))
-'''
+"""
 
-_SOLUTION = _COMMON + r'''
+_SOLUTION = (
+    _COMMON
+    + r"""
 def _hook_factory():
     blocked = frozenset(("socket.__new__", "socket.connect", "socket.bind", "socket.getaddrinfo",
         "socket.sendto", "os.fork", "os.forkpty", "os.exec", "os.posix_spawn", "os.spawn",
@@ -217,9 +219,12 @@ def _main():
             _send(fd, {"err": f"ValueError: {e}", "type": "ValueError"})
 
 _main()
-'''
+"""
+)
 
-_GRADER = _COMMON + r'''
+_GRADER = (
+    _COMMON
+    + r"""
 import builtins
 
 class SolutionError(Exception):
@@ -355,7 +360,8 @@ def _main():
     out.close()
 
 _main()
-'''
+"""
+)
 
 
 @dataclass
@@ -386,8 +392,18 @@ class SandboxResult:
         return self.passed / self.total if self.total else 0.0
 
 
-_OP_NAMES = {ast.Eq: "==", ast.NotEq: "!=", ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=",
-             ast.In: "in", ast.NotIn: "not in", ast.Is: "is", ast.IsNot: "is not"}
+_OP_NAMES = {
+    ast.Eq: "==",
+    ast.NotEq: "!=",
+    ast.Lt: "<",
+    ast.LtE: "<=",
+    ast.Gt: ">",
+    ast.GtE: ">=",
+    ast.In: "in",
+    ast.NotIn: "not in",
+    ast.Is: "is",
+    ast.IsNot: "is not",
+}
 
 
 class _StrictCompare(ast.NodeTransformer):
@@ -402,8 +418,11 @@ class _StrictCompare(ast.NodeTransformer):
             return node
         if len(node.ops) > 1:
             ops = ast.List([ast.Constant(_OP_NAMES[type(op)]) for op in node.ops], ast.Load())
-            out: ast.AST = ast.Call(ast.Name("__strict_chain__", ast.Load()),
-                                    [ast.List([node.left, *node.comparators], ast.Load()), ops], [])
+            out: ast.AST = ast.Call(
+                ast.Name("__strict_chain__", ast.Load()),
+                [ast.List([node.left, *node.comparators], ast.Load()), ops],
+                [],
+            )
             return ast.copy_location(out, node)
         op = node.ops[0]
         fn = "__strict_eq__" if isinstance(op, ast.Eq | ast.NotEq) else "__strict_in__"
@@ -483,8 +502,10 @@ def _check_args(timeout_s: float, memory_mb: int, isolation: str) -> None:
 
 
 def _warn_unisolated() -> None:
-    msg = ("run_sandboxed(isolation='none'): model-written code runs WITHOUT OS isolation (only an "
-           "audit hook and rlimits, which hostile code can get around); use it only for code you wrote")
+    msg = (
+        "run_sandboxed(isolation='none'): model-written code runs WITHOUT OS isolation (only an "
+        "audit hook and rlimits, which hostile code can get around); use it only for code you wrote"
+    )
     warnings.warn(msg, RuntimeWarning, stacklevel=3)
     log.warning(msg)
 
@@ -492,8 +513,9 @@ def _warn_unisolated() -> None:
 class _Stream:
     """Reads one pipe to its end, keeping the first ``keep`` bytes."""
 
-    def __init__(self, reader: asyncio.StreamReader, keep: int, budget: list[int],
-                 over: asyncio.Event | None = None) -> None:
+    def __init__(
+        self, reader: asyncio.StreamReader, keep: int, budget: list[int], over: asyncio.Event | None = None
+    ) -> None:
         self.reader, self.keep, self.budget = reader, keep, budget
         self.data = bytearray()
         self.over = over or asyncio.Event()
@@ -511,8 +533,9 @@ class _Stream:
         return self.data.decode(errors="replace")
 
 
-async def _spawn(isolation: str, boot: str, channel: int, cwd: str,
-                 procs: list[asyncio.subprocess.Process]) -> asyncio.subprocess.Process:
+async def _spawn(
+    isolation: str, boot: str, channel: int, cwd: str, procs: list[asyncio.subprocess.Process]
+) -> asyncio.subprocess.Process:
     """Start one sandboxed process (recorded in ``procs`` at once, so a cancelled caller can kill it)."""
     if isolation == "none":
         argv, fds = [sys.executable, "-I", "-S", "-B", "-c", boot], [channel]
@@ -524,9 +547,15 @@ async def _spawn(isolation: str, boot: str, channel: int, cwd: str,
         # No secret of ours reaches the child: bubblewrap (and setpriv) need PATH only, and the
         # sandbox itself starts from --clearenv; without bubblewrap the child gets nothing.
         proc = await asyncio.create_subprocess_exec(
-            *argv, cwd=cwd, env={} if isolation == "none" else {"PATH": "/usr/bin:/bin"},
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            start_new_session=True, pass_fds=fds)
+            *argv,
+            cwd=cwd,
+            env={} if isolation == "none" else {"PATH": "/usr/bin:/bin"},
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,
+            pass_fds=fds,
+        )
     finally:
         for fd in fds[1:]:
             os.close(fd)
@@ -554,9 +583,16 @@ def _kill(proc: asyncio.subprocess.Process | None) -> None:
         pass
 
 
-async def arun_sandboxed(code: str, tests: str, timeout_s: float = 5, memory_mb: int = 256, *,
-                         isolation: str = "bwrap", audit_hook: bool = True,
-                         max_output: int = _MAX_OUTPUT) -> SandboxResult:
+async def arun_sandboxed(
+    code: str,
+    tests: str,
+    timeout_s: float = 5,
+    memory_mb: int = 256,
+    *,
+    isolation: str = "bwrap",
+    audit_hook: bool = True,
+    max_output: int = _MAX_OUTPUT,
+) -> SandboxResult:
     """:func:`run_sandboxed` for event loops: awaits the sandboxes without blocking the loop.
     Cancelling it kills both sandboxes."""
     _check_args(timeout_s, memory_mb, isolation)
@@ -565,14 +601,20 @@ async def arun_sandboxed(code: str, tests: str, timeout_s: float = 5, memory_mb:
     return await _arun(code, tests, timeout_s, memory_mb, isolation, audit_hook, max_output)
 
 
-async def _arun(code: str, tests: str, timeout_s: float, memory_mb: int, isolation: str, audit_hook: bool,
-                max_output: int) -> SandboxResult:
+async def _arun(
+    code: str, tests: str, timeout_s: float, memory_mb: int, isolation: str, audit_hook: bool, max_output: int
+) -> SandboxResult:
     steps, bound = _split_tests(tests)
     if isolation == "bwrap":  # one-time checks before the clock starts
         iso.require_bwrap()
         iso.python_runtime()
-    limits = {"mem": memory_mb * 1024 * 1024, "cpu": max(1, math.ceil(timeout_s)) + 1,
-              "fsize": 8 * 1024 * 1024, "nofile": 32, "nproc": 16}
+    limits = {
+        "mem": memory_mb * 1024 * 1024,
+        "cpu": max(1, math.ceil(timeout_s)) + 1,
+        "fsize": 8 * 1024 * 1024,
+        "nofile": 32,
+        "nproc": 16,
+    }
     a, b = socket.socketpair()
     fd_a, fd_b = a.fileno(), b.fileno()  # the children see the channel under the same numbers
     sol_in = (json.dumps({**limits, "fd": fd_a, "hook": audit_hook}) + "\n" + code).encode("utf-8", "replace")
@@ -590,20 +632,28 @@ async def _arun(code: str, tests: str, timeout_s: float, memory_mb: int, isolati
         b.close()
         flooded = asyncio.Event()  # the solution's stdout and stderr share one budget
         budget = [_MAX_DRAIN]
-        for reader, keep, share, over in ((sol.stdout, max_output, budget, flooded),
-                                          (sol.stderr, max_output, budget, flooded),
-                                          (grd.stdout, 1 << 20, [1 << 22], None),
-                                          (grd.stderr, max_output, [1 << 22], None)):
+        for reader, keep, share, over in (
+            (sol.stdout, max_output, budget, flooded),
+            (sol.stderr, max_output, budget, flooded),
+            (grd.stdout, 1 << 20, [1 << 22], None),
+            (grd.stderr, max_output, [1 << 22], None),
+        ):
             streams.append(_Stream(reader, keep, share, over))
         pumps = [asyncio.ensure_future(st.pump()) for st in streams]
         flood, graded = asyncio.ensure_future(flooded.wait()), asyncio.ensure_future(grd.wait())
-        tasks += [*pumps, flood, graded, asyncio.ensure_future(_feed(sol, sol_in)),
-                  asyncio.ensure_future(_feed(grd, grd_in))]
+        tasks += [
+            *pumps,
+            flood,
+            graded,
+            asyncio.ensure_future(_feed(sol, sol_in)),
+            asyncio.ensure_future(_feed(grd, grd_in)),
+        ]
         pending: set[asyncio.Future] = {graded, flood}
         try:
             while not graded.done():  # the solution may end first (e.g. it failed to load)
-                done, pending = await asyncio.wait(pending, timeout=max(0.0, deadline - time.monotonic()),
-                                                   return_when=asyncio.FIRST_COMPLETED)
+                done, pending = await asyncio.wait(
+                    pending, timeout=max(0.0, deadline - time.monotonic()), return_when=asyncio.FIRST_COMPLETED
+                )
                 if not done:
                     timed_out = True
                     break
@@ -639,8 +689,14 @@ async def _arun(code: str, tests: str, timeout_s: float, memory_mb: int, isolati
     return _collect(streams, tested, procs[0], timed_out, killed_for_output, timeout_s)
 
 
-def _collect(streams: list[_Stream], tests: set[int], sol: asyncio.subprocess.Process | None, timed_out: bool,
-             killed_for_output: bool, timeout_s: float) -> SandboxResult:
+def _collect(
+    streams: list[_Stream],
+    tests: set[int],
+    sol: asyncio.subprocess.Process | None,
+    timed_out: bool,
+    killed_for_output: bool,
+    timeout_s: float,
+) -> SandboxResult:
     passed: set[int] = set()
     failures: list[str] = []
     error, done = "", False
@@ -672,9 +728,15 @@ def _collect(streams: list[_Stream], tests: set[int], sol: asyncio.subprocess.Pr
             except ValueError:  # a real-time signal, or an exit status that only looks like one
                 name = f"signal {sig}"
             error += f" (solution killed by {name}: CPU or memory limit?)"
-    return SandboxResult(passed=len(passed), total=len(tests), stdout=streams[0].text(),
-                         stderr=streams[1].text(), timed_out=timed_out, error=_clean(error),
-                         failures=[_clean(f) for f in failures])
+    return SandboxResult(
+        passed=len(passed),
+        total=len(tests),
+        stdout=streams[0].text(),
+        stderr=streams[1].text(),
+        timed_out=timed_out,
+        error=_clean(error),
+        failures=[_clean(f) for f in failures],
+    )
 
 
 def _clean(text: str) -> str:
@@ -682,8 +744,16 @@ def _clean(text: str) -> str:
     return text.encode("utf-8", "replace").decode()
 
 
-def run_sandboxed(code: str, tests: str, timeout_s: float = 5, memory_mb: int = 256, *,
-                  isolation: str = "bwrap", audit_hook: bool = True, max_output: int = _MAX_OUTPUT) -> SandboxResult:
+def run_sandboxed(
+    code: str,
+    tests: str,
+    timeout_s: float = 5,
+    memory_mb: int = 256,
+    *,
+    isolation: str = "bwrap",
+    audit_hook: bool = True,
+    max_output: int = _MAX_OUTPUT,
+) -> SandboxResult:
     """Run ``code`` then ``tests`` in two sandboxes; see the module docstring.
 
     Safe to call from any thread, including one whose event loop is running (a notebook cell):

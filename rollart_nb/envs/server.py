@@ -78,8 +78,10 @@ def load_env_factory(spec: Any, kwargs: dict[str, Any] | None = None) -> Callabl
             for part in attr.split("."):
                 obj = getattr(obj, part)
         except (ImportError, AttributeError) as e:
-            raise ConfigError(f"cannot load env {spec!r}: {type(e).__name__}: {e}; make sure its module "
-                              "is importable here (on PYTHONPATH or installed)") from e
+            raise ConfigError(
+                f"cannot load env {spec!r}: {type(e).__name__}: {e}; make sure its module "
+                "is importable here (on PYTHONPATH or installed)"
+            ) from e
     elif callable(spec):
         obj = spec
     else:
@@ -162,12 +164,21 @@ class EnvServer:
         max_body_bytes: larger request bodies get 413.
     """
 
-    def __init__(self, factory: Callable[[], Any], *, task: str | None = None, replica_id: str | None = None,
-                 max_episodes: int = 256, idle_timeout_s: float = 600.0, threads: int = 8,
-                 max_body_bytes: int = 1 << 20) -> None:
+    def __init__(
+        self,
+        factory: Callable[[], Any],
+        *,
+        task: str | None = None,
+        replica_id: str | None = None,
+        max_episodes: int = 256,
+        idle_timeout_s: float = 600.0,
+        threads: int = 8,
+        max_body_bytes: int = 1 << 20,
+    ) -> None:
         if max_episodes < 1 or threads < 1 or idle_timeout_s <= 0 or max_body_bytes < 1024:
-            raise ConfigError("need max_episodes >= 1, threads >= 1, idle_timeout_s > 0, max_body_bytes >= 1024",
-                              where="EnvServer")
+            raise ConfigError(
+                "need max_episodes >= 1, threads >= 1, idle_timeout_s > 0, max_body_bytes >= 1024", where="EnvServer"
+            )
         self.factory, self.task, self.replica_id = factory, task, replica_id
         self.max_episodes, self.idle_timeout_s = max_episodes, idle_timeout_s
         self.threads, self.max_body_bytes = threads, max_body_bytes
@@ -277,8 +288,15 @@ class EnvServer:
             return _fail(e.status, e.reason.replace(" ", ""), f"{request.method} {request.path}: {e.reason}")
 
     async def _health(self, request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok", "protocol": PROTOCOL_VERSION, "replica": self.replica_id,
-                                  "episodes": len(self.episodes), "capacity": self.max_episodes})
+        return web.json_response(
+            {
+                "status": "ok",
+                "protocol": PROTOCOL_VERSION,
+                "replica": self.replica_id,
+                "episodes": len(self.episodes),
+                "capacity": self.max_episodes,
+            }
+        )
 
     async def _metadata_route(self, request: web.Request) -> web.Response:
         return web.json_response(self._meta)
@@ -289,8 +307,12 @@ class EnvServer:
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
             raise _HTTPFail(400, "BadRequest", f"seed must be an integer or null, got {seed!r}")
         if len(self.episodes) >= self.max_episodes:
-            raise _HTTPFail(503, "AtCapacity", f"replica {self.replica_id} is at its cap of {self.max_episodes} "
-                            "episodes; retry later, add replicas or raise --max-episodes")
+            raise _HTTPFail(
+                503,
+                "AtCapacity",
+                f"replica {self.replica_id} is at its cap of {self.max_episodes} "
+                "episodes; retry later, add replicas or raise --max-episodes",
+            )
         env = self._spare.pop() if self._spare else self.factory()
         eid = uuid.uuid4().hex
         ep = self.episodes[eid] = _Episode(env, busy=True)  # counts against the cap while resetting
@@ -300,8 +322,9 @@ class EnvServer:
             self.episodes.pop(eid, None)
             raise
         ep.busy, ep.last_used = False, time.monotonic()
-        return web.json_response({"episode_id": eid, "obs": str(obs), "info": to_json(info or {}),
-                                  "replica": self.replica_id}, status=201)
+        return web.json_response(
+            {"episode_id": eid, "obs": str(obs), "info": to_json(info or {}), "replica": self.replica_id}, status=201
+        )
 
     async def _step(self, request: web.Request) -> web.Response:
         eid = request.match_info["id"]
@@ -321,9 +344,16 @@ class EnvServer:
         ep.busy, ep.last_used = False, time.monotonic()
         if terminated or truncated:
             self._finish(eid, reuse=True)
-        return web.json_response({"obs": str(obs), "reward": to_json(float(reward)), "terminated": bool(terminated),
-                                  "truncated": bool(truncated), "info": to_json(info or {}),
-                                  "replica": self.replica_id})
+        return web.json_response(
+            {
+                "obs": str(obs),
+                "reward": to_json(float(reward)),
+                "terminated": bool(terminated),
+                "truncated": bool(truncated),
+                "info": to_json(info or {}),
+                "replica": self.replica_id,
+            }
+        )
 
     async def _delete(self, request: web.Request) -> web.Response:
         eid = request.match_info["id"]
@@ -335,8 +365,12 @@ class EnvServer:
     def _episode(self, eid: str) -> _Episode:
         ep = self.episodes.get(eid)
         if ep is None:
-            raise _HTTPFail(404, "UnknownEpisode", f"episode {eid} is unknown on replica {self.replica_id} "
-                            "(finished, deleted, expired or never created); start one with POST /v1/episodes")
+            raise _HTTPFail(
+                404,
+                "UnknownEpisode",
+                f"episode {eid} is unknown on replica {self.replica_id} "
+                "(finished, deleted, expired or never created); start one with POST /v1/episodes",
+            )
         return ep
 
     def _finish(self, eid: str, reuse: bool = False) -> None:
@@ -350,8 +384,11 @@ class EnvServer:
 
     async def _body(self, request: web.Request) -> dict[str, Any]:
         if request.content_length is not None and request.content_length > self.max_body_bytes:
-            raise _HTTPFail(413, "BodyTooLarge", f"request body of {request.content_length} bytes is over "
-                            f"the limit of {self.max_body_bytes}")
+            raise _HTTPFail(
+                413,
+                "BodyTooLarge",
+                f"request body of {request.content_length} bytes is over the limit of {self.max_body_bytes}",
+            )
         raw = await request.read()
         if not raw:
             return {}
@@ -375,16 +412,30 @@ class EnvServer:
         except Exception as e:
             tb = traceback.extract_tb(e.__traceback__)
             where = f"{tb[-1].filename}:{tb[-1].lineno}" if tb else ""
-            raise _HTTPFail(500, "EnvException", f"{type(e).__name__}: {e}", env_type=type(e).__name__,
-                            env_message=str(e), where=where, call=method) from e
+            raise _HTTPFail(
+                500,
+                "EnvException",
+                f"{type(e).__name__}: {e}",
+                env_type=type(e).__name__,
+                env_message=str(e),
+                where=where,
+                call=method,
+            ) from e
 
     def _metadata(self, env: Any) -> dict[str, Any]:
         seeds = getattr(env, "validation_seeds", None)
-        return to_json({"protocol": PROTOCOL_VERSION, "env": type(env).__name__, "task": self.task,
-                        "max_turns": getattr(env, "max_turns", None), "shape": getattr(env, "shape", "decode"),
-                        "vocab": list(getattr(env, "vocab", []) or []),
-                        "validation_seeds": list(seeds()) if callable(seeds) else None,
-                        "replica": self.replica_id})
+        return to_json(
+            {
+                "protocol": PROTOCOL_VERSION,
+                "env": type(env).__name__,
+                "task": self.task,
+                "max_turns": getattr(env, "max_turns", None),
+                "shape": getattr(env, "shape", "decode"),
+                "vocab": list(getattr(env, "vocab", []) or []),
+                "validation_seeds": list(seeds()) if callable(seeds) else None,
+                "replica": self.replica_id,
+            }
+        )
 
 
 def _fail(status: int, type_: str, message: str) -> web.Response:
@@ -400,8 +451,7 @@ def _close_env(env: Any) -> None:
             log.debug("closing %s: %s", type(env).__name__, e)
 
 
-async def serve(server: EnvServer, host: str = "127.0.0.1", port: int = 0, *,
-                exit_with_parent: bool = False) -> None:
+async def serve(server: EnvServer, host: str = "127.0.0.1", port: int = 0, *, exit_with_parent: bool = False) -> None:
     """Run ``server`` until SIGTERM/SIGINT (or, with ``exit_with_parent``, until the process that
     started this one dies); prints ``LISTENING <url>`` on stdout once it accepts requests."""
     import signal

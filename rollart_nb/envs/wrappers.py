@@ -212,9 +212,7 @@ class WithFailures(_PerInstanceRng):
         name = type(self.unwrapped).__name__
         if fate == "raise":
             return EnvError(f"injected failure in {name}.{call} (WithFailures p_raise={self.p_raise})")
-        return EnvError(
-            f"injected hang of {self.hang_s:g}s in {name}.{call} (WithFailures p_hang={self.p_hang})"
-        )
+        return EnvError(f"injected hang of {self.hang_s:g}s in {name}.{call} (WithFailures p_hang={self.p_hang})")
 
     def _sync_fail(self, call: str) -> None:
         fate = self._fate(call)

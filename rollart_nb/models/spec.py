@@ -59,8 +59,10 @@ class ModelSpec:
                 kind = "a whole number >= 1" if whole else "a finite number > 0"
                 p.append(f"{f.name}={value!r} must be {kind}; take it from the model card or config.json")
         if _positive(self.params) and _positive(self.active_params) and self.active_params > self.params:
-            p.append(f"active_params={self.active_params!r} must be <= params={self.params!r} "
-                     "(equal for a dense model, the routed share for an MoE model)")
+            p.append(
+                f"active_params={self.active_params!r} must be <= params={self.params!r} "
+                "(equal for a dense model, the routed share for an MoE model)"
+            )
         if p:
             raise ConfigError(p, where=f"ModelSpec {self.name!r}")
 

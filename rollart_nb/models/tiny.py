@@ -186,7 +186,10 @@ def _read_meta(path: Path) -> dict[str, Any] | None:
 
 
 def tiny_qwen(
-    task_vocab: list[str] | None = None, size: str = "s", seed: int = 0, path: str | None = None,
+    task_vocab: list[str] | None = None,
+    size: str = "s",
+    seed: int = 0,
+    path: str | None = None,
     init_std: float | None = None,
 ) -> ModelRef:
     """Build (or reuse) a tiny random-init Qwen2 causal LM and its word-level tokenizer.
@@ -213,11 +216,16 @@ def tiny_qwen(
     if size not in _SIZES:
         raise ConfigError(f"unknown tiny_qwen size {size!r}; choose one of {sorted(_SIZES)}")
     hidden, layers, heads, kv_heads, inter = _SIZES[size]
-    std = hidden ** -0.5 if init_std is None else float(init_std)
+    std = hidden**-0.5 if init_std is None else float(init_std)
     if not 0 < std < 1:
         raise ConfigError(f"init_std must be in (0, 1), got {init_std!r}")
-    key = {"recipe": _RECIPE, "size": size, "seed": int(seed), "task_vocab": list(task_vocab or []),
-           "init_std": round(std, 6)}
+    key = {
+        "recipe": _RECIPE,
+        "size": size,
+        "seed": int(seed),
+        "task_vocab": list(task_vocab or []),
+        "init_std": round(std, 6),
+    }
     target = Path(path) if path is not None else _cache_dir(key)
     meta = _read_meta(target)
     if meta is not None and meta.get("key") == key:
@@ -264,9 +272,7 @@ def tiny_qwen(
         (tmp / _META).write_text(json.dumps({"key": key, "name": name, "params": params}))
         old = _read_meta(target)
         if target.exists() and old is None and any(target.iterdir()):
-            raise ConfigError(
-                f"path {str(target)!r} exists and is not a tiny_qwen model dir; pick another path"
-            )
+            raise ConfigError(f"path {str(target)!r} exists and is not a tiny_qwen model dir; pick another path")
         if old is not None and old.get("key") != key:  # our own older build with other args
             shutil.rmtree(target, ignore_errors=True)
         elif target.exists() and old is None:

@@ -60,9 +60,17 @@ def random_format_examples(envs: dict[str, Any], n: int, seed: int = 0) -> list[
     return out
 
 
-def format_warm_start(model: ModelRef, envs: dict[str, Any], *, steps: int = 60, batch: int = 32, lr: float = 3e-3,
-                      seed: int = 0, path: str | None = None,
-                      progress: Callable[[int, float], None] | None = None) -> ModelRef:
+def format_warm_start(
+    model: ModelRef,
+    envs: dict[str, Any],
+    *,
+    steps: int = 60,
+    batch: int = 32,
+    lr: float = 3e-3,
+    seed: int = 0,
+    path: str | None = None,
+    progress: Callable[[int, float], None] | None = None,
+) -> ModelRef:
     """Return a copy of ``model`` fine-tuned to answer in the envs' formats (random content).
 
     Cached: the same (model, envs, steps, seed) reuses the saved directory.
@@ -71,7 +79,9 @@ def format_warm_start(model: ModelRef, envs: dict[str, Any], *, steps: int = 60,
 
     # The envs' own first observations are part of the key: a changed rendering needs a new warm start.
     looks = {k: envs[k].reset(seed=0)[0] for k in sorted(envs)}
-    key = json.dumps({"recipe": 2, "m": model.path, "envs": looks, "steps": steps, "batch": batch, "seed": seed, "lr": lr})
+    key = json.dumps(
+        {"recipe": 2, "m": model.path, "envs": looks, "steps": steps, "batch": batch, "seed": seed, "lr": lr}
+    )
 
     out = Path(path or f"{model.path}-warm-{hashlib.sha1(key.encode()).hexdigest()[:10]}")
     if (out / "config.json").exists():
@@ -84,7 +94,7 @@ def format_warm_start(model: ModelRef, envs: dict[str, Any], *, steps: int = 60,
     examples = random_format_examples(envs, steps * batch, seed)
     eos = tok.eos_token_id
     for step in range(steps):
-        chunk = examples[step * batch:(step + 1) * batch]
+        chunk = examples[step * batch : (step + 1) * batch]
         seqs, masks = [], []
         for prompt, resp in chunk:
             p = tok.encode(prompt)

@@ -50,8 +50,15 @@ class Dashboard(widgets.VBox):
         >>> dash.run(20)                # returns at once; Pause stops after the step in progress
     """
 
-    def __init__(self, pipe: Any, throttle_s: float = 0.5, *, trajectories_last: int = 200,
-                 window_s: float | None = 60.0, steps: int = 10) -> None:
+    def __init__(
+        self,
+        pipe: Any,
+        throttle_s: float = 0.5,
+        *,
+        trajectories_last: int = 200,
+        window_s: float | None = 60.0,
+        steps: int = 10,
+    ) -> None:
         self.pipe, self.throttle_s = pipe, float(throttle_s)
         self.trajectories_last, self.window_s = trajectories_last, window_s
         self.redraws = 0
@@ -68,20 +75,25 @@ class Dashboard(widgets.VBox):
         self.views: dict[str, widgets.Output] = {name: widgets.Output() for name in _FIGURES}
         self.status = widgets.HTML()
         self.pause_button = widgets.Button(description="Pause", icon="pause", tooltip="stop after the step in progress")
-        self.resume_button = widgets.Button(description="Resume", icon="play", tooltip="run more steps in the background")
+        self.resume_button = widgets.Button(
+            description="Resume", icon="play", tooltip="run more steps in the background"
+        )
         self.step_button = widgets.Button(description="Step", icon="step-forward", tooltip="run one step")
-        self.steps_box = widgets.BoundedIntText(value=steps, min=1, max=100_000, description="steps",
-                                                layout=widgets.Layout(width="140px"))
+        self.steps_box = widgets.BoundedIntText(
+            value=steps, min=1, max=100_000, description="steps", layout=widgets.Layout(width="140px")
+        )
         self.pause_button.on_click(lambda _b: self.pause(wait=False))
         self.resume_button.on_click(lambda _b: self.run(self.steps_box.value))
         self.step_button.on_click(lambda _b: self.step(background=True))
         v = self.views
-        super().__init__(children=[
-            widgets.HBox([self.pause_button, self.resume_button, self.step_button, self.steps_box, self.status]),
-            widgets.HBox([v["reward"], v["step_time"]]),
-            widgets.HBox([v["staleness"], v["throughput"]]),
-            v["utilization"],
-        ])
+        super().__init__(
+            children=[
+                widgets.HBox([self.pause_button, self.resume_button, self.step_button, self.steps_box, self.status]),
+                widgets.HBox([v["reward"], v["step_time"]]),
+                widgets.HBox([v["staleness"], v["throughput"]]),
+                v["utilization"],
+            ]
+        )
         self.add_class("rollart-dashboard")
         self.update(force=True)
 
@@ -223,9 +235,16 @@ class Dashboard(widgets.VBox):
             if spec == self._drawn.get(name):
                 continue  # unchanged: no message, no flicker
             self.figures[name], self._drawn[name] = fig, spec
-            self.views[name].outputs = ({"output_type": "display_data", "metadata": {}, "data": {
-                "application/vnd.plotly.v1+json": {**json.loads(spec), "config": {"displaylogo": False}},
-                "text/plain": f"<{name} figure>"}},)
+            self.views[name].outputs = (
+                {
+                    "output_type": "display_data",
+                    "metadata": {},
+                    "data": {
+                        "application/vnd.plotly.v1+json": {**json.loads(spec), "config": {"displaylogo": False}},
+                        "text/plain": f"<{name} figure>",
+                    },
+                },
+            )
         self.redraws += 1
         self._set_status()
 

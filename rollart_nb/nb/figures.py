@@ -34,8 +34,13 @@ _INLINE_TRAIN_MODES = ("sync", "sync+")
 #: Row label of train steps in the utilization timeline.
 TRAIN_ROW = "trainer"
 
-_PHASE_COLORS = {"rollout_wait": "#4c78a8", "suspend": "#f58518", "update": "#e45756", "resume": "#72b7b2",
-                 "train": "#54a24b"}
+_PHASE_COLORS = {
+    "rollout_wait": "#4c78a8",
+    "suspend": "#f58518",
+    "update": "#e45756",
+    "resume": "#72b7b2",
+    "train": "#54a24b",
+}
 
 
 def _go() -> Any:
@@ -44,8 +49,9 @@ def _go() -> Any:
     return go
 
 
-def reward_figure(reports: Sequence[StepReport], *, validation: bool = True,
-                  swaps: Sequence[dict[str, Any]] = ()) -> Any:
+def reward_figure(
+    reports: Sequence[StepReport], *, validation: bool = True, swaps: Sequence[dict[str, Any]] = ()
+) -> Any:
     """Reward per task per step (solid), validation score (dashed markers), reward swaps.
 
     Args:
@@ -59,20 +65,38 @@ def reward_figure(reports: Sequence[StepReport], *, validation: bool = True,
     tasks = sorted({t for r in reports for t in r.reward})
     for task in tasks:
         pts = [(r.step, r.reward[task]) for r in reports if task in r.reward]
-        fig.add_trace(go.Scatter(x=[p[0] for p in pts], y=[_finite(p[1]) for p in pts], mode="lines",
-                                 name=f"reward/{task}"))
+        fig.add_trace(
+            go.Scatter(x=[p[0] for p in pts], y=[_finite(p[1]) for p in pts], mode="lines", name=f"reward/{task}")
+        )
         if validation:
             vs = [(r.step, r.validation[task]) for r in reports if task in r.validation]
             if vs:
-                fig.add_trace(go.Scatter(x=[p[0] for p in vs], y=[_finite(p[1]) for p in vs], mode="lines+markers",
-                                         line={"dash": "dash"}, name=f"validation/{task}"))
+                fig.add_trace(
+                    go.Scatter(
+                        x=[p[0] for p in vs],
+                        y=[_finite(p[1]) for p in vs],
+                        mode="lines+markers",
+                        line={"dash": "dash"},
+                        name=f"validation/{task}",
+                    )
+                )
     for sw in swaps:
         step = swap_step(reports, sw)
         if step is not None:
-            fig.add_vline(x=step - 0.5, line_dash="dot", line_color="#888",
-                          annotation_text=f"{sw['task']} reward v{sw['version']}", annotation_position="top left")
-    fig.update_layout(title="Reward per task", xaxis_title="step", yaxis_title="reward", height=320,
-                      margin={"l": 40, "r": 10, "t": 40, "b": 40})
+            fig.add_vline(
+                x=step - 0.5,
+                line_dash="dot",
+                line_color="#888",
+                annotation_text=f"{sw['task']} reward v{sw['version']}",
+                annotation_position="top left",
+            )
+    fig.update_layout(
+        title="Reward per task",
+        xaxis_title="step",
+        yaxis_title="reward",
+        height=320,
+        margin={"l": 40, "r": 10, "t": 40, "b": 40},
+    )
     return fig
 
 
@@ -95,10 +119,17 @@ def step_time_figure(reports: Sequence[StepReport]) -> Any:
     fig = go.Figure()
     steps = [r.step for r in reports]
     for ph in PHASES:
-        fig.add_trace(go.Bar(x=steps, y=[r.phases.get(ph, 0.0) for r in reports], name=ph,
-                             marker_color=_PHASE_COLORS[ph]))
-    fig.update_layout(barmode="stack", title="Step time by phase", xaxis_title="step", yaxis_title="seconds",
-                      height=320, margin={"l": 40, "r": 10, "t": 40, "b": 40})
+        fig.add_trace(
+            go.Bar(x=steps, y=[r.phases.get(ph, 0.0) for r in reports], name=ph, marker_color=_PHASE_COLORS[ph])
+        )
+    fig.update_layout(
+        barmode="stack",
+        title="Step time by phase",
+        xaxis_title="step",
+        yaxis_title="seconds",
+        height=320,
+        margin={"l": 40, "r": 10, "t": 40, "b": 40},
+    )
     return fig
 
 
@@ -113,8 +144,11 @@ def staleness_figure(reports: Sequence[StepReport]) -> Any:
         for g, c in r.staleness.items():
             gaps[int(g)] = gaps.get(int(g), 0) + c
     fig.add_trace(go.Bar(x=sorted(gaps), y=[gaps[g] for g in sorted(gaps)], name="samples"), row=1, col=1)
-    fig.add_trace(go.Bar(x=[r.step for r in reports], y=[r.counts.get("aborted_stale", 0) for r in reports],
-                         name="aborted"), row=1, col=2)
+    fig.add_trace(
+        go.Bar(x=[r.step for r in reports], y=[r.counts.get("aborted_stale", 0) for r in reports], name="aborted"),
+        row=1,
+        col=2,
+    )
     fig.update_layout(height=300, showlegend=False, margin={"l": 40, "r": 10, "t": 40, "b": 40})
     return fig
 
@@ -125,13 +159,25 @@ def failures_figure(reports: Sequence[StepReport]) -> Any:
     go = _go()
     steps = [r.step for r in reports]
     fig = go.Figure()
-    fig.add_trace(go.Bar(x=steps, y=[r.counts.get("failed", 0) for r in reports], name="trajectories failed",
-                         marker_color="#e45756"))
+    fig.add_trace(
+        go.Bar(
+            x=steps, y=[r.counts.get("failed", 0) for r in reports], name="trajectories failed", marker_color="#e45756"
+        )
+    )
     for key, color in zip(ENV_FAULTS, ("#f58518", "#b279a2", "#72b7b2"), strict=True):
-        fig.add_trace(go.Bar(x=steps, y=[r.env.get(key, 0) for r in reports], name=f"env {key.replace('_', ' ')}",
-                             marker_color=color))
-    fig.update_layout(barmode="group", title="Failures and env faults per step", xaxis_title="step",
-                      yaxis_title="count", height=300, margin={"l": 40, "r": 10, "t": 40, "b": 40})
+        fig.add_trace(
+            go.Bar(
+                x=steps, y=[r.env.get(key, 0) for r in reports], name=f"env {key.replace('_', ' ')}", marker_color=color
+            )
+        )
+    fig.update_layout(
+        barmode="group",
+        title="Failures and env faults per step",
+        xaxis_title="step",
+        yaxis_title="count",
+        height=300,
+        margin={"l": 40, "r": 10, "t": 40, "b": 40},
+    )
     return fig
 
 
@@ -162,15 +208,24 @@ def failover_line(reports: Sequence[StepReport]) -> str:
 def throughput_figure(reports: Sequence[StepReport]) -> Any:
     """Tokens per second per step (the paper's throughput metric)."""
     go = _go()
-    fig = go.Figure(go.Scatter(x=[r.step for r in reports], y=[r.throughput for r in reports], mode="lines+markers",
-                               name="tokens/s"))
-    fig.update_layout(title="Throughput", xaxis_title="step", yaxis_title="tokens / s", height=300,
-                      margin={"l": 40, "r": 10, "t": 40, "b": 40})
+    fig = go.Figure(
+        go.Scatter(
+            x=[r.step for r in reports], y=[r.throughput for r in reports], mode="lines+markers", name="tokens/s"
+        )
+    )
+    fig.update_layout(
+        title="Throughput",
+        xaxis_title="step",
+        yaxis_title="tokens / s",
+        height=300,
+        margin={"l": 40, "r": 10, "t": 40, "b": 40},
+    )
     return fig
 
 
-def utilization_segments(trajectories: Iterable[Trajectory], reports: Sequence[StepReport] = (), *,
-                         window_s: float | None = None) -> list[dict[str, Any]]:
+def utilization_segments(
+    trajectories: Iterable[Trajectory], reports: Sequence[StepReport] = (), *, window_s: float | None = None
+) -> list[dict[str, Any]]:
     """What each worker did, and when: one segment per generated turn and per train step.
 
     Generation segments come from each turn's ``timings["t"]`` (wall start, unix seconds),
@@ -193,22 +248,37 @@ def utilization_segments(trajectories: Iterable[Trajectory], reports: Sequence[S
             t, dur = turn.timings.get("t"), turn.timings.get("generate")
             if t is None or dur is None or not turn.worker:
                 continue
-            segs.append({"row": turn.worker, "kind": "generate", "start": float(t), "end": float(t) + float(dur),
-                         "label": f"{traj.task} {traj.id} turn {i} v{turn.version}"})
+            segs.append(
+                {
+                    "row": turn.worker,
+                    "kind": "generate",
+                    "start": float(t),
+                    "end": float(t) + float(dur),
+                    "label": f"{traj.task} {traj.id} turn {i} v{turn.version}",
+                }
+            )
     for r in reports:
         if r.train_s <= 0 or r.started_at <= 0:
             continue
         start = r.started_at + (r.phases.get("rollout_wait", 0.0) if r.mode in _INLINE_TRAIN_MODES else r.step_s)
-        segs.append({"row": TRAIN_ROW, "kind": "train", "start": start, "end": start + r.train_s,
-                     "label": f"train step {r.step} (v{r.version})"})
+        segs.append(
+            {
+                "row": TRAIN_ROW,
+                "kind": "train",
+                "start": start,
+                "end": start + r.train_s,
+                "label": f"train step {r.step} (v{r.version})",
+            }
+        )
     if window_s is not None and segs:
         latest = max(s["end"] for s in segs)
         segs = [s for s in segs if s["end"] >= latest - window_s]
     return sorted(segs, key=lambda s: s["start"])
 
 
-def utilization_figure(trajectories: Iterable[Trajectory], reports: Sequence[StepReport] = (), *,
-                       window_s: float | None = None) -> Any:
+def utilization_figure(
+    trajectories: Iterable[Trajectory], reports: Sequence[StepReport] = (), *, window_s: float | None = None
+) -> Any:
     """Pool utilization timeline: a Gantt row per generation worker plus the trainer.
 
     The x axis is seconds since the earliest segment shown; the title gives each row's busy
@@ -221,22 +291,44 @@ def utilization_figure(trajectories: Iterable[Trajectory], reports: Sequence[Ste
     span = max((s["end"] for s in segs), default=0.0) - t0
     for kind, color in (("generate", "#4c78a8"), ("train", "#54a24b")):
         ks = [s for s in segs if s["kind"] == kind]
-        fig.add_trace(go.Bar(y=[s["row"] for s in ks], x=[s["end"] - s["start"] for s in ks],
-                             base=[s["start"] - t0 for s in ks], orientation="h", name=kind,
-                             marker_color=color, hovertext=[s["label"] for s in ks], hoverinfo="text+x"))
+        fig.add_trace(
+            go.Bar(
+                y=[s["row"] for s in ks],
+                x=[s["end"] - s["start"] for s in ks],
+                base=[s["start"] - t0 for s in ks],
+                orientation="h",
+                name=kind,
+                marker_color=color,
+                hovertext=[s["label"] for s in ks],
+                hoverinfo="text+x",
+            )
+        )
     events = [e for r in reports for e in r.events if segs and e.get("at", 0) >= t0]
     if events:  # replacements and restores: a mark on the worker's row when it happened
-        fig.add_trace(go.Scatter(
-            y=[TRAIN_ROW if e["kind"] == "trainer_restored" else e["worker"] for e in events],
-            x=[e["at"] - t0 for e in events], mode="markers", name="failover",
-            marker={"symbol": "x", "size": 12, "color": "#d62728"},
-            hovertext=[f"{e['kind'].replace('_', ' ')}: {e['worker']} (v{e.get('version')}; "
-                       f"{str(e.get('reason', ''))[:120]})" for e in events], hoverinfo="text"))
+        fig.add_trace(
+            go.Scatter(
+                y=[TRAIN_ROW if e["kind"] == "trainer_restored" else e["worker"] for e in events],
+                x=[e["at"] - t0 for e in events],
+                mode="markers",
+                name="failover",
+                marker={"symbol": "x", "size": 12, "color": "#d62728"},
+                hovertext=[
+                    f"{e['kind'].replace('_', ' ')}: {e['worker']} (v{e.get('version')}; "
+                    f"{str(e.get('reason', ''))[:120]})"
+                    for e in events
+                ],
+                hoverinfo="text",
+            )
+        )
     busy = {row: _busy(segs, row) / span for row in sorted({s["row"] for s in segs})} if span > 0 else {}
     util = ", ".join(f"{row} {frac:.0%}" for row, frac in busy.items())
-    fig.update_layout(title=f"Pool utilization ({util})" if util else "Pool utilization", barmode="overlay",
-                      xaxis_title="seconds", height=120 + 30 * max(1, len(busy)),
-                      margin={"l": 40, "r": 10, "t": 40, "b": 40})
+    fig.update_layout(
+        title=f"Pool utilization ({util})" if util else "Pool utilization",
+        barmode="overlay",
+        xaxis_title="seconds",
+        height=120 + 30 * max(1, len(busy)),
+        margin={"l": 40, "r": 10, "t": 40, "b": 40},
+    )
     return fig
 
 
@@ -262,9 +354,15 @@ def _fmt(v: float) -> str:
 _TASK_COLORS = ("#4c78a8", "#e45756", "#54a24b", "#b279a2", "#f58518", "#72b7b2")
 
 
-def curves_svg(reports: Sequence[StepReport], *, before: dict[str, float] | None = None,
-               after: dict[str, float] | None = None, title: str = "Learning curves", width: int = 760,
-               height: int = 300) -> str:
+def curves_svg(
+    reports: Sequence[StepReport],
+    *,
+    before: dict[str, float] | None = None,
+    after: dict[str, float] | None = None,
+    title: str = "Learning curves",
+    width: int = 760,
+    height: int = 300,
+) -> str:
     """The learning curves as one standalone SVG (no JavaScript: it renders in a README, a paper
     or a browser with no network): per task, the greedy validation score (line with dots) and the
     batch's mean reward (thin, faded), against wall seconds since the first step began.
@@ -292,41 +390,55 @@ def curves_svg(reports: Sequence[StepReport], *, before: dict[str, float] | None
         y = min(max(y, 0.0), 1.0)
         return f"{left + pw * x / x_max:.1f},{top + ph * (1 - y):.1f}"
 
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-           f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">',
-           f'<rect width="{width}" height="{height}" fill="white"/>',
-           f'<text x="{left}" y="16" font-size="13">{html.escape(title)}</text>']
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">',
+        f'<rect width="{width}" height="{height}" fill="white"/>',
+        f'<text x="{left}" y="16" font-size="13">{html.escape(title)}</text>',
+    ]
     for i in range(6):  # y grid: 0, 0.2, ..., 1
         y = i / 5
-        out.append(f'<line x1="{left}" x2="{left + pw}" y1="{top + ph * (1 - y):.1f}" y2="{top + ph * (1 - y):.1f}" '
-                   f'stroke="#ddd"/><text x="{left - 6}" y="{top + ph * (1 - y) + 4:.1f}" text-anchor="end">{y:.1f}</text>')
+        out.append(
+            f'<line x1="{left}" x2="{left + pw}" y1="{top + ph * (1 - y):.1f}" y2="{top + ph * (1 - y):.1f}" '
+            f'stroke="#ddd"/><text x="{left - 6}" y="{top + ph * (1 - y) + 4:.1f}" text-anchor="end">{y:.1f}</text>'
+        )
     step = _nice_step(x_max / 6)
     for k in range(int(x_max / step) + 1):
         x = k * step
         out.append(f'<text x="{left + pw * x / x_max:.1f}" y="{top + ph + 14}" text-anchor="middle">{x:g}</text>')
-    out.append(f'<text x="{left + pw / 2}" y="{height - 6}" text-anchor="middle">'
-               f'{"wall seconds" if timed else "step"}</text>')
+    out.append(
+        f'<text x="{left + pw / 2}" y="{height - 6}" text-anchor="middle">{"wall seconds" if timed else "step"}</text>'
+    )
     for i, task in enumerate(tasks):
         color = _TASK_COLORS[i % len(_TASK_COLORS)]
         rew = [(x_of(r), r.reward[task]) for r in reports if task in r.reward and math.isfinite(r.reward[task])]
         if rew:
-            out.append(f'<polyline fill="none" stroke="{color}" stroke-opacity="0.35" stroke-width="1" '
-                       f'points="{" ".join(pt(x, y) for x, y in rew)}"/>')
-        val = ([(0.0, before[task])] if before and task in before and math.isfinite(before[task]) else [])
-        val += [(x_of(r), r.validation[task]) for r in reports
-                if task in r.validation and math.isfinite(r.validation[task])]
+            out.append(
+                f'<polyline fill="none" stroke="{color}" stroke-opacity="0.35" stroke-width="1" '
+                f'points="{" ".join(pt(x, y) for x, y in rew)}"/>'
+            )
+        val = [(0.0, before[task])] if before and task in before and math.isfinite(before[task]) else []
+        val += [
+            (x_of(r), r.validation[task]) for r in reports if task in r.validation and math.isfinite(r.validation[task])
+        ]
         if after and task in after and math.isfinite(after[task]):
             val.append((x_max, after[task]))
         if val:
-            out.append(f'<polyline fill="none" stroke="{color}" stroke-width="2" '
-                       f'points="{" ".join(pt(x, y) for x, y in val)}"/>')
+            out.append(
+                f'<polyline fill="none" stroke="{color}" stroke-width="2" '
+                f'points="{" ".join(pt(x, y) for x, y in val)}"/>'
+            )
             for cx, cy in (pt(x, y).split(",") for x, y in val):
                 out.append(f'<circle cx="{cx}" cy="{cy}" r="2.2" fill="{color}"/>')
         ly = top + 14 + 34 * i
-        out.append(f'<line x1="{left + pw + 10}" x2="{left + pw + 28}" y1="{ly}" y2="{ly}" stroke="{color}" '
-                   f'stroke-width="2"/><text x="{left + pw + 32}" y="{ly + 4}">{html.escape(task)} validation</text>')
-        out.append(f'<line x1="{left + pw + 10}" x2="{left + pw + 28}" y1="{ly + 15}" y2="{ly + 15}" stroke="{color}" '
-                   f'stroke-opacity="0.35"/><text x="{left + pw + 32}" y="{ly + 19}">{html.escape(task)} reward</text>')
+        out.append(
+            f'<line x1="{left + pw + 10}" x2="{left + pw + 28}" y1="{ly}" y2="{ly}" stroke="{color}" '
+            f'stroke-width="2"/><text x="{left + pw + 32}" y="{ly + 4}">{html.escape(task)} validation</text>'
+        )
+        out.append(
+            f'<line x1="{left + pw + 10}" x2="{left + pw + 28}" y1="{ly + 15}" y2="{ly + 15}" stroke="{color}" '
+            f'stroke-opacity="0.35"/><text x="{left + pw + 32}" y="{ly + 19}">{html.escape(task)} reward</text>'
+        )
     out.append("</svg>")
     return "\n".join(out)
 
@@ -337,27 +449,48 @@ def _nice_step(raw: float) -> float:
     return next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw)
 
 
-def report_html(reports: Sequence[StepReport], *, title: str = "rollart_nb run",
-                before: dict[str, float] | None = None, after: dict[str, float] | None = None) -> str:
+def report_html(
+    reports: Sequence[StepReport],
+    *,
+    title: str = "rollart_nb run",
+    before: dict[str, float] | None = None,
+    after: dict[str, float] | None = None,
+) -> str:
     """A standalone HTML report: validation before/after, learning curves, step times, a table."""
     parts = [f"<h1>{html.escape(title)}</h1>"]
     if before or after:
         tasks = sorted(set(before or {}) | set(after or {}))
-        rows = "".join(f"<tr><td>{html.escape(t)}</td><td>{_fmt((before or {}).get(t))}</td>"
-                       f"<td>{_fmt((after or {}).get(t))}</td></tr>" for t in tasks)
-        parts.append(f"<h2>Validation (greedy)</h2><table border=1><tr><th>task</th><th>before</th>"
-                     f"<th>after</th></tr>{rows}</table>")
+        rows = "".join(
+            f"<tr><td>{html.escape(t)}</td><td>{_fmt((before or {}).get(t))}</td>"
+            f"<td>{_fmt((after or {}).get(t))}</td></tr>"
+            for t in tasks
+        )
+        parts.append(
+            f"<h2>Validation (greedy)</h2><table border=1><tr><th>task</th><th>before</th>"
+            f"<th>after</th></tr>{rows}</table>"
+        )
     try:
         import plotly.io as pio
 
-        for i, fig in enumerate([reward_figure(reports), step_time_figure(reports), staleness_figure(reports),
-                                 failures_figure(reports), throughput_figure(reports)]):
+        for i, fig in enumerate(
+            [
+                reward_figure(reports),
+                step_time_figure(reports),
+                staleness_figure(reports),
+                failures_figure(reports),
+                throughput_figure(reports),
+            ]
+        ):
             parts.append(pio.to_html(fig, full_html=False, include_plotlyjs="cdn" if i else True))
     except ImportError:
         parts.append("<p>(install plotly for charts: pip install 'rollart_nb[nb]')</p>")
     keys = list(reports[0].row()) if reports else []
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(r.row().get(k, '')))}</td>" for k in keys) + "</tr>"
-                   for r in reports)
-    parts.append("<h2>Steps</h2><table border=1><tr>" + "".join(f"<th>{html.escape(k)}</th>" for k in keys)
-                 + f"</tr>{body}</table>")
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(str(r.row().get(k, '')))}</td>" for k in keys) + "</tr>" for r in reports
+    )
+    parts.append(
+        "<h2>Steps</h2><table border=1><tr>"
+        + "".join(f"<th>{html.escape(k)}</th>" for k in keys)
+        + f"</tr>{body}</table>"
+    )
     return "<html><head><meta charset='utf-8'></head><body>" + "".join(parts) + "</body></html>"

@@ -19,12 +19,23 @@ import ipywidgets as widgets
 
 from rollart_nb.trajectory import Status, Trajectory, Turn
 
-__all__ = ["TokenDecoder", "TrajectoryViewer", "logprob_strip_html", "tokens_html", "trajectory_html",
-           "trajectory_summary"]
+__all__ = [
+    "TokenDecoder",
+    "TrajectoryViewer",
+    "logprob_strip_html",
+    "tokens_html",
+    "trajectory_html",
+    "trajectory_summary",
+]
 
 log = logging.getLogger(__name__)
-_STATUS_COLORS = {"completed": "#2e7d32", "failed": "#c62828", "aborted_stale": "#ef6c00", "cancelled": "#757575",
-                  "running": "#1565c0"}
+_STATUS_COLORS = {
+    "completed": "#2e7d32",
+    "failed": "#c62828",
+    "aborted_stale": "#ef6c00",
+    "cancelled": "#757575",
+    "running": "#1565c0",
+}
 _TRAINED_BG, _MASKED_BG = "#d7ecff", "#eeeeee"
 
 
@@ -61,9 +72,11 @@ def tokens_html(ids: list[int], loss_mask: list[int], logprobs: list[float], dec
         m = loss_mask[i] if i < len(loss_mask) else 0
         lp = logprobs[i] if i < len(logprobs) else math.nan
         text = decode(tid).replace("\n", "\u21b5") or "\u2205"
-        out.append(f'<span class="rn-tok rn-mask-{int(bool(m))}" title="id {tid} &middot; mask {m} &middot; '
-                   f'logprob {lp:.3f}" style="background:{_TRAINED_BG if m else _MASKED_BG};'
-                   f'margin:0 1px;padding:0 2px;border-radius:2px;font-family:monospace">{html.escape(text)}</span>')
+        out.append(
+            f'<span class="rn-tok rn-mask-{int(bool(m))}" title="id {tid} &middot; mask {m} &middot; '
+            f'logprob {lp:.3f}" style="background:{_TRAINED_BG if m else _MASKED_BG};'
+            f'margin:0 1px;padding:0 2px;border-radius:2px;font-family:monospace">{html.escape(text)}</span>'
+        )
     return "".join(out)
 
 
@@ -73,8 +86,10 @@ def logprob_strip_html(logprobs: list[float], *, floor: float = -10.0) -> str:
     for lp in logprobs:
         frac = 0.0 if math.isnan(lp) else max(0.0, min(1.0, 1.0 - lp / floor))
         shade = int(235 - 200 * frac)
-        cells.append(f'<span title="{lp:.3f}" style="display:inline-block;width:6px;height:12px;'
-                     f'background:rgb({shade},{shade},255)"></span>')
+        cells.append(
+            f'<span title="{lp:.3f}" style="display:inline-block;width:6px;height:12px;'
+            f'background:rgb({shade},{shade},255)"></span>'
+        )
     return f'<div class="rn-logprobs" style="line-height:0">{"".join(cells)}</div>'
 
 
@@ -87,10 +102,19 @@ def trajectory_summary(t: Trajectory) -> str:
 
 def _turn_html(i: int, turn: Turn, prev_version: int, decode: TokenDecoder, replica: str = "") -> str:
     changed = turn.version != prev_version
-    marker = (f'<span class="rn-version-change" style="color:#ef6c00;font-weight:bold">'
-              f'&#9888; policy v{prev_version} &rarr; v{turn.version}</span>') if changed else ""
-    timings = ", ".join(f"{k} {v:.3f}s" for k, v in turn.timings.items() if k != "t" and isinstance(v, int | float)
-                        and not k.endswith("tokens"))
+    marker = (
+        (
+            f'<span class="rn-version-change" style="color:#ef6c00;font-weight:bold">'
+            f"&#9888; policy v{prev_version} &rarr; v{turn.version}</span>"
+        )
+        if changed
+        else ""
+    )
+    timings = ", ".join(
+        f"{k} {v:.3f}s"
+        for k, v in turn.timings.items()
+        if k != "t" and isinstance(v, int | float) and not k.endswith("tokens")
+    )
     extra = ", ".join(f"{k} {int(v)}" for k, v in turn.timings.items() if k.endswith("tokens"))
     return (
         f'<div class="rn-turn" style="border-left:3px solid {"#ef6c00" if changed else "#ccc"};'
@@ -123,11 +147,13 @@ def trajectory_html(t: Trajectory, tokenizer: Any = None, *, max_turns: int = 50
     rv = "-" if t.reward_version is None else f"v{t.reward_version}"
     reason = f' &middot; reason: <code class="rn-reason">{html.escape(t.reason)}</code>' if t.reason else ""
     changes = sum(1 for a, b in zip([t.start_version, *t.versions], t.versions, strict=False) if a != b)
-    head = (f'<div class="rn-trajectory"><b>{html.escape(t.id)}</b> &middot; task <b>{html.escape(t.task)}</b> '
-            f'&middot; <span class="rn-status" style="color:{color};font-weight:bold">{t.status.value}</span>'
-            f"{reason}<br>reward <b>{r}</b> (reward fn {rv}) &middot; env return {t.env_return:g} &middot; "
-            f"seed {t.seed} &middot; group {html.escape(t.group_id or '-')} &middot; started at policy "
-            f"v{t.start_version}, {changes} version change(s) &middot; {len(t.turns)} turn(s), {t.num_tokens} tokens")
+    head = (
+        f'<div class="rn-trajectory"><b>{html.escape(t.id)}</b> &middot; task <b>{html.escape(t.task)}</b> '
+        f'&middot; <span class="rn-status" style="color:{color};font-weight:bold">{t.status.value}</span>'
+        f"{reason}<br>reward <b>{r}</b> (reward fn {rv}) &middot; env return {t.env_return:g} &middot; "
+        f"seed {t.seed} &middot; group {html.escape(t.group_id or '-')} &middot; started at policy "
+        f"v{t.start_version}, {changes} version change(s) &middot; {len(t.turns)} turn(s), {t.num_tokens} tokens"
+    )
     prev, body = t.start_version, []
     replicas = _replicas(t)
     for i, turn in enumerate(t.turns[:max_turns]):
@@ -177,18 +203,28 @@ class TrajectoryViewer(widgets.VBox):
         self._tokenizer, self._decoder = tokenizer, None
         self._timer: threading.Timer | None = None
         self.task = widgets.Dropdown(description="task", layout=widgets.Layout(width="200px"))
-        self.status = widgets.Dropdown(description="status", options=[_ANY] + [s.value for s in Status],
-                                       layout=widgets.Layout(width="220px"))
-        self.min_reward = widgets.Text(value="", placeholder=_ANY, description="min reward", continuous_update=False,
-                                       layout=widgets.Layout(width="180px"))
+        self.status = widgets.Dropdown(
+            description="status", options=[_ANY] + [s.value for s in Status], layout=widgets.Layout(width="220px")
+        )
+        self.min_reward = widgets.Text(
+            value="",
+            placeholder=_ANY,
+            description="min reward",
+            continuous_update=False,
+            layout=widgets.Layout(width="180px"),
+        )
         self.version = widgets.Dropdown(description="version", layout=widgets.Layout(width="180px"))
         self.selector = widgets.Select(rows=8, layout=widgets.Layout(width="100%"))
         self.detail = widgets.HTML()
         self.count = widgets.HTML()
-        self.refresh_button = widgets.Button(description="Refresh", icon="refresh",
-                                             disabled=self.source is None)
-        self.live = widgets.Checkbox(value=False, description="Live", disabled=self.source is None, indent=False,
-                                     layout=widgets.Layout(width="70px"))
+        self.refresh_button = widgets.Button(description="Refresh", icon="refresh", disabled=self.source is None)
+        self.live = widgets.Checkbox(
+            value=False,
+            description="Live",
+            disabled=self.source is None,
+            indent=False,
+            layout=widgets.Layout(width="70px"),
+        )
         self.export_path = widgets.Text(value="trajectories.jsonl", layout=widgets.Layout(width="220px"))
         self.export_button = widgets.Button(description="Export JSONL", icon="download")
         for w in (self.task, self.status, self.min_reward, self.version):
@@ -197,11 +233,14 @@ class TrajectoryViewer(widgets.VBox):
         self.refresh_button.on_click(lambda _b: self.refresh())
         self.live.observe(self._on_live, names="value")
         self.export_button.on_click(lambda _b: self._export())
-        super().__init__(children=[
-            widgets.HBox([self.task, self.status, self.min_reward, self.version]),
-            widgets.HBox([self.refresh_button, self.live, self.export_path, self.export_button, self.count]),
-            self.selector, self.detail,
-        ])
+        super().__init__(
+            children=[
+                widgets.HBox([self.task, self.status, self.min_reward, self.version]),
+                widgets.HBox([self.refresh_button, self.live, self.export_path, self.export_button, self.count]),
+                self.selector,
+                self.detail,
+            ]
+        )
         self.add_class("rollart-viewer")
         self._set_options()
         self._apply()
@@ -230,8 +269,13 @@ class TrajectoryViewer(widgets.VBox):
         """The trajectory shown in detail (None when the filters leave nothing)."""
         return next((t for t in self.items if t.id == self.selector.value), None)
 
-    def set_filters(self, task: str | None = None, status: str | None = None, min_reward: float | None = None,
-                    version: int | None = None) -> list[Trajectory]:
+    def set_filters(
+        self,
+        task: str | None = None,
+        status: str | None = None,
+        min_reward: float | None = None,
+        version: int | None = None,
+    ) -> list[Trajectory]:
         """Set the filters (None: any); returns :attr:`filtered`."""
         self.task.value = task if task in self.task.options else _ANY
         self.status.value = status or _ANY
@@ -364,12 +408,22 @@ def _parse_float(text: str) -> float | None:
 def _row(t: Trajectory) -> dict[str, Any]:
     versions = t.versions
     return {
-        "id": t.id, "task": t.task, "status": t.status.value, "reason": t.reason,
-        "reward": t.reward, "reward_version": t.reward_version, "env_return": t.env_return,
-        "seed": t.seed, "group_id": t.group_id, "start_version": t.start_version,
-        "min_version": t.min_version, "max_version": t.max_version,
+        "id": t.id,
+        "task": t.task,
+        "status": t.status.value,
+        "reason": t.reason,
+        "reward": t.reward,
+        "reward_version": t.reward_version,
+        "env_return": t.env_return,
+        "seed": t.seed,
+        "group_id": t.group_id,
+        "start_version": t.start_version,
+        "min_version": t.min_version,
+        "max_version": t.max_version,
         "version_changes": sum(1 for a, b in zip([t.start_version, *versions], versions, strict=False) if a != b),
-        "turns": len(t.turns), "tokens": t.num_tokens,
+        "turns": len(t.turns),
+        "tokens": t.num_tokens,
         "trained_tokens": sum(sum(u.loss_mask) for u in t.turns),
-        "created_s": t.created_s, "finished_s": t.finished_s,
+        "created_s": t.created_s,
+        "finished_s": t.finished_s,
     }

@@ -149,10 +149,19 @@ class ResourceManager:
                     reasons.append(f"{pool_name} full ({used:g}/{pool.capacity:g} slots used)")
                     continue
                 b = Binding(
-                    worker=key, role=role, index=index, pool=pool_name, node=node,
-                    hardware=pool.hardware.name, fell_back=pool_name != prefer,
-                    reason="; ".join(reasons) if pool_name != prefer else "", time=time.time(),
-                    prefer=prefer, slots=slots, resource=pool.resource, simulated=pool.simulated,
+                    worker=key,
+                    role=role,
+                    index=index,
+                    pool=pool_name,
+                    node=node,
+                    hardware=pool.hardware.name,
+                    fell_back=pool_name != prefer,
+                    reason="; ".join(reasons) if pool_name != prefer else "",
+                    time=time.time(),
+                    prefer=prefer,
+                    slots=slots,
+                    resource=pool.resource,
+                    simulated=pool.simulated,
                 )
                 self._bindings[key] = b
                 self._used[(pool_name, node)] = self._used.get((pool_name, node), 0.0) + slots

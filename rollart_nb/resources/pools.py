@@ -107,7 +107,7 @@ def discover_pools(
         claimed = False
         for key, val in res.items():
             if key.startswith(POOL_RESOURCE_PREFIX):
-                name = key[len(POOL_RESOURCE_PREFIX):]
+                name = key[len(POOL_RESOURCE_PREFIX) :]
                 add(name, hardware_for_pool(name), nid, val, key, True)
                 claimed = True
             elif key in pool_map:

@@ -71,10 +71,19 @@ PROFILES: dict[str, HardwareProfile] = {
 }
 
 _ALIASES = {
-    "H800": "H800", "H800-SXM": "H800", "NVIDIA-H800": "H800",
-    "H100": "H100", "H100-SXM": "H100", "NVIDIA-H100": "H100", "H100-80GB": "H100",
-    "H20": "H20", "NVIDIA-H20": "H20",
-    "A100": "A100", "A100-80G": "A100", "A100-40G": "A100", "NVIDIA-A100": "A100",
+    "H800": "H800",
+    "H800-SXM": "H800",
+    "NVIDIA-H800": "H800",
+    "H100": "H100",
+    "H100-SXM": "H100",
+    "NVIDIA-H100": "H100",
+    "H100-80GB": "H100",
+    "H20": "H20",
+    "NVIDIA-H20": "H20",
+    "A100": "A100",
+    "A100-80G": "A100",
+    "A100-40G": "A100",
+    "NVIDIA-A100": "A100",
     "CPU": "CPU",
     "SERVERLESS": "SERVERLESS",
 }

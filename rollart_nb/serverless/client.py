@@ -64,8 +64,10 @@ class Endpoint:
             register_secret(os.environ.get(self.token_env, ""))
 
     def __repr__(self) -> str:
-        return (f"Endpoint(name={self.name!r}, url={redact_url(self.url)!r}, token_env={self.token_env!r}, "
-                f"timeout_s={self.timeout_s}, retries={self.retries}, backoff_s={self.backoff_s})")
+        return (
+            f"Endpoint(name={self.name!r}, url={redact_url(self.url)!r}, token_env={self.token_env!r}, "
+            f"timeout_s={self.timeout_s}, retries={self.retries}, backoff_s={self.backoff_s})"
+        )
 
     def headers(self) -> dict[str, str]:
         h = {"content-type": "application/json"}
@@ -82,14 +84,16 @@ def _check(ep: Endpoint, resp: httpx.Response) -> Any:
     if resp.status_code // 100 != 2:
         body = _body(resp)[:200].replace("\n", " ")
         raise ServerlessError(
-            f"endpoint {ep.name!r} ({ep.url}) answered {resp.status_code}: {body}", url=ep.url,
+            f"endpoint {ep.name!r} ({ep.url}) answered {resp.status_code}: {body}",
+            url=ep.url,
             status=resp.status_code,
         )
     try:
         data = resp.json()
     except ValueError:
         raise ServerlessError(
-            f"endpoint {ep.name!r} ({ep.url}) answered non-JSON: {_body(resp)[:120]!r}", url=ep.url,
+            f"endpoint {ep.name!r} ({ep.url}) answered non-JSON: {_body(resp)[:120]!r}",
+            url=ep.url,
             status=resp.status_code,
         ) from None
     if isinstance(data, dict) and "result" in data:
@@ -118,8 +122,9 @@ def call(ep: Endpoint, args: list[Any], kwargs: dict[str, Any], client: httpx.Cl
         last: Exception | None = None
         for attempt in range(ep.retries + 1):
             try:
-                resp = client.post(ep.url, json={"args": args, "kwargs": kwargs}, headers=ep.headers(),
-                                   timeout=ep.timeout_s)
+                resp = client.post(
+                    ep.url, json={"args": args, "kwargs": kwargs}, headers=ep.headers(), timeout=ep.timeout_s
+                )
                 if _retryable_status(resp) and attempt < ep.retries:
                     time.sleep(_delay(ep, attempt))
                     continue
@@ -130,7 +135,8 @@ def call(ep: Endpoint, args: list[Any], kwargs: dict[str, Any], client: httpx.Cl
                     time.sleep(_delay(ep, attempt))
         raise ServerlessError(
             f"endpoint {ep.name!r} ({ep.url}) failed after {ep.retries + 1} attempt(s): "
-            f"{type(last).__name__}; check the service is up, or raise timeout_s/retries", url=ep.url,
+            f"{type(last).__name__}; check the service is up, or raise timeout_s/retries",
+            url=ep.url,
         )
     finally:
         if own:
@@ -145,8 +151,9 @@ async def acall(ep: Endpoint, args: list[Any], kwargs: dict[str, Any], client: h
         last: Exception | None = None
         for attempt in range(ep.retries + 1):
             try:
-                resp = await client.post(ep.url, json={"args": args, "kwargs": kwargs}, headers=ep.headers(),
-                                         timeout=ep.timeout_s)
+                resp = await client.post(
+                    ep.url, json={"args": args, "kwargs": kwargs}, headers=ep.headers(), timeout=ep.timeout_s
+                )
                 if _retryable_status(resp) and attempt < ep.retries:
                     await asyncio.sleep(_delay(ep, attempt))
                     continue
@@ -157,7 +164,8 @@ async def acall(ep: Endpoint, args: list[Any], kwargs: dict[str, Any], client: h
                     await asyncio.sleep(_delay(ep, attempt))
         raise ServerlessError(
             f"endpoint {ep.name!r} ({ep.url}) failed after {ep.retries + 1} attempt(s): "
-            f"{type(last).__name__}; check the service is up, or raise timeout_s/retries", url=ep.url,
+            f"{type(last).__name__}; check the service is up, or raise timeout_s/retries",
+            url=ep.url,
         )
     finally:
         if own:

@@ -114,8 +114,10 @@ class LLMJudge:
         try:  # a typo in a field name should fail here, not on every trajectory in a replica
             prompt_template.format_map(_fields(Trajectory("task", turns=[Turn("obs", "act")])))
         except (KeyError, IndexError, ValueError) as e:
-            problems.append(f"prompt_template does not format ({type(e).__name__}: {e}); "
-                            "fields: task, answer, transcript, last_action, info")
+            problems.append(
+                f"prompt_template does not format ({type(e).__name__}: {e}); "
+                "fields: task, answer, transcript, last_action, info"
+            )
         if problems:
             raise ConfigError(problems, where="LLMJudge")
         self.model, self.prompt_template, self.parse = model, prompt_template, parse
@@ -192,7 +194,7 @@ class LLMJudge:
         engine, loop = self._started()
         ids = engine.tokenizer.encode(prompt)
         # Keep the end of a long prompt: the question to grade sits there.
-        ids = ids[-max(1, engine.max_len - self.max_new_tokens - 1):]
+        ids = ids[-max(1, engine.max_len - self.max_new_tokens - 1) :]
         req = GenerationRequest(traj.id, traj.task, ids, max_new_tokens=self.max_new_tokens, temperature=0.0)
         try:
             fut = asyncio.run_coroutine_threadsafe(engine.generate(req), loop)

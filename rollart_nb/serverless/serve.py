@@ -74,7 +74,7 @@ def _keep_replica_grpc_on_loopback() -> None:
         return
 
     def loopback_port(server: Any, address: str) -> int:
-        return add_port(server, "127.0.0.1:" + address[len("[::]:"):] if address.startswith("[::]:") else address)
+        return add_port(server, "127.0.0.1:" + address[len("[::]:") :] if address.startswith("[::]:") else address)
 
     loopback_port.loopback_only = True  # type: ignore[attr-defined]
     replica.add_port_to_grpc_server = loopback_port
@@ -88,8 +88,17 @@ class _RewardReplica:
     (part of the cold start) rather than per request.
     """
 
-    def __init__(self, fn: Any, name: str, version: int, token_digest: str | None, batched: bool,
-                 max_batch_size: int, batch_wait_s: float, stats: Any) -> None:
+    def __init__(
+        self,
+        fn: Any,
+        name: str,
+        version: int,
+        token_digest: str | None,
+        batched: bool,
+        max_batch_size: int,
+        batch_wait_s: float,
+        stats: Any,
+    ) -> None:
         t0 = time.perf_counter()
         _keep_replica_grpc_on_loopback()
         self.fn, self.name, self.version = fn, name, version
@@ -115,8 +124,10 @@ class _RewardReplica:
     async def _run_batch(self, trajs: list[Trajectory]) -> list[Any]:
         out = await self.fn(trajs) if self.is_async else await asyncio.to_thread(self.fn, trajs)
         if not isinstance(out, list | tuple) or len(out) != len(trajs):
-            raise TypeError(f"batched reward returned {type(out).__name__} for {len(trajs)} trajectories; "
-                            "return a list with one value per trajectory")
+            raise TypeError(
+                f"batched reward returned {type(out).__name__} for {len(trajs)} trajectories; "
+                "return a list with one value per trajectory"
+            )
         return list(out)
 
     def _authorized(self, header: str | None) -> bool:
@@ -138,8 +149,13 @@ class _RewardReplica:
             body = await request.json()
             traj = Trajectory.from_dict(body["args"][0])
         except Exception as e:  # any malformed body is the caller's error, not the reward's
-            return answer(400, {"error": f"body must be {{'args': [trajectory dict], 'kwargs': {{}}}}: "
-                                         f"{type(e).__name__}: {redact(str(e))}"})
+            return answer(
+                400,
+                {
+                    "error": f"body must be {{'args': [trajectory dict], 'kwargs': {{}}}}: "
+                    f"{type(e).__name__}: {redact(str(e))}"
+                },
+            )
         now = time.perf_counter()
         if self.ongoing == 0:
             self.busy_since = now
@@ -169,8 +185,9 @@ class _ServeStats:
         self.by_name: dict[str, dict[str, float]] = {}
 
     def _row(self, name: str) -> dict[str, float]:
-        return self.by_name.setdefault(name, {"requests": 0, "errors": 0, "busy_s": 0.0, "replica_starts": 0,
-                                              "init_s_total": 0.0})
+        return self.by_name.setdefault(
+            name, {"requests": 0, "errors": 0, "busy_s": 0.0, "replica_starts": 0, "init_s_total": 0.0}
+        )
 
     def record(self, name: str, ok: bool, busy_s: float) -> None:
         row = self._row(name)
@@ -219,6 +236,7 @@ def _ship(fn: Any) -> bytes:
     from ray import cloudpickle
 
     shipped: set[str] = set()
+
     class _Recorder(cloudpickle.CloudPickler):
         def reducer_override(self, obj: Any) -> Any:
             if isinstance(obj, type | types.FunctionType):
@@ -230,8 +248,13 @@ def _ship(fn: Any) -> bytes:
         rec = _Recorder(buf)
         rec.met = []
         rec.dump(fn)
-        new = [o for o in rec.met if isinstance(getattr(o, "__module__", None), str) and o.__module__ not in shipped
-               and o.__module__.partition(".")[0] not in sys.stdlib_module_names]  # stdlib: importable
+        new = [
+            o
+            for o in rec.met
+            if isinstance(getattr(o, "__module__", None), str)
+            and o.__module__ not in shipped
+            and o.__module__.partition(".")[0] not in sys.stdlib_module_names
+        ]  # stdlib: importable
         if not new:
             return buf.getvalue()
         for o in new:
@@ -269,8 +292,9 @@ class ServeManager:
 
     def __init__(self, host: str = "127.0.0.1", port: int | None = None) -> None:
         if not _ray.is_initialized():
-            raise StateError("ServeManager needs a Ray connection; create rn.Session.local() or "
-                             "rn.Session.attach(...) first")
+            raise StateError(
+                "ServeManager needs a Ray connection; create rn.Session.local() or rn.Session.attach(...) first"
+            )
         from ray import serve
 
         self.host = host
@@ -366,11 +390,17 @@ class ServeManager:
             problems.append(f"fn must be callable, got {type(fn).__name__}")
         if not isinstance(min_replicas, int) or min_replicas < 0:
             problems.append(f"min_replicas={min_replicas!r} must be an int >= 0")
-        if not isinstance(max_replicas, int) or max_replicas < max(1, min_replicas if isinstance(min_replicas, int)
-                                                                  else 1):
+        if not isinstance(max_replicas, int) or max_replicas < max(
+            1, min_replicas if isinstance(min_replicas, int) else 1
+        ):
             problems.append(f"max_replicas={max_replicas!r} must be an int >= max(1, min_replicas)")
-        for key, val in (("downscale_delay_s", downscale_delay_s), ("upscale_delay_s", upscale_delay_s),
-                         ("batch_wait_s", batch_wait_s), ("num_cpus", num_cpus), ("num_gpus", num_gpus)):
+        for key, val in (
+            ("downscale_delay_s", downscale_delay_s),
+            ("upscale_delay_s", upscale_delay_s),
+            ("batch_wait_s", batch_wait_s),
+            ("num_cpus", num_cpus),
+            ("num_gpus", num_gpus),
+        ):
             if val < 0:
                 problems.append(f"{key}={val} must be >= 0")
         if target_ongoing_requests <= 0:
@@ -403,28 +433,39 @@ class ServeManager:
             "look_back_period_s": max(1.0, min(5.0, downscale_delay_s)),
         }
         with _SERVE_CONFIG_LOCK:
-            app = serve.deployment(_RewardReplica).options(
-                name=name,
-                ray_actor_options={"num_cpus": num_cpus, "num_gpus": num_gpus},
-                max_ongoing_requests=max_ongoing_requests,
-                autoscaling_config=autoscaling,
-            ).bind(fn, name, version, digest, batched, max_batch_size, batch_wait_s, self._stats)
+            app = (
+                serve.deployment(_RewardReplica)
+                .options(
+                    name=name,
+                    ray_actor_options={"num_cpus": num_cpus, "num_gpus": num_gpus},
+                    max_ongoing_requests=max_ongoing_requests,
+                    autoscaling_config=autoscaling,
+                )
+                .bind(fn, name, version, digest, batched, max_batch_size, batch_wait_s, self._stats)
+            )
         t0 = time.perf_counter()
         try:
             serve.run(app, name=name, route_prefix=f"/{name}")
         except Exception as e:
-            raise ServerlessError(f"Ray Serve could not deploy {name!r} v{version}: {type(e).__name__}: "
-                                  f"{str(e)[:300]}; check that fn pickles and its setup() works",
-                                  url=f"{self.url}/{name}") from e
+            raise ServerlessError(
+                f"Ray Serve could not deploy {name!r} v{version}: {type(e).__name__}: "
+                f"{str(e)[:300]}; check that fn pickles and its setup() works",
+                url=f"{self.url}/{name}",
+            ) from e
         ep = Endpoint(name, f"{self.url}/{name}", token_env=token_env, timeout_s=timeout_s, retries=retries)
-        opts = dict(autoscaling, max_ongoing_requests=max_ongoing_requests, batched=batched, num_cpus=num_cpus,
-                    num_gpus=num_gpus, token=token_env is not None)
+        opts = dict(
+            autoscaling,
+            max_ongoing_requests=max_ongoing_requests,
+            batched=batched,
+            num_cpus=num_cpus,
+            num_gpus=num_gpus,
+            token=token_env is not None,
+        )
         with self._lock:
             self.deployments[name] = _Deployed(ep, version, opts, time.time())
             self._timeline.setdefault(name, deque(maxlen=_TIMELINE_POINTS))
             self._cold_starts.setdefault(name, 0)
-        log.info("deployed reward %s v%d at %s in %.2fs", name, version, redact_url(ep.url),
-                 time.perf_counter() - t0)
+        log.info("deployed reward %s v%d at %s in %.2fs", name, version, redact_url(ep.url), time.perf_counter() - t0)
         return ep
 
     def _check_ships(self, name: str, fn: Any) -> None:
@@ -441,7 +482,8 @@ class ServeManager:
             raise ConfigError(
                 f"fn does not unpickle in a Ray worker ({type(e).__name__}: {str(e)[:200]}); define it in a "
                 "notebook, a script or an installed module, not in a module only this process can import",
-                where=f"reward {name!r}") from e
+                where=f"reward {name!r}",
+            ) from e
 
     def endpoint(self, name: str) -> Endpoint:
         """The Endpoint of a deployed name."""

@@ -43,8 +43,11 @@ __all__ = [
     "workload",
 ]
 
-_LAZY = {"SimSession": "rollart_nb.sim.session", "DEFAULT_SIM_POOLS": "rollart_nb.sim.session",
-         "LocalCluster": "rollart_nb.sim.cluster"}
+_LAZY = {
+    "SimSession": "rollart_nb.sim.session",
+    "DEFAULT_SIM_POOLS": "rollart_nb.sim.session",
+    "LocalCluster": "rollart_nb.sim.cluster",
+}
 
 
 def __getattr__(name: str) -> Any:

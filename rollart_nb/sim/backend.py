@@ -158,8 +158,15 @@ class SimBackend:
         self._keys = itertools.count()
         self._aborts: dict[str, set[asyncio.Event]] = {}
         self._prefill_free_at = 0.0  # loop time when queued prefill compute drains
-        self._stats = {"prefill_tokens": 0, "decode_tokens": 0, "recomputed_tokens": 0,
-                       "busy_s": 0.0, "requests": 0, "aborted": 0, "kv_transfer_s": 0.0}
+        self._stats = {
+            "prefill_tokens": 0,
+            "decode_tokens": 0,
+            "recomputed_tokens": 0,
+            "busy_s": 0.0,
+            "requests": 0,
+            "aborted": 0,
+            "kv_transfer_s": 0.0,
+        }
 
     # -- the GenerationBackend protocol ------------------------------------------------
     async def generate(self, request: GenerationRequest) -> GenerationResult:
@@ -211,9 +218,15 @@ class SimBackend:
             pf = await self._prefill_phase(request, version, ev)
             if not pf.aborted:
                 self._remember(request.traj_id, len(request.prompt_ids), version)
-            return {"traj_id": request.traj_id, "tokens": pf.computed, "prompt_tokens": len(request.prompt_ids),
-                    "version": version, "prefill_s": pf.prefill_s, "recomputed_tokens": pf.recomputed,
-                    "aborted": pf.aborted}
+            return {
+                "traj_id": request.traj_id,
+                "tokens": pf.computed,
+                "prompt_tokens": len(request.prompt_ids),
+                "version": version,
+                "prefill_s": pf.prefill_s,
+                "recomputed_tokens": pf.recomputed,
+                "aborted": pf.aborted,
+            }
         finally:
             self._unregister(request.traj_id, ev)
 
@@ -227,8 +240,16 @@ class SimBackend:
         """
         version = min(self.version, int(prefilled["version"]))
         if prefilled.get("aborted"):
-            return self._result(request, version, [], [], "abort", float(prefilled["prefill_s"]), 0.0,
-                                int(prefilled["recomputed_tokens"]))
+            return self._result(
+                request,
+                version,
+                [],
+                [],
+                "abort",
+                float(prefilled["prefill_s"]),
+                0.0,
+                int(prefilled["recomputed_tokens"]),
+            )
         transfer_s = self.spec.kv_bytes_per_token * prefilled["tokens"] / (self.link_gbps * 1e9)
         self._stats["kv_transfer_s"] += transfer_s
         ev = self._register(request.traj_id)
@@ -238,8 +259,16 @@ class SimBackend:
             decode_s, done = await self._decode_phase(request, len(ids), ev, extra_s=transfer_s)
             if done < len(ids):
                 ids, logprobs, finish = ids[:done], logprobs[:done], "abort"
-            return self._result(request, version, ids, logprobs, finish, float(prefilled["prefill_s"]),
-                                decode_s, int(prefilled["recomputed_tokens"]))
+            return self._result(
+                request,
+                version,
+                ids,
+                logprobs,
+                finish,
+                float(prefilled["prefill_s"]),
+                decode_s,
+                int(prefilled["recomputed_tokens"]),
+            )
         finally:
             self._unregister(request.traj_id, ev)
 
@@ -263,8 +292,10 @@ class SimBackend:
         return {**self._stats, "active": len(self._active), "cached_tokens": self._cached_tokens}
 
     def __repr__(self) -> str:
-        return (f"SimBackend({self.spec.name} on {self.tp}x{self.hardware.name}, version={self.version}, "
-                f"time_scale={self.time_scale:g})")
+        return (
+            f"SimBackend({self.spec.name} on {self.tp}x{self.hardware.name}, version={self.version}, "
+            f"time_scale={self.time_scale:g})"
+        )
 
     # -- internals -------------------------------------------------------------------------
     def _register(self, traj_id: str) -> asyncio.Event:
@@ -314,7 +345,8 @@ class SimBackend:
             reuse = 0
         new = max(n - reuse, 0)
         compute_s = roofline.prefill_flops(self.spec, new, reuse) / (
-            self.tp * self.hardware.bf16_tflops * 1e12 * self.mfu)
+            self.tp * self.hardware.bf16_tflops * 1e12 * self.mfu
+        )
         floor_s = roofline.weights_read_bytes(self.spec, new) / (self.tp * self.hardware.mem_bw_gbps * 1e9)
         # FCFS on the device's FLOPs: wait for queued prefill compute, then take our share.
         now = asyncio.get_running_loop().time()  # a SimSession's virtual clock, or monotonic
@@ -337,8 +369,16 @@ class SimBackend:
         self._active_ctx += context
         try:
             batch = len(self._active)
-            decode_s = roofline.decode_time(self.spec, self.hardware, tokens, self._active_ctx / batch,
-                                            batch=batch, tp=self.tp, mbu=self.mbu, mfu=self.mfu)
+            decode_s = roofline.decode_time(
+                self.spec,
+                self.hardware,
+                tokens,
+                self._active_ctx / batch,
+                batch=batch,
+                tp=self.tp,
+                mbu=self.mbu,
+                mfu=self.mfu,
+            )
             total_s = extra_s + decode_s
             loop = asyncio.get_running_loop()
             t0 = loop.time()
@@ -377,10 +417,26 @@ class SimBackend:
         logprobs = np.minimum(-rng.exponential(1.0, size=n), -1e-6).tolist()
         return ids, logprobs, finish
 
-    def _result(self, request: GenerationRequest, version: int, ids: list[int], logprobs: list[float],
-                finish: str, prefill_s: float, decode_s: float, recomputed: int) -> GenerationResult:
+    def _result(
+        self,
+        request: GenerationRequest,
+        version: int,
+        ids: list[int],
+        logprobs: list[float],
+        finish: str,
+        prefill_s: float,
+        decode_s: float,
+        recomputed: int,
+    ) -> GenerationResult:
         return GenerationResult(
-            traj_id=request.traj_id, token_ids=ids, logprobs=logprobs, version=version,
-            finish_reason=finish, text=self.tokenizer.decode(ids), worker=self.name,
-            prefill_s=prefill_s, decode_s=decode_s, recomputed_tokens=recomputed,
+            traj_id=request.traj_id,
+            token_ids=ids,
+            logprobs=logprobs,
+            version=version,
+            finish_reason=finish,
+            text=self.tokenizer.decode(ids),
+            worker=self.name,
+            prefill_s=prefill_s,
+            decode_s=decode_s,
+            recomputed_tokens=recomputed,
         )

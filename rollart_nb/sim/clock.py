@@ -113,8 +113,9 @@ class VirtualEventLoop(asyncio.SelectorEventLoop):
     def time(self) -> float:
         return self._vnow if self.virtual else super().time()
 
-    def call_soon_threadsafe(self, callback: Callable[..., Any], *args: Any,
-                             context: contextvars.Context | None = None) -> asyncio.Handle:
+    def call_soon_threadsafe(
+        self, callback: Callable[..., Any], *args: Any, context: contextvars.Context | None = None
+    ) -> asyncio.Handle:
         if not self.virtual:
             return super().call_soon_threadsafe(callback, *args, context=context)
         self._check_closed()
@@ -331,7 +332,6 @@ def sleep(seconds: float) -> None:
         log.debug("sim.clock.sleep(%g) on the loop thread: no simulated time passes", seconds)
         return
     clock.sleep(seconds)
-
 
 
 def is_virtual() -> bool:

@@ -106,8 +106,9 @@ class LocalActor:
     def __init__(self, instance: Worker, clock: SimClock, threaded: bool) -> None:
         self.instance, self._clock, self._loop, self.threaded = instance, clock, clock.loop, threaded
         # one thread per actor: a trainer's calls run in order, like a sync Ray actor's
-        self._thread = (concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"sim-{instance.role}")
-                        if threaded else None)
+        self._thread = (
+            concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"sim-{instance.role}") if threaded else None
+        )
         self.closed = False
 
     def __getattr__(self, name: str) -> _LocalMethod:
@@ -157,8 +158,9 @@ class LocalWorkerHandle:
 class LocalFuture:
     """Result of a non-blocking LocalCluster call: ``.result(timeout)``, ``await fut``, ``.refs``."""
 
-    def __init__(self, refs: list[LocalRef], combine: Callable[[list[Any]], Any], what: str,
-                 who: list[Binding]) -> None:
+    def __init__(
+        self, refs: list[LocalRef], combine: Callable[[list[Any]], Any], what: str, who: list[Binding]
+    ) -> None:
         self._refs, self._combine, self._what, self._who = refs, combine, what, who
 
     @property
@@ -201,10 +203,21 @@ class LocalCluster(ClusterBase):
 
     _html_note = " &middot; in-process (simulated)"
 
-    def __init__(self, session: SimSession, name: str, worker_cls: type[Worker], *, replicas: int, pool: str,
-                 fallback: list[str] | None, slots: float, init_kwargs: dict[str, Any],
-                 endpoints: dict[str, Endpoint], affinity: dict[str, str] | None,
-                 threaded: bool | None = None) -> None:
+    def __init__(
+        self,
+        session: SimSession,
+        name: str,
+        worker_cls: type[Worker],
+        *,
+        replicas: int,
+        pool: str,
+        fallback: list[str] | None,
+        slots: float,
+        init_kwargs: dict[str, Any],
+        endpoints: dict[str, Endpoint],
+        affinity: dict[str, str] | None,
+        threaded: bool | None = None,
+    ) -> None:
         if threaded is None:  # trainers block in their steps, unless they say they run on the loop
             threaded = issubclass(worker_cls, TrainerWorker) and not getattr(worker_cls, "runs_on_loop", False)
         self.threaded = bool(threaded)
@@ -212,21 +225,34 @@ class LocalCluster(ClusterBase):
         self._lock = threading.RLock()
         self._cls = actor_class_for(worker_cls)
         self.workers: list[LocalWorkerHandle]
-        super().__init__(session, name, worker_cls, replicas=replicas, pool=pool, fallback=fallback, slots=slots,
-                         init_kwargs=init_kwargs, endpoints=endpoints, affinity=affinity)
+        super().__init__(
+            session,
+            name,
+            worker_cls,
+            replicas=replicas,
+            pool=pool,
+            fallback=fallback,
+            slots=slots,
+            init_kwargs=init_kwargs,
+            endpoints=endpoints,
+            affinity=affinity,
+        )
 
     # -- construction ----------------------------------------------------------------
     def _spawn(self, index: int, world: int, binding: Binding | None = None) -> LocalWorkerHandle:
-        b = binding or self._session._resources.bind(self.name, index, prefer=self.pool, fallback=self._fallback,
-                                                     slots=self._slots)
+        b = binding or self._session._resources.bind(
+            self.name, index, prefer=self.pool, fallback=self._fallback, slots=self._slots
+        )
         try:
             # built on the loop thread: a worker may create loop-bound objects in __init__.
             # No log dir: in-process, a per-worker file handler would capture the driver's logs too.
             inst = self._session._run_sync(lambda: self._cls(b, world, None, **self._init_kwargs))
         except Exception as e:
             self._session._resources.release(self.name, index)
-            raise ClusterError(f"worker {b.worker} on pool {b.pool} did not start: {type(e).__name__}: {e}. "
-                               "Check the Worker's __init__ arguments") from e
+            raise ClusterError(
+                f"worker {b.worker} on pool {b.pool} did not start: {type(e).__name__}: {e}. "
+                "Check the Worker's __init__ arguments"
+            ) from e
         return LocalWorkerHandle(LocalActor(inst, self._session.clock, self.threaded), b, instance=inst)
 
     # -- dispatch paths --------------------------------------------------------------
@@ -247,14 +273,17 @@ class LocalCluster(ClusterBase):
         with self._lock:
             h.inflight -= 1
 
-    def _finish(self, idx: list[int], refs: list[LocalRef], combine: Callable[[list[Any]], Any], blocking: bool,
-                what: str) -> Any:
+    def _finish(
+        self, idx: list[int], refs: list[LocalRef], combine: Callable[[list[Any]], Any], blocking: bool, what: str
+    ) -> Any:
         fut = LocalFuture(refs, combine, what, [self.workers[i].binding for i in idx])
         if not blocking:
             return fut
         if _running_loop() is self._session._loop:
-            raise StateError(f"{what}: a blocking call from inside the simulation's event loop would deadlock; "
-                             "call it with blocking=False and await the result")
+            raise StateError(
+                f"{what}: a blocking call from inside the simulation's event loop would deadlock; "
+                "call it with blocking=False and await the result"
+            )
         return fut.result()
 
     # -- lifecycle -------------------------------------------------------------------
@@ -268,8 +297,16 @@ class LocalCluster(ClusterBase):
 
     def info(self) -> list[dict[str, Any]]:
         """Per worker: node, pid (this process), hardware, pool, rank."""
-        return [{"node_id": h.binding.node, "pid": os.getpid(), "hardware": h.binding.hardware,
-                 "pool": h.binding.pool, "rank": h.binding.index} for h in self.workers]
+        return [
+            {
+                "node_id": h.binding.node,
+                "pid": os.getpid(),
+                "hardware": h.binding.hardware,
+                "pool": h.binding.pool,
+                "rank": h.binding.index,
+            }
+            for h in self.workers
+        ]
 
     def close(self) -> None:
         """Drop the workers and release their pool slots (idempotent)."""
@@ -279,7 +316,6 @@ class LocalCluster(ClusterBase):
         for h in self.workers:
             h.actor.close()
         self._session._resources.release(self.name)
-
 
 
 async def _resolve(v: Any) -> Any:

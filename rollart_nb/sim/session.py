@@ -65,8 +65,9 @@ class SimSession(SessionBase):
         [0, 0, 0, 0, 0, 0, 0, 0]
     """
 
-    def __init__(self, pools: dict[str, int] | None = None, seed: int = 0, *, gpus_per_node: int = 8,
-                 virtual: bool = True) -> None:
+    def __init__(
+        self, pools: dict[str, int] | None = None, seed: int = 0, *, gpus_per_node: int = 8, virtual: bool = True
+    ) -> None:
         pools = dict(DEFAULT_SIM_POOLS if pools is None else pools)
         problems = []
         for name, n in pools.items():
@@ -106,10 +107,20 @@ class SimSession(SessionBase):
         return self.clock.run(coro, timeout)
 
     # -- clusters --------------------------------------------------------------------
-    def cluster(self, name: str, worker_cls: type[Worker], pool: str | None = None, replicas: int = 1, *,
-                fallback: list[str] | None = None, slots: float = 1, endpoints: dict[str, str] | None = None,
-                affinity: dict[str, str] | None = None, threaded: bool | None = None,
-                **init_kwargs: Any) -> LocalCluster:
+    def cluster(
+        self,
+        name: str,
+        worker_cls: type[Worker],
+        pool: str | None = None,
+        replicas: int = 1,
+        *,
+        fallback: list[str] | None = None,
+        slots: float = 1,
+        endpoints: dict[str, str] | None = None,
+        affinity: dict[str, str] | None = None,
+        threaded: bool | None = None,
+        **init_kwargs: Any,
+    ) -> LocalCluster:
         """Build (or rebuild) the in-process cluster ``name`` of ``replicas`` ``worker_cls`` workers.
 
         Args:
@@ -126,8 +137,19 @@ class SimSession(SessionBase):
             **init_kwargs: passed to ``worker_cls.__init__`` (by reference: nothing is pickled).
         """
         pool, eps = self._before_cluster(name, worker_cls, pool, replicas, slots, endpoints)
-        c = LocalCluster(self, name, worker_cls, replicas=replicas, pool=pool, fallback=fallback, slots=slots,
-                         init_kwargs=init_kwargs, endpoints=eps, affinity=affinity, threaded=threaded)
+        c = LocalCluster(
+            self,
+            name,
+            worker_cls,
+            replicas=replicas,
+            pool=pool,
+            fallback=fallback,
+            slots=slots,
+            init_kwargs=init_kwargs,
+            endpoints=eps,
+            affinity=affinity,
+            threaded=threaded,
+        )
         self.clusters[name] = c
         return c
 
@@ -136,8 +158,10 @@ class SimSession(SessionBase):
         """Only ``"direct"`` (None): sim trainers hand over a ``{"version": v}`` stand-in."""
         if weights in (None, "direct"):
             return None
-        raise ConfigError(f"weights={weights!r}: a SimSession only supports weights='direct' (sim weights are a "
-                          "version number; use rn.Session.local() to exercise object_store / mooncake transports)")
+        raise ConfigError(
+            f"weights={weights!r}: a SimSession only supports weights='direct' (sim weights are a "
+            "version number; use rn.Session.local() to exercise object_store / mooncake transports)"
+        )
 
     def _deploy_version(self, task: str, fn: Any, **serve_options: Any) -> Endpoint:
         raise ConfigError(_NO_SERVE)
@@ -174,14 +198,18 @@ class SimSession(SessionBase):
             for n, p in self.pools.items()
         )
         clusters = "".join(f"<li>{html.escape(repr(c))}</li>" for c in self.clusters.values())
-        return (f"<div><b>rollart_nb SimSession</b> <code>{self.id}</code> &middot; in-process, simulated "
-                f"&middot; {self.state}<table><tr><th>pool</th><th>hardware</th><th>nodes</th>"
-                f"<th>free / capacity</th><th>price</th></tr>{rows}</table>"
-                f"<ul>{clusters or '<li>no clusters yet</li>'}</ul></div>")
+        return (
+            f"<div><b>rollart_nb SimSession</b> <code>{self.id}</code> &middot; in-process, simulated "
+            f"&middot; {self.state}<table><tr><th>pool</th><th>hardware</th><th>nodes</th>"
+            f"<th>free / capacity</th><th>price</th></tr>{rows}</table>"
+            f"<ul>{clusters or '<li>no clusters yet</li>'}</ul></div>"
+        )
 
 
-_NO_SERVE = ("a SimSession cannot deploy serverless rewards (Ray Serve needs a real session); pass a local "
-             "function, or use rn.Session.local() for serverless=True")
+_NO_SERVE = (
+    "a SimSession cannot deploy serverless rewards (Ray Serve needs a real session); pass a local "
+    "function, or use rn.Session.local() for serverless=True"
+)
 
 
 def _canon(name: str) -> str:
@@ -195,9 +223,10 @@ def _make_pool(name: str, count: int, gpus_per_node: int) -> Pool:
     """A simulated pool of ``count`` slots over nodes of ``gpus_per_node`` (one node for cpu/serverless)."""
     hw = hardware_for_pool(name)
     if hw.kind == "gpu":
-        nodes = {f"sim-{name}-{k}": float(min(gpus_per_node, count - k * gpus_per_node))
-                 for k in range(-(-count // gpus_per_node))}
+        nodes = {
+            f"sim-{name}-{k}": float(min(gpus_per_node, count - k * gpus_per_node))
+            for k in range(-(-count // gpus_per_node))
+        }
     else:
         nodes = {f"sim-{name}-0": float(SERVERLESS_SLOTS if name == "serverless" else count)}
     return Pool(name, hw, nodes, resource="", simulated=True)
-

@@ -138,8 +138,10 @@ class SimTrainBackend:
             raise StateError(f"{str(directory)!r} holds no complete sim trainer checkpoint ({SIM_STATE} missing)")
         state = json.loads(f.read_text())
         if state["model"] != self.spec.name:
-            raise ConfigError(f"checkpoint {str(directory)!r} is of model {state['model']!r}, this trainer models "
-                              f"{self.spec.name!r}; resume with the model it was saved from")
+            raise ConfigError(
+                f"checkpoint {str(directory)!r} is of model {state['model']!r}, this trainer models "
+                f"{self.spec.name!r}; resume with the model it was saved from"
+            )
         self.version, self.modelled_s = int(state["version"]), float(state["modelled_s"])
 
     def state_dict(self) -> dict[str, Any]:

@@ -86,20 +86,33 @@ PRESETS: dict[str, Workload] = {
     for w in [
         # Software engineering in a container: long horizons, bulky tool output, slow steps,
         # and a slow reset (image pull + container start, the paper's env.reset cost).
-        Workload("swe", "prefill", (10, 50), 1500, (500.0, 250.0), (150.0, 80.0), (2.0, 1.0),
-                 reset_latency_s=(20.0, 10.0), max_response_tokens=1024),
+        Workload(
+            "swe",
+            "prefill",
+            (10, 50),
+            1500,
+            (500.0, 250.0),
+            (150.0, 80.0),
+            (2.0, 1.0),
+            reset_latency_s=(20.0, 10.0),
+            max_response_tokens=1024,
+        ),
         # Grid game: many short turns, small observations, near-instant steps.
-        Workload("frozenlake", "prefill", (10, 20), 300, (120.0, 20.0), (30.0, 10.0), (0.05, 0.02),
-                 max_response_tokens=128),
+        Workload(
+            "frozenlake", "prefill", (10, 20), 300, (120.0, 20.0), (30.0, 10.0), (0.05, 0.02), max_response_tokens=128
+        ),
         # Web shopping: page text observations, moderate step latency (page loads).
-        Workload("webshop", "prefill", (10, 30), 600, (400.0, 150.0), (60.0, 25.0), (0.5, 0.3),
-                 max_response_tokens=256),
+        Workload(
+            "webshop", "prefill", (10, 30), 600, (400.0, 150.0), (60.0, 25.0), (0.5, 0.3), max_response_tokens=256
+        ),
         # Math with tool feedback: few turns, long chains of thought (~1-4k tokens).
-        Workload("gem-math", "decode", (1, 3), 200, (40.0, 20.0), (2500.0, 800.0), (0.1, 0.05),
-                 max_response_tokens=8192),
+        Workload(
+            "gem-math", "decode", (1, 3), 200, (40.0, 20.0), (2500.0, 800.0), (0.1, 0.05), max_response_tokens=8192
+        ),
         # Text games (GEM): a handful of turns, medium reasoning per move.
-        Workload("gem-game", "decode", (2, 5), 250, (80.0, 30.0), (1200.0, 500.0), (0.1, 0.05),
-                 max_response_tokens=4096),
+        Workload(
+            "gem-game", "decode", (2, 5), 250, (80.0, 30.0), (1200.0, 500.0), (0.1, 0.05), max_response_tokens=4096
+        ),
     ]
 }
 

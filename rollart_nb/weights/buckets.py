@@ -195,9 +195,7 @@ def _dtype_name(dtype: torch.dtype) -> str:
 def _dtype(name: str) -> torch.dtype:
     dt = getattr(torch, name, None)
     if not isinstance(dt, torch.dtype):
-        raise WeightSyncError(
-            f"manifest names unknown dtype {name!r}; publisher and puller torch versions differ"
-        )
+        raise WeightSyncError(f"manifest names unknown dtype {name!r}; publisher and puller torch versions differ")
     return dt
 
 
@@ -294,11 +292,7 @@ def pack(
 def _as_uint8_tensor(buf: Any, copy_readonly: bool) -> torch.Tensor:
     if isinstance(buf, torch.Tensor):
         return buf.reshape(-1).view(torch.uint8)
-    arr = (
-        np.frombuffer(buf, dtype=np.uint8)
-        if not isinstance(buf, np.ndarray)
-        else buf.reshape(-1).view(np.uint8)
-    )
+    arr = np.frombuffer(buf, dtype=np.uint8) if not isinstance(buf, np.ndarray) else buf.reshape(-1).view(np.uint8)
     if not arr.flags.writeable:
         if copy_readonly:
             return torch.from_numpy(arr.copy())
@@ -321,9 +315,7 @@ def verify(manifest: Manifest, buckets: Sequence[Any]) -> None:
         raise WeightSyncError(
             f"weight version {v} is partial: got {len(buckets)} of {manifest.num_buckets} buckets; pull it again"
         )
-    for i, (b, size, expect) in enumerate(
-        zip(buckets, manifest.bucket_sizes, manifest.checksums, strict=True)
-    ):
+    for i, (b, size, expect) in enumerate(zip(buckets, manifest.bucket_sizes, manifest.checksums, strict=True)):
         got_size = b.numel() if isinstance(b, torch.Tensor) else memoryview(b).nbytes
         if got_size != size:
             raise WeightSyncError(

@@ -71,7 +71,5 @@ class WeightSyncMetrics:
     def as_dict(self) -> dict[str, Any]:
         """Fields plus the derived ratios, for a StepReport row or JSON."""
         d = asdict(self)
-        d.update(
-            hidden_fraction=self.hidden_fraction, pull_gbps=self.pull_gbps, effective_gbps=self.effective_gbps
-        )
+        d.update(hidden_fraction=self.hidden_fraction, pull_gbps=self.pull_gbps, effective_gbps=self.effective_gbps)
         return d

@@ -126,8 +126,7 @@ class MooncakeTransport:
             from mooncake.store import MooncakeDistributedStore
         except ImportError as e:
             raise ConnectError(
-                f"mooncake is not usable here ({e}); pip install 'rollart_nb[mooncake]' and "
-                "apt-get install libibverbs1"
+                f"mooncake is not usable here ({e}); pip install 'rollart_nb[mooncake]' and apt-get install libibverbs1"
             ) from e
         # setup() against a dead master retries for ~90 s; a TCP probe fails in milliseconds.
         host, _, port = self.master_address.rpartition(":")
@@ -238,8 +237,7 @@ class MooncakeTransport:
         rc = store.upsert(self.latest_key, str(version).encode()) if latest is None or version > latest else 0
         if rc != 0:
             raise WeightSyncError(
-                f"weight version {version} is stored but the latest pointer update failed "
-                f"({_code(rc)}); publish again"
+                f"weight version {version} is stored but the latest pointer update failed ({_code(rc)}); publish again"
             )
         self._published[version] = manifest.num_buckets
         self.metrics.push_s += time.perf_counter() - t0

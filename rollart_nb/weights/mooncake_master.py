@@ -141,9 +141,7 @@ class MooncakeMaster:
             except OSError:
                 time.sleep(0.05)
         self.stop()
-        raise ConnectError(
-            f"mooncake_master did not listen on {self.address} within {timeout}s: {self._log_tail()}"
-        )
+        raise ConnectError(f"mooncake_master did not listen on {self.address} within {timeout}s: {self._log_tail()}")
 
     def stop(self, timeout: float = 10.0) -> None:
         """Terminate the process group this object started (SIGTERM, then SIGKILL)."""

@@ -64,9 +64,7 @@ class NcclTransport:
         import torch.distributed as dist
 
         if not dist.is_available() or not dist.is_initialized():
-            raise ConnectError(
-                "torch.distributed is not initialised; call dist.init_process_group(...) on every rank"
-            )
+            raise ConnectError("torch.distributed is not initialised; call dist.init_process_group(...) on every rank")
         return dist
 
     @property
@@ -75,9 +73,7 @@ class NcclTransport:
         if self._device is None:
             backend = self._dist().get_backend(self.group)
             self._device = (
-                torch.device("cuda", torch.cuda.current_device())
-                if backend == "nccl"
-                else torch.device("cpu")
+                torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
             )
         return self._device
 

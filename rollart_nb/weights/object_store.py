@@ -55,9 +55,7 @@ def _ray():
     import ray
 
     if not ray.is_initialized():
-        raise ConnectError(
-            "Ray is not initialised in this process; call ray.init() or rn.Session.local() first"
-        )
+        raise ConnectError("Ray is not initialised in this process; call ray.init() or rn.Session.local() first")
     return ray
 
 

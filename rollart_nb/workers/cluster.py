@@ -42,8 +42,14 @@ class WorkerHandle:
 class ClusterFuture:
     """Result of a non-blocking cluster call: ``.result(timeout)`` or ``await fut``."""
 
-    def __init__(self, refs: list[Any], combine: Callable[[list[Any]], Any], what: str, on_done: Callable[[], None],
-                 who: list[Binding]):
+    def __init__(
+        self,
+        refs: list[Any],
+        combine: Callable[[list[Any]], Any],
+        what: str,
+        on_done: Callable[[], None],
+        who: list[Binding],
+    ):
         self._refs, self._combine, self._what, self._on_done = refs, combine, what, on_done
         self._who = who
         self._done = False
@@ -61,8 +67,12 @@ class ClusterFuture:
     def result(self, timeout: float | None = None) -> Any:
         try:
             # one get per worker, so a failure names the worker and pool it came from
-            return self._combine([_ray.get(r, timeout_s=timeout, what=self._what, worker=b.worker, pool=b.pool)
-                                  for r, b in zip(self._refs, self._who, strict=True)])
+            return self._combine(
+                [
+                    _ray.get(r, timeout_s=timeout, what=self._what, worker=b.worker, pool=b.pool)
+                    for r, b in zip(self._refs, self._who, strict=True)
+                ]
+            )
         finally:
             self._finish()
 
@@ -124,8 +134,12 @@ class ClusterBase:
         """Pick a worker index for a tagged call; returns (index, fell_back)."""
         pref = self.affinity(attr, tag)
         with self._lock:
-            return pick_worker([(h.binding.hardware, h.binding.pool) for h in self.workers],
-                               [h.inflight for h in self.workers], pref, max_inflight)
+            return pick_worker(
+                [(h.binding.hardware, h.binding.pool) for h in self.workers],
+                [h.inflight for h in self.workers],
+                pref,
+                max_inflight,
+            )
 
     def _call_hw(self, attr: str, d: Dispatch, args: tuple, kwargs: dict, blocking: bool) -> Any:
         tag = kwargs.get("tag_name")
@@ -143,9 +157,20 @@ class ClusterBase:
     _node_chars: int | None = None
     """Characters of a node id shown in the HTML view (None: all)."""
 
-    def __init__(self, session: Any, name: str, worker_cls: type[Worker], *, replicas: int, pool: str,
-                 fallback: list[str] | None, slots: float, init_kwargs: dict[str, Any],
-                 endpoints: dict[str, Endpoint], affinity: dict[str, str] | None) -> None:
+    def __init__(
+        self,
+        session: Any,
+        name: str,
+        worker_cls: type[Worker],
+        *,
+        replicas: int,
+        pool: str,
+        fallback: list[str] | None,
+        slots: float,
+        init_kwargs: dict[str, Any],
+        endpoints: dict[str, Endpoint],
+        affinity: dict[str, str] | None,
+    ) -> None:
         """Bind the Worker's decorated methods, then start ``replicas`` workers (closing them all
         if one fails). Subclasses set what their ``_spawn`` needs before calling this."""
         self.name, self.worker_cls, self.pool = name, worker_cls, pool
@@ -183,6 +208,7 @@ class ClusterBase:
 
     def close(self) -> None:
         raise NotImplementedError
+
     _html_note = ""
     """Extra text in the HTML view's header."""
 
@@ -219,11 +245,14 @@ class ClusterBase:
         name = d.endpoint or ""
         ep = self._endpoints.get(name) or self._session.endpoints.get(name)
         if ep is None:
-            how = f"call sess.register_endpoint({name!r}, url) or " if hasattr(self._session, "register_endpoint") else ""
-            raise ConfigError(f"{self.name}: no serverless endpoint {name!r} is registered; "
-                              f"{how}pass endpoints={{{name!r}: url}} to sess.cluster")
-        return Endpoint(ep.name, ep.url, ep.token_env, timeout_s=d.timeout_s, retries=d.retries,
-                        backoff_s=ep.backoff_s)
+            how = (
+                f"call sess.register_endpoint({name!r}, url) or " if hasattr(self._session, "register_endpoint") else ""
+            )
+            raise ConfigError(
+                f"{self.name}: no serverless endpoint {name!r} is registered; "
+                f"{how}pass endpoints={{{name!r}: url}} to sess.cluster"
+            )
+        return Endpoint(ep.name, ep.url, ep.token_env, timeout_s=d.timeout_s, retries=d.retries, backoff_s=ep.backoff_s)
 
     def _call_serverless(self, attr: str, d: Dispatch, args: tuple, kwargs: dict, blocking: bool) -> Any:
         ep = self._endpoint(d)
@@ -255,7 +284,7 @@ class ClusterBase:
     def _repr_html_(self) -> str:
         rows = "".join(
             f"<tr><td>{h.binding.index}</td><td>{html.escape(h.binding.pool)}</td><td>{h.binding.hardware}</td>"
-            f"<td><code>{html.escape(h.binding.node[:self._node_chars])}</code></td>"
+            f"<td><code>{html.escape(h.binding.node[: self._node_chars])}</code></td>"
             f"<td>{'yes: ' + html.escape(h.binding.reason) if h.binding.fell_back else 'no'}</td>"
             f"<td>{h.inflight}</td><td>{h.calls}</td></tr>"
             for h in self.workers
@@ -279,22 +308,45 @@ class Cluster(ClusterBase):
 
     _node_chars = 8  # Ray node ids are 56 hex characters
 
-    def __init__(self, session: Session, name: str, worker_cls: type[Worker], *, replicas: int, pool: str,
-                 fallback: list[str] | None, slots: float, init_kwargs: dict[str, Any],
-                 endpoints: dict[str, Endpoint], affinity: dict[str, str] | None, max_concurrency: int,
-                 start_timeout_s: float) -> None:
+    def __init__(
+        self,
+        session: Session,
+        name: str,
+        worker_cls: type[Worker],
+        *,
+        replicas: int,
+        pool: str,
+        fallback: list[str] | None,
+        slots: float,
+        init_kwargs: dict[str, Any],
+        endpoints: dict[str, Endpoint],
+        affinity: dict[str, str] | None,
+        max_concurrency: int,
+        start_timeout_s: float,
+    ) -> None:
         self._max_concurrency, self._start_timeout_s = max_concurrency, start_timeout_s
         self._lock = threading.Lock()
         self.restarts: dict[int, int] = {}  # worker index -> restarts so far
         self._probes: dict[int, tuple[Any, Any]] = {}  # worker index -> (health probe in flight, its actor)
         self.workers: list[WorkerHandle]
-        super().__init__(session, name, worker_cls, replicas=replicas, pool=pool, fallback=fallback, slots=slots,
-                         init_kwargs=init_kwargs, endpoints=endpoints, affinity=affinity)
+        super().__init__(
+            session,
+            name,
+            worker_cls,
+            replicas=replicas,
+            pool=pool,
+            fallback=fallback,
+            slots=slots,
+            init_kwargs=init_kwargs,
+            endpoints=endpoints,
+            affinity=affinity,
+        )
 
     # -- construction ----------------------------------------------------------------
     def _spawn(self, index: int, world: int, binding: Binding | None = None) -> WorkerHandle:
-        b = binding or self._session._resources.bind(self.name, index, prefer=self.pool, fallback=self._fallback,
-                                                     slots=self._slots)
+        b = binding or self._session._resources.bind(
+            self.name, index, prefer=self.pool, fallback=self._fallback, slots=self._slots
+        )
         res: dict[str, float] = {}
         num_gpus = num_cpus = 0.0
         if b.resource == "GPU":
@@ -303,8 +355,14 @@ class Cluster(ClusterBase):
             num_cpus = b.slots
         elif b.resource:
             res[b.resource] = b.slots
-        opts = _ray.actor_options(node_id=b.node, num_gpus=num_gpus, num_cpus=num_cpus, resources=res, name=None,
-                                  max_concurrency=self._max_concurrency)
+        opts = _ray.actor_options(
+            node_id=b.node,
+            num_gpus=num_gpus,
+            num_cpus=num_cpus,
+            resources=res,
+            name=None,
+            max_concurrency=self._max_concurrency,
+        )
         _ray.ship_by_value(self.worker_cls)
         cls = _ray.remote_class(actor_class_for(self.worker_cls), **opts)
         actor = cls.remote(b, world, self._session.log_dir, **self._init_kwargs)
@@ -315,8 +373,13 @@ class Cluster(ClusterBase):
         for i in indices:
             h = self.workers[i]
             try:
-                info = _ray.get(h.actor._rn_info.remote(), timeout_s=self._start_timeout_s, what="start",
-                                worker=h.binding.worker, pool=h.binding.pool)
+                info = _ray.get(
+                    h.actor._rn_info.remote(),
+                    timeout_s=self._start_timeout_s,
+                    what="start",
+                    worker=h.binding.worker,
+                    pool=h.binding.pool,
+                )
             except ClusterError as e:
                 raise ClusterError(
                     f"worker {h.binding.worker} on pool {h.binding.pool} did not start: {e}. Check the "
@@ -341,8 +404,9 @@ class Cluster(ClusterBase):
             for i in idx:
                 self.workers[i].inflight -= 1
 
-    def _finish(self, idx: list[int], refs: list[Any], combine: Callable[[list[Any]], Any], blocking: bool,
-                what: str) -> Any:
+    def _finish(
+        self, idx: list[int], refs: list[Any], combine: Callable[[list[Any]], Any], blocking: bool, what: str
+    ) -> Any:
         fut = ClusterFuture(refs, combine, what, lambda: self._release(idx), [self.workers[i].binding for i in idx])
         return fut.result() if blocking else fut
 
@@ -395,8 +459,10 @@ class Cluster(ClusterBase):
 
     def info(self) -> list[dict[str, Any]]:
         """Live info from every worker (node, pid, hardware); raises WorkerDiedError for a dead one."""
-        return [_ray.get(h.actor._rn_info.remote(), timeout_s=30, what="info", worker=h.binding.worker,
-                         pool=h.binding.pool) for h in self.workers]
+        return [
+            _ray.get(h.actor._rn_info.remote(), timeout_s=30, what="info", worker=h.binding.worker, pool=h.binding.pool)
+            for h in self.workers
+        ]
 
     def close(self) -> None:
         """Kill the workers and release their pool slots (idempotent)."""
@@ -406,7 +472,6 @@ class Cluster(ClusterBase):
         for h in self.workers:
             _ray.kill(h.actor)
         self._session._resources.release(self.name)
-
 
 
 def _pick(v: Any, i: int) -> Any:

@@ -108,8 +108,11 @@ def hw_mapping(
 
         if "tag_name" not in inspect.signature(fn).parameters:
             raise ConfigError(f"@hw_mapping method {fn.__qualname__} must take a 'tag_name' argument")
-        setattr(fn, DISPATCH_ATTR, Dispatch("hw_mapping", affinity=dict(affinity or {}), default=default,
-                                            max_inflight=max_inflight))
+        setattr(
+            fn,
+            DISPATCH_ATTR,
+            Dispatch("hw_mapping", affinity=dict(affinity or {}), default=default, max_inflight=max_inflight),
+        )
         return fn
 
     return deco
@@ -133,8 +136,11 @@ def register_serverless(endpoint: str | None = None, *, timeout_s: float = 30.0,
         return register_serverless()(endpoint)  # type: ignore[return-value]
 
     def deco(fn: F) -> F:
-        setattr(fn, DISPATCH_ATTR, Dispatch("serverless", endpoint=endpoint or fn.__name__, timeout_s=timeout_s,
-                                            retries=retries))
+        setattr(
+            fn,
+            DISPATCH_ATTR,
+            Dispatch("serverless", endpoint=endpoint or fn.__name__, timeout_s=timeout_s, retries=retries),
+        )
         return fn
 
     return deco

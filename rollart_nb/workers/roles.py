@@ -245,8 +245,10 @@ class TrainerWorker(Worker):
         except RollartError:  # already names what is wrong (e.g. an incomplete checkpoint)
             raise
         except RuntimeError as e:  # load_state_dict: parameter names or shapes differ
-            raise ConfigError(f"checkpoint {directory!r} does not fit this trainer's model: "
-                              f"{str(e).strip().splitlines()[0]}; resume with the model it was saved from") from e
+            raise ConfigError(
+                f"checkpoint {directory!r} does not fit this trainer's model: "
+                f"{str(e).strip().splitlines()[0]}; resume with the model it was saved from"
+            ) from e
         return self.backend.version
 
     @register("one")
@@ -259,14 +261,24 @@ class TrainerWorker(Worker):
 
     def _checkpointing(self) -> Any:
         if not hasattr(self.backend, "save_checkpoint"):
-            raise ConfigError(f"{type(self.backend).__name__} does not support checkpoints; "
-                              "use a trainer with a torch or megatron backend")
+            raise ConfigError(
+                f"{type(self.backend).__name__} does not support checkpoints; "
+                "use a trainer with a torch or megatron backend"
+            )
         return self.backend
 
 
 # Architecture fields whose difference makes a checkpoint unloadable (or silently wrong: vocab).
-_ARCH_KEYS = ("model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-              "num_attention_heads", "num_key_value_heads", "tie_word_embeddings")
+_ARCH_KEYS = (
+    "model_type",
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "tie_word_embeddings",
+)
 
 
 def _check_same_model(directory: str, model: Any) -> None:
@@ -276,11 +288,16 @@ def _check_same_model(directory: str, model: Any) -> None:
     if config is None or not saved_file.is_file():
         return  # nothing to compare; an incomplete checkpoint is reported by the backend
     saved, have = json.loads(saved_file.read_text()), config.to_dict()
-    diff = [f"{k}: checkpoint {saved[k]!r}, this trainer {have[k]!r}"
-            for k in _ARCH_KEYS if k in saved and k in have and saved[k] != have[k]]
+    diff = [
+        f"{k}: checkpoint {saved[k]!r}, this trainer {have[k]!r}"
+        for k in _ARCH_KEYS
+        if k in saved and k in have and saved[k] != have[k]
+    ]
     if diff:
-        raise ConfigError(diff + ["build the trainer from the model the checkpoint was saved from"],
-                          where=f"checkpoint {directory!r} for this trainer's model")
+        raise ConfigError(
+            diff + ["build the trainer from the model the checkpoint was saved from"],
+            where=f"checkpoint {directory!r} for this trainer's model",
+        )
 
 
 def _to_cpu(obj: Any) -> Any:

@@ -58,8 +58,13 @@ class Worker:
     def _rn_info(self) -> dict[str, Any]:
         from rollart_nb import _ray
 
-        return {"node_id": _ray.current_node_id(), "pid": os.getpid(), "hardware": self.hardware,
-                "pool": self.pool, "rank": self.rank}
+        return {
+            "node_id": _ray.current_node_id(),
+            "pid": os.getpid(),
+            "hardware": self.hardware,
+            "pool": self.pool,
+            "rank": self.rank,
+        }
 
     def _rn_call(self, method: str, args: tuple, kwargs: dict) -> Any:
         return getattr(self, method)(*args, **kwargs)
@@ -91,8 +96,9 @@ def actor_class_for(worker_cls: type[Worker]) -> type:
     """A subclass that sets the binding before the user's ``__init__`` runs."""
 
     class _Actor(worker_cls):  # type: ignore[valid-type, misc]
-        def __init__(self, _rn_binding: Binding, _rn_world: int, _rn_log_dir: str | None, *args: Any,
-                     **kwargs: Any) -> None:
+        def __init__(
+            self, _rn_binding: Binding, _rn_world: int, _rn_log_dir: str | None, *args: Any, **kwargs: Any
+        ) -> None:
             self.binding = _rn_binding
             self.world_size = _rn_world
             self.role = _rn_binding.role

@@ -64,9 +64,7 @@ def test_seeded_sampling_does_not_depend_on_batch_mates(backend):
     async def run():
         alone = await backend.generate(req("a", prompt, max_new_tokens=8, seed=7))
         crowd = await asyncio.gather(
-            backend.generate(
-                req("b", encode(backend, ("hello world again", None)), max_new_tokens=3, seed=1)
-            ),
+            backend.generate(req("b", encode(backend, ("hello world again", None)), max_new_tokens=3, seed=1)),
             backend.generate(req("c", prompt, max_new_tokens=8, seed=7)),
         )
         other = await backend.generate(req("d", prompt, max_new_tokens=8, seed=8))
@@ -90,9 +88,7 @@ def test_greedy_is_argmax_and_stops_at_length_or_stop_string(backend):
     assert r1.token_ids[0] == int(logits.argmax())
     # Stop strings: cut right after the first token whose text contains one.
     sampled = asyncio.run(backend.generate(req("s", prompt, max_new_tokens=6, seed=11)))
-    k = next(
-        i for i, t in enumerate(sampled.token_ids) if backend.tokenizer.decode([t], skip_special_tokens=True)
-    )
+    k = next(i for i, t in enumerate(sampled.token_ids) if backend.tokenizer.decode([t], skip_special_tokens=True))
     stop = backend.tokenizer.decode([sampled.token_ids[k]], skip_special_tokens=True)
     cut = asyncio.run(backend.generate(req("s", prompt, max_new_tokens=6, seed=11, stop=[stop])))
     assert cut.token_ids == sampled.token_ids[: k + 1] and cut.finish_reason == "stop"
@@ -156,9 +152,7 @@ def test_recompute_after_weight_update_equals_fresh_prefill(ref, backend):
     assert r2.version == 3 and r2.recomputed_tokens == len(p2)
     fresh = backend.recompute(p2 + r2.token_ids)[len(p2) - 1 :]
     assert max(abs(a - b) for a, b in zip(fresh, r2.logprobs, strict=True)) <= 1e-5
-    assert (
-        max(abs(a - b) for a, b in zip(trainer.logprobs(p2, r2.token_ids), r2.logprobs, strict=True)) <= 1e-4
-    )
+    assert max(abs(a - b) for a, b in zip(trainer.logprobs(p2, r2.token_ids), r2.logprobs, strict=True)) <= 1e-4
 
 
 def test_abort_queued_and_in_flight(backend):
@@ -166,9 +160,7 @@ def test_abort_queued_and_in_flight(backend):
     backend.batch_wait_s = 0.0
 
     async def run():
-        long = asyncio.create_task(
-            backend.generate(req("long", prompt, temperature=0.0, max_new_tokens=3000))
-        )
+        long = asyncio.create_task(backend.generate(req("long", prompt, temperature=0.0, max_new_tokens=3000)))
         while not backend._running:
             await asyncio.sleep(0.005)
         await asyncio.sleep(0.05)
@@ -207,9 +199,7 @@ def test_weight_load_waits_for_the_running_batch(ref, backend):
     assert blocked == [True]
     check = HFBackend(ref)
     check.load_weights(v0_state, 0)
-    assert check.recompute(prompt + result.token_ids)[len(prompt) - 1 :] == pytest.approx(
-        result.logprobs, abs=1e-5
-    )
+    assert check.recompute(prompt + result.token_ids)[len(prompt) - 1 :] == pytest.approx(result.logprobs, abs=1e-5)
 
 
 def test_bad_prompts_raise(backend):
@@ -268,8 +258,9 @@ def test_last_turn_keeps_no_kv_and_samples_the_same(ref):
     prompts = {"a": encode(be, ("go left", None)), "b": encode(be, ("what is 2+3 ?", None))}
 
     async def go(backend):
-        return await asyncio.gather(*[backend.generate(req(t, p, max_new_tokens=5, seed=3, last_turn=t == "a"))
-                                      for t, p in prompts.items()])
+        return await asyncio.gather(
+            *[backend.generate(req(t, p, max_new_tokens=5, seed=3, last_turn=t == "a")) for t, p in prompts.items()]
+        )
 
     got, want = asyncio.run(go(be)), asyncio.run(go(plain))
     assert be.stats["batches"] == 1
@@ -300,6 +291,9 @@ def test_sample_rows_follows_the_tempered_softmax_and_never_draws_a_zero_probabi
     assert torch.allclose(freq, expected, atol=0.02), (freq, expected)
     # the same generator state gives the same token whatever the rest of the batch holds
     a = sample_rows(logits[:1], temps[:1], [torch.Generator().manual_seed(5)])
-    b = sample_rows(torch.cat([torch.randn(3, 5), logits[:1]]), torch.ones(4),
-                    [torch.Generator().manual_seed(s) for s in (1, 2, 3, 5)])
+    b = sample_rows(
+        torch.cat([torch.randn(3, 5), logits[:1]]),
+        torch.ones(4),
+        [torch.Generator().manual_seed(s) for s in (1, 2, 3, 5)],
+    )
     assert int(a[0]) == int(b[3])

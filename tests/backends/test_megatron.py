@@ -115,9 +115,7 @@ def _batch(prompt, step):
     batch = []
     for j, tok in enumerate([40, 41, 42, 43]):
         t = Trajectory(task="t", group_id=f"g{step}")
-        t.turns.append(
-            Turn("say 3", prompt_ids=prompt, response_ids=[tok, 7], loss_mask=[1, 1], logprobs=[-5.5, -5.4])
-        )
+        t.turns.append(Turn("say 3", prompt_ids=prompt, response_ids=[tok, 7], loss_mask=[1, 1], logprobs=[-5.5, -5.4]))
         t.reward = 1.0 if j == 0 else 0.0
         batch.append(t)
     return batch
@@ -132,8 +130,11 @@ def test_matches_torch_trainer_and_checkpoints(ref, tmp_path, megatron_device):
     algo = GRPO(group_size=4, lr=3e-3)
     mt = MegatronTrainBackend(ref, algo, device=megatron_device)
     psutil = pytest.importorskip("psutil")
-    wide = [c.laddr for c in psutil.Process().net_connections(kind="inet")
-            if c.status == psutil.CONN_LISTEN and c.laddr.ip not in ("127.0.0.1", "::1", "::ffff:127.0.0.1")]
+    wide = [
+        c.laddr
+        for c in psutil.Process().net_connections(kind="inet")
+        if c.status == psutil.CONN_LISTEN and c.laddr.ip not in ("127.0.0.1", "::1", "::ffff:127.0.0.1")
+    ]
     assert not wide, f"a lone trainer's process group listens beyond loopback: {wide}"  # no TCPStore
     tt = TorchTrainBackend(ref, algo, device=megatron_device)
     assert isinstance(mt, TrainBackend) and mt.version == 0

@@ -63,9 +63,7 @@ def test_multi_turn_becomes_one_row_masked_on_every_response(tok):
     span2 = list(range(len(p2), len(p2) + len(r2) - 1))
     assert trained == span1 + span2
     assert [row.ids[i] for i in span1] == r1
-    assert all(row.old_logprobs[i] == -0.5 for i in span1) and all(
-        math.isnan(row.old_logprobs[i]) for i in span2
-    )
+    assert all(row.old_logprobs[i] == -0.5 for i in span1) and all(math.isnan(row.old_logprobs[i]) for i in span2)
 
 
 def test_inconsistent_history_falls_back_to_rows_per_turn(tok):
@@ -145,8 +143,9 @@ def test_flat_groups_are_left_out_and_an_all_flat_batch_makes_no_step(ref, tok):
     assert kept["trained_rows"] == 4 and kept["num_tokens"] == 2 * mixed["num_tokens"]
     # A KL term acts on flat rows too, so they are trained, unless regularize_all_rows is off.
     kl = TorchTrainBackend(ref, GRPO(group_size=2, kl_coef=0.1), seed=0).train_step(spread + flat)
-    kl_signal = TorchTrainBackend(ref, GRPO(group_size=2, kl_coef=0.1, regularize_all_rows=False),
-                                  seed=0).train_step(spread + flat)
+    kl_signal = TorchTrainBackend(ref, GRPO(group_size=2, kl_coef=0.1, regularize_all_rows=False), seed=0).train_step(
+        spread + flat
+    )
     assert kl["trained_rows"] == 4 and kl_signal["trained_rows"] == 2
 
     trainer = TorchTrainBackend(ref, GRPO(group_size=2), seed=0)
@@ -211,8 +210,7 @@ def test_grpo_learns_to_say_3(ref):
 
     async def rollouts(step):
         reqs = [
-            GenerationRequest(f"{step}-{i}", "say", prompt, max_new_tokens=2, seed=1000 * step + i)
-            for i in range(64)
+            GenerationRequest(f"{step}-{i}", "say", prompt, max_new_tokens=2, seed=1000 * step + i) for i in range(64)
         ]
         return await asyncio.gather(*[gen.generate(r) for r in reqs])
 
@@ -222,9 +220,7 @@ def test_grpo_learns_to_say_3(ref):
         for i, r in enumerate(asyncio.run(rollouts(step))):
             assert r.version == trainer.version
             t = Trajectory(task="say", group_id=f"{step}-{i // 8}")
-            t.turns.append(
-                Turn("say 3", r.text, prompt, r.token_ids, r.logprobs, [1] * len(r.token_ids), r.version)
-            )
+            t.turns.append(Turn("say 3", r.text, prompt, r.token_ids, r.logprobs, [1] * len(r.token_ids), r.version))
             t.reward = 1.0 if r.token_ids[:1] == [three] else 0.0
             batch.append(t)
         m = trainer.train_step(batch)
@@ -259,8 +255,10 @@ def test_algo_changes_reach_the_optimizer_and_a_checkpoint_restores_them(ref, to
 
 
 def test_epochs_are_repeated_steps_on_one_batch_with_one_reference_pass(ref, tok):
-    batch = [two_turn(tok, float(i % 2), group=f"g{i // 2}", resp=(w, "up"))
-             for i, w in enumerate(["left", "right", "up", "down"])]
+    batch = [
+        two_turn(tok, float(i % 2), group=f"g{i // 2}", resp=(w, "up"))
+        for i, w in enumerate(["left", "right", "up", "down"])
+    ]
     two = TorchTrainBackend(ref, GRPO(group_size=2, kl_coef=0.1, epochs=2), seed=0)
     ref_passes = []
     two.reference.register_forward_hook(lambda *_: ref_passes.append(1))
@@ -280,8 +278,10 @@ def test_epochs_are_repeated_steps_on_one_batch_with_one_reference_pass(ref, tok
 
 def _kl_batch(tok):
     batch = [two_turn(tok, float(i % 2), group=f"g{i // 2}", resp=(w, "up")) for i, w in enumerate(["left", "right"])]
-    batch += [two_turn(tok, float(i % 2), group=f"h{i // 2}", resp=(w, "down"), consistent=False)
-              for i, w in enumerate(["up", "down"])]  # one row per turn
+    batch += [
+        two_turn(tok, float(i % 2), group=f"h{i // 2}", resp=(w, "down"), consistent=False)
+        for i, w in enumerate(["up", "down"])
+    ]  # one row per turn
     return batch
 
 

@@ -15,8 +15,14 @@ from rollart_nb.sim.workloads import Workload
 
 
 def test_report_notes_only_large_gaps():
-    r = result("x", {"a": 1.0, "b": 2.0, "c": 1.5}, {"a": (1.1, 1.3), "b": 1.0, "c": None},
-               {"b": "because of B"}, {}, description="d")
+    r = result(
+        "x",
+        {"a": 1.0, "b": 2.0, "c": 1.5},
+        {"a": (1.1, 1.3), "b": 1.0, "c": None},
+        {"b": "because of B"},
+        {},
+        description="d",
+    )
     assert r["deviation"] == {"a": pytest.approx(0.0909, abs=1e-3), "b": 1.0, "c": None}
     assert len(r["notes"]) == 1 and "because of B" in r["notes"][0]
     assert "in range" not in format_table(r) and "b" in format_table(r)
@@ -36,8 +42,18 @@ def test_unknown_experiment():
 
 def test_simulation_is_reproducible_and_load_independent():
     """The virtual clock: a seed gives the same modelled numbers, whatever the machine does meanwhile."""
-    s = RunSpec("qwen3-8b", {"H20": 4}, train_gpus=4, tasks={"math": "gem-math"}, envs_per_task=8, batch=16,
-                group=4, steps=2, warmup=1, seed=3)
+    s = RunSpec(
+        "qwen3-8b",
+        {"H20": 4},
+        train_gpus=4,
+        tasks={"math": "gem-math"},
+        envs_per_task=8,
+        batch=16,
+        group=4,
+        steps=2,
+        warmup=1,
+        seed=3,
+    )
     a = simulate(s)
     stop = False
 
@@ -67,8 +83,18 @@ def test_prefill_heavy_work_prefers_h800_over_h20_at_equal_cost():
     prefill-shaped work to H800, beats H20-only at equal cost (the direction R1 reports).
     Sync mode, so each step's rollout_s is one batch's rollout from scratch."""
     docs = Workload("docs", "prefill", (1, 1), 8000, (10.0, 0.0), (16.0, 0.0), (0.0, 0.0), max_response_tokens=32)
-    base = RunSpec("qwen3-8b", {}, train_gpus=1, tasks={"docs": docs}, envs_per_task=16, batch=16, group=4,
-                   steps=1, warmup=1, mode="sync")
+    base = RunSpec(
+        "qwen3-8b",
+        {},
+        train_gpus=1,
+        tasks={"docs": docs},
+        envs_per_task=16,
+        batch=16,
+        group=4,
+        steps=1,
+        warmup=1,
+        mode="sync",
+    )
     budget = pool_cost({"H800": 4})
     h20 = simulate(base.with_(rollout={"H20": equal_cost_counts(budget, "H20")}))
     mix = simulate(base.with_(rollout={"H800": 3, "H20": equal_cost_counts(budget - pool_cost({"H800": 3}), "H20")}))

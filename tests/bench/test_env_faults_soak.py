@@ -12,8 +12,9 @@ SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "env_faults.py"
 
 
 def test_short_soak_loses_no_trajectory_and_leaves_no_process():
-    p = subprocess.run([sys.executable, str(SCRIPT), "--steps", "20", "--kill-every", "5"], capture_output=True,
-                       text=True, timeout=900)
+    p = subprocess.run(
+        [sys.executable, str(SCRIPT), "--steps", "20", "--kill-every", "5"], capture_output=True, text=True, timeout=900
+    )
     assert p.returncode == 0, (p.stdout[-2000:], p.stderr[-3000:])
     res = json.loads(p.stdout.strip().splitlines()[-1].removeprefix("RESULT "))
     assert res["steps"] == 20  # training went on through every fault

@@ -12,13 +12,33 @@ SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "math_vs_trl.py"
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(SCRIPT), "--sides", "ours", *args], capture_output=True, text=True,
-                          timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), "--sides", "ours", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
 
 
 def test_ours_side_reports_its_settings_and_trained_rows():
-    p = _run("--seconds", "4", "--eval-every", "2", "--group", "4", "--prompts", "4", "--kl", "0.05",
-             "--skip-flat", "--reward", "close", "--epochs", "2")
+    p = _run(
+        "--seconds",
+        "4",
+        "--eval-every",
+        "2",
+        "--group",
+        "4",
+        "--prompts",
+        "4",
+        "--kl",
+        "0.05",
+        "--skip-flat",
+        "--reward",
+        "close",
+        "--epochs",
+        "2",
+    )
     assert p.returncode == 0, p.stderr[-2000:]
     res = json.loads(p.stdout.strip().splitlines()[-1].removeprefix("RESULT "))
     assert (res["group"], res["prompts"], res["kl"], res["skip_flat"]) == (4, 4, 0.05, True)
@@ -66,11 +86,13 @@ def test_across_seeds_counts_a_side_that_never_got_there_as_slowest():
     def side(t, best):
         return {"t_to_0.3": t, "best": best, "last": best, "steps": 600}
 
-    runs = [{"ours": side(100.0, 0.5), "trl": side(150.0, 0.4)},
-            {"ours": side(None, 0.2), "trl": side(120.0, 0.35)},
-            {"ours": side(90.0, 0.6), "trl": side(None, 0.25)},
-            {"ours": side(None, 0.1), "trl": side(None, 0.2)},
-            {"ours": side(80.0, 0.4), "trl": {"error": "rc 1"}}]  # a failed TRL run counts for neither
+    runs = [
+        {"ours": side(100.0, 0.5), "trl": side(150.0, 0.4)},
+        {"ours": side(None, 0.2), "trl": side(120.0, 0.35)},
+        {"ours": side(90.0, 0.6), "trl": side(None, 0.25)},
+        {"ours": side(None, 0.1), "trl": side(None, 0.2)},
+        {"ours": side(80.0, 0.4), "trl": {"error": "rc 1"}},
+    ]  # a failed TRL run counts for neither
     s = mod.across_seeds(runs, "t_to_0.3", 300)
     assert s["ours"]["seeds"] == 5 and s["ours"]["reached"] == 3
     assert s["ours"]["median_t_to_0.3"] == 100.0  # 80, 90, 100, never, never

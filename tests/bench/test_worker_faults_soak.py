@@ -12,8 +12,12 @@ SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "worker_faults.py"
 
 
 def test_short_worker_soak_finishes_and_loses_no_trajectory():
-    p = subprocess.run([sys.executable, str(SCRIPT), "--steps", "20", "--kill-every", "5", "--trainer-kill-at", "12"],
-                       capture_output=True, text=True, timeout=900)
+    p = subprocess.run(
+        [sys.executable, str(SCRIPT), "--steps", "20", "--kill-every", "5", "--trainer-kill-at", "12"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert p.returncode == 0, (p.stdout[-2000:], p.stderr[-3000:])
     res = json.loads(p.stdout.strip().splitlines()[-1].removeprefix("RESULT "))
     assert res["steps"] == 20  # training went on through every kill

@@ -120,8 +120,9 @@ def test_a_killed_driver_resumes_with_identical_weights_and_optimizer(killed_run
 
     train, gen, tasks = build(sess, tiny_qwen(seed=0))
     assert train.version() == 0
-    pipe = sess.pipeline(train, gen, tasks, algo=GRPO(group_size=2), batch_size=4, mode="sync", name="run",
-                         resume_from=run_dir)
+    pipe = sess.pipeline(
+        train, gen, tasks, algo=GRPO(group_size=2), batch_size=4, mode="sync", name="run", resume_from=run_dir
+    )
     assert pipe.resumed_from.steps == 2 and pipe.version == train.version() == saved["version"]
     assert same_tensors(train.state_dict(), saved["weights"])
     assert same_tensors(train.optimizer_state(), saved["optimizer"])
@@ -135,8 +136,18 @@ def test_autosave_every_n_steps_on_pause_and_close_keeps_the_newest(sess, tmp_pa
     with pytest.raises(ConfigError, match="autosave_every"):
         sess.pipeline(train, gen, tasks, batch_size=4, group_size=2, name="bad", autosave_every=-1)
     run_dir = tmp_path / "auto"
-    pipe = sess.pipeline(train, gen, tasks, algo=GRPO(group_size=2), batch_size=4, mode="rollart", name="auto",
-                         run_dir=run_dir, autosave_every=2, keep_checkpoints=2)
+    pipe = sess.pipeline(
+        train,
+        gen,
+        tasks,
+        algo=GRPO(group_size=2),
+        batch_size=4,
+        mode="rollart",
+        name="auto",
+        run_dir=run_dir,
+        autosave_every=2,
+        keep_checkpoints=2,
+    )
     pipe.run(5, progress=False)
     assert [p.name for p in run_checkpoints(run_dir)] == ["step-000002", "step-000004"]
     pipe.run(50, background=True)
@@ -158,8 +169,17 @@ def test_autosave_every_n_steps_on_pause_and_close_keeps_the_newest(sess, tmp_pa
 def test_every_damaged_file_is_named_and_the_last_good_checkpoint_offered(sess, tmp_path):
     train, gen, tasks = build(sess, tiny_qwen(seed=0))
     run_dir = tmp_path / "dmg"
-    pipe = sess.pipeline(train, gen, tasks, algo=GRPO(group_size=2), batch_size=4, mode="sync", name="dmg",
-                         run_dir=run_dir, autosave_every=1)
+    pipe = sess.pipeline(
+        train,
+        gen,
+        tasks,
+        algo=GRPO(group_size=2),
+        batch_size=4,
+        mode="sync",
+        name="dmg",
+        run_dir=run_dir,
+        autosave_every=1,
+    )
     pipe.run(2, progress=False)
     pipe.close()
     good, newest = run_checkpoints(run_dir)[-2:]

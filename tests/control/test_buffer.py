@@ -21,8 +21,15 @@ ops = st.lists(
 
 
 def traj(group: int, start: int) -> Trajectory:
-    return Trajectory("t", seed=group, group_id=f"g{group}", start_version=start, status=Status.COMPLETED,
-                      reward=1.0, reward_version=0)
+    return Trajectory(
+        "t",
+        seed=group,
+        group_id=f"g{group}",
+        start_version=start,
+        status=Status.COMPLETED,
+        reward=1.0,
+        reward_version=0,
+    )
 
 
 @settings(max_examples=300, deadline=None)

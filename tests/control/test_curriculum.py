@@ -14,9 +14,13 @@ from rollart_nb.errors import ConfigError
 
 
 def test_bad_settings_are_config_errors():
-    for kw, match in [({"seeds": []}, "empty"), ({"seeds": [1, 1]}, "distinct"),
-                      ({"seeds": [1], "uniform": 1.5}, "uniform"), ({"seeds": [1], "decay": 1.0}, "decay"),
-                      ({"seeds": [1], "success": math.nan}, "success")]:
+    for kw, match in [
+        ({"seeds": []}, "empty"),
+        ({"seeds": [1, 1]}, "distinct"),
+        ({"seeds": [1], "uniform": 1.5}, "uniform"),
+        ({"seeds": [1], "decay": 1.0}, "decay"),
+        ({"seeds": [1], "success": math.nan}, "success"),
+    ]:
         with pytest.raises(ConfigError, match=match):
             PromptCurriculum(**kw)
 

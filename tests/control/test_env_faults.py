@@ -33,13 +33,32 @@ M = spec("qwen3-0.6b")
 MANY = 40
 
 
-def make(envs, *, batch=8, group=4, alpha=1, redundancy=0, rewards=None, timeout=0.2, max_turns=2, mode="rollart",
-         max_abandoned=1024, proxy_cls=LLMProxy):
+def make(
+    envs,
+    *,
+    batch=8,
+    group=4,
+    alpha=1,
+    redundancy=0,
+    rewards=None,
+    timeout=0.2,
+    max_turns=2,
+    mode="rollart",
+    max_abandoned=1024,
+    proxy_cls=LLMProxy,
+):
     backends = [SimBackend(M, PROFILES["H20"], time_scale=1e-4, mean_response_tokens=8, name=f"g{i}") for i in range(2)]
     targets = [GenTarget(LocalHandle(LocalGenerator(b)), f"gen/{i}", "H20", "H20") for i, b in enumerate(backends)]
-    cfg = SchedulerConfig(batch_size=batch, group_size=group, alpha=alpha, mode=MODES[mode], redundancy=redundancy,
-                          rollout=RolloutConfig(max_turns=max_turns, max_new_tokens=8, env_timeout_s=timeout,
-                                                max_abandoned_threads=max_abandoned))
+    cfg = SchedulerConfig(
+        batch_size=batch,
+        group_size=group,
+        alpha=alpha,
+        mode=MODES[mode],
+        redundancy=redundancy,
+        rollout=RolloutConfig(
+            max_turns=max_turns, max_new_tokens=8, env_timeout_s=timeout, max_abandoned_threads=max_abandoned
+        ),
+    )
     s = RolloutScheduler(envs, SimTokenizer(), proxy_cls(targets, {}), rewards or RewardDispatcher(), cfg)
     s.backends = backends  # a test bumping the version loads the weights first, as the pipeline does
     return s
@@ -102,9 +121,14 @@ def test_many_hanging_sync_envs_do_not_stall_training(release):
     assert env["hung_threads"] >= MANY - 1 and env["threads"] <= env["thread_cap"] and not env["at_cap"]
     assert env["restarts"] == env["timeouts"]  # each timed-out env was replaced
     # the reasons name the env that hung, its call, task and manager -- never a healthy reset
-    assert failed and all(re.search(r"HangingStep did not answer step within 0.2s.*\[env #\d+ \(task 'math', "
-                                    r"HangingStep\), step of turn \d, trajectory \w+; env replaced\]", t.reason)
-                          for t in failed), failed[0].reason
+    assert failed and all(
+        re.search(
+            r"HangingStep did not answer step within 0.2s.*\[env #\d+ \(task 'math', "
+            r"HangingStep\), step of turn \d, trajectory \w+; env replaced\]",
+            t.reason,
+        )
+        for t in failed
+    ), failed[0].reason
     acc = assert_accounted(s)
     assert acc["running"] == acc["scoring"] == 0 and acc["failed"] == len(failed) >= MANY
 
@@ -133,8 +157,14 @@ def test_a_blocking_sync_reward_does_not_stall_rollout_or_blame_the_env(release)
     failed = [t for t in s.ended if t.status is Status.FAILED]
     assert stats["rewards"]["abandoned_threads"] >= MANY and stats["rewards"]["timeouts"] >= MANY
     assert stats["env"]["timeouts"] == stats["env"]["restarts"] == 0  # no env was blamed
-    assert failed and all(re.match(r"reward: reward \S*reward v0 for task 'math' \(trajectory \w+\) failed after 1 "
-                                   r"attempt\(s\): timed out after 0.2s", t.reason) for t in failed), failed[0].reason
+    assert failed and all(
+        re.match(
+            r"reward: reward \S*reward v0 for task 'math' \(trajectory \w+\) failed after 1 "
+            r"attempt\(s\): timed out after 0.2s",
+            t.reason,
+        )
+        for t in failed
+    ), failed[0].reason
     assert_accounted(s)
 
 
@@ -161,8 +191,11 @@ def test_hung_envs_at_the_thread_cap_are_reported_in_the_stall_error(release, ca
 
 def test_with_failures_envs_fail_at_their_own_rate_and_every_trajectory_is_accounted():
     async def go():
-        envs = {"math": [WithFailures(Arithmetic(max_turns=2), p_raise=0.1, p_hang=0.1, hang_s=3600, seed=i)
-                         for i in range(8)]}
+        envs = {
+            "math": [
+                WithFailures(Arithmetic(max_turns=2), p_raise=0.1, p_hang=0.1, hang_s=3600, seed=i) for i in range(8)
+            ]
+        }
         s = make(envs, redundancy=1, alpha=0)
         for v in range(1, 5):
             await s.get_batch(8, timeout_s=30)
@@ -241,13 +274,25 @@ def test_step_report_env_faults_round_trip():
 def test_dashboard_line_and_figure_show_env_faults():
     from rollart_nb.nb import figures
 
-    reps = [StepReport(step=i, version=i, mode="rollart", counts={"failed": i},
-                       env={"restarts": i, "timeouts": i, "abandoned_threads": 1}) for i in range(3)]
+    reps = [
+        StepReport(
+            step=i,
+            version=i,
+            mode="rollart",
+            counts={"failed": i},
+            env={"restarts": i, "timeouts": i, "abandoned_threads": 1},
+        )
+        for i in range(3)
+    ]
     assert figures.env_faults_line(reps) == "env faults: 3 restarts, 3 timeouts, 3 abandoned threads"
     assert figures.env_faults_line(reps[:1][:0]) == ""
     fig = figures.failures_figure(reps)
-    assert [t.name for t in fig.data] == ["trajectories failed", "env restarts", "env timeouts",
-                                          "env abandoned threads"]
+    assert [t.name for t in fig.data] == [
+        "trajectories failed",
+        "env restarts",
+        "env timeouts",
+        "env abandoned threads",
+    ]
     assert list(fig.data[1].y) == [0, 1, 2]
 
 
@@ -271,12 +316,20 @@ def test_pipeline_reports_env_faults_per_step_and_accounts_for_every_trajectory(
             return self.inner.step(action)
 
     sess = local_session
-    gen = sess.cluster("actor_gen", SimGenerator, pool="H20", replicas=1, model=M, time_scale=1e-4,
-                       mean_response_tokens=8)
+    gen = sess.cluster(
+        "actor_gen", SimGenerator, pool="H20", replicas=1, model=M, time_scale=1e-4, mean_response_tokens=8
+    )
     train = sess.cluster("actor_train", SimTrainer, pool="H800", model=M, time_scale=1e-4)
     tasks = sess.tasks({"math": SleepyStep()}, envs_per_task=8)
-    pipe = sess.pipeline(train, gen, tasks, batch_size=8, group_size=4, name="faults",
-                         rollout=RolloutConfig(max_turns=2, max_new_tokens=8, env_timeout_s=0.3))
+    pipe = sess.pipeline(
+        train,
+        gen,
+        tasks,
+        batch_size=8,
+        group_size=4,
+        name="faults",
+        rollout=RolloutConfig(max_turns=2, max_new_tokens=8, env_timeout_s=0.3),
+    )
     try:
         reps = pipe.run(4, progress=False)
         stats = pipe.stats()

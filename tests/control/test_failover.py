@@ -28,8 +28,9 @@ def sess():
 
 def build(sess, gens=2, time_scale=2e-3):
     spec = rn.models.spec(SPEC)
-    gen = sess.cluster("actor_gen", SimGenerator, pool="H20", replicas=gens, model=spec, time_scale=time_scale,
-                       mean_response_tokens=16)
+    gen = sess.cluster(
+        "actor_gen", SimGenerator, pool="H20", replicas=gens, model=spec, time_scale=time_scale, mean_response_tokens=16
+    )
     train = sess.cluster("actor_train", SimTrainer, pool="H800", model=spec, time_scale=1e-4)
     tasks = sess.tasks({"math": Arithmetic()}, envs_per_task=16)
     return train, gen, tasks
@@ -49,8 +50,9 @@ def accounted(pipe) -> dict:
 @pytest.mark.parametrize("dispatch", ["direct", "batched"])
 def test_a_killed_generator_is_replaced_and_the_run_goes_on_without_failures(sess, dispatch):
     train, gen, tasks = build(sess)
-    pipe = sess.pipeline(train, gen, tasks, batch_size=16, group_size=4, mode="rollart", name="gfail",
-                         dispatch=dispatch)
+    pipe = sess.pipeline(
+        train, gen, tasks, batch_size=16, group_size=4, mode="rollart", name="gfail", dispatch=dispatch
+    )
     pipe.run(2, progress=False)
     old = gen.workers[0].actor
     pipe.run(8, background=True, progress=False)
@@ -94,15 +96,19 @@ def test_restart_worker_by_hand_reaches_the_same_state(sess):
 
 def test_restarts_are_bounded_per_worker_then_a_clear_error(sess):
     train, gen, tasks = build(sess)
-    pipe = sess.pipeline(train, gen, tasks, batch_size=16, group_size=4, mode="rollart", name="bound",
-                         max_worker_restarts=1)
+    pipe = sess.pipeline(
+        train, gen, tasks, batch_size=16, group_size=4, mode="rollart", name="bound", max_worker_restarts=1
+    )
     pipe.step()
     ray.kill(gen.workers[1].actor)
     pipe.run(2, progress=False)
     assert [e["worker"] for e in pipe.events] == ["actor_gen/1"]
     ray.kill(gen.workers[1].actor)
-    with pytest.raises(WorkerDiedError, match=r"actor_gen/1 \(pool H20\) died .* restarted it 1 time\(s\) already, "
-                                              r"the most max_worker_restarts=1 allows.*restart_worker\(1\)") as e:
+    with pytest.raises(
+        WorkerDiedError,
+        match=r"actor_gen/1 \(pool H20\) died .* restarted it 1 time\(s\) already, "
+        r"the most max_worker_restarts=1 allows.*restart_worker\(1\)",
+    ) as e:
         pipe.run(3, progress=False)
     assert e.value.worker == "actor_gen/1"
     close_all(sess, pipe, gen, train)
@@ -111,8 +117,9 @@ def test_restarts_are_bounded_per_worker_then_a_clear_error(sess):
 def test_a_killed_trainer_is_restored_from_the_newest_autosave(sess, tmp_path):
     train, gen, tasks = build(sess)
     run_dir = tmp_path / "t"
-    pipe = sess.pipeline(train, gen, tasks, batch_size=16, group_size=4, mode="rollart", name="tfail",
-                         run_dir=run_dir, autosave_every=2)
+    pipe = sess.pipeline(
+        train, gen, tasks, batch_size=16, group_size=4, mode="rollart", name="tfail", run_dir=run_dir, autosave_every=2
+    )
     pipe.run(5, progress=False)
     assert [p.name for p in run_checkpoints(run_dir)] == ["step-000002", "step-000004"]
     served = pipe.version
@@ -141,8 +148,11 @@ def test_a_trainer_restarted_by_hand_without_autosave_is_refused_and_nothing_goe
     pipe.run(3, progress=False)
     assert pipe.version == 3
     train.restart_worker(0)  # a fresh trainer: version 0, initial weights
-    with pytest.raises(WorkerDiedError, match=r"trainer actor_train/0 lost its state .* no autosave .* up to "
-                                              r"version 3 .* autosave_every=N") as e:
+    with pytest.raises(
+        WorkerDiedError,
+        match=r"trainer actor_train/0 lost its state .* no autosave .* up to "
+        r"version 3 .* autosave_every=N",
+    ) as e:
         pipe.step()
     assert e.value.worker == "actor_train/0"
     assert pipe.version == 3 and gen.version() == [3, 3]  # nothing served went backwards

@@ -25,8 +25,7 @@ VALIDATE_EVERY = 5
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
     envs = {"frozenlake": FrozenLake()}
-    base = tiny_qwen(task_vocab=envs["frozenlake"].vocab, seed=0,
-                     path=str(tmp_path_factory.mktemp("models") / "tiny"))
+    base = tiny_qwen(task_vocab=envs["frozenlake"].vocab, seed=0, path=str(tmp_path_factory.mktemp("models") / "tiny"))
     return format_warm_start(base, envs, steps=60, seed=0, path=str(tmp_path_factory.mktemp("models") / "warm"))
 
 
@@ -37,8 +36,18 @@ def test_frozenlake_greedy_success_rises_well_above_the_warm_start(local_session
     gen = sess.cluster("learn_gen", HFGenerator, pool="H20", model=model, seed=0)
     train = sess.cluster("learn_train", TorchTrainer, pool="H800", model=model, algo=algo, seed=0)
     tasks = sess.tasks({"frozenlake": FrozenLake()}, envs_per_task=16)
-    pipe = sess.pipeline(train, gen, tasks, algo=algo, batch_size=32, alpha=2, mode="rollart", name="learn",
-                         rollout=RolloutConfig(max_new_tokens=4, temperature=1.0), validate_every=VALIDATE_EVERY)
+    pipe = sess.pipeline(
+        train,
+        gen,
+        tasks,
+        algo=algo,
+        batch_size=32,
+        alpha=2,
+        mode="rollart",
+        name="learn",
+        rollout=RolloutConfig(max_new_tokens=4, temperature=1.0),
+        validate_every=VALIDATE_EVERY,
+    )
     before = pipe.validate()["frozenlake"]
     reports = pipe.run(STEPS, progress=False)
     pipe.close()

@@ -16,8 +16,9 @@ M = spec("qwen3-0.6b")
 @pytest.fixture(scope="module")
 def parts(local_session):
     sess = local_session
-    gen = sess.cluster("actor_gen", SimGenerator, pool="H20", replicas=2, model=M, time_scale=1e-4,
-                       mean_response_tokens=8)
+    gen = sess.cluster(
+        "actor_gen", SimGenerator, pool="H20", replicas=2, model=M, time_scale=1e-4, mean_response_tokens=8
+    )
     train = sess.cluster("actor_train", SimTrainer, pool="H800", model=M, time_scale=1e-4)
     tasks = sess.tasks({"fl": SimEnv("frozenlake", time_scale=1e-4), "math": Arithmetic()}, envs_per_task=8)
     return sess, gen, train, tasks
@@ -129,8 +130,11 @@ def test_validation_and_viewer_data(parts):
 
 def test_slow_env_latency_does_not_block_other_tasks(parts):
     sess, gen, train, _ = parts
-    tasks = sess.tasks({"slow": WithLatency(Arithmetic(), mean_s=30.0, std_s=0.0), "math": Arithmetic()},
-                       envs_per_task={"slow": 2, "math": 8}, weights={"math": 1.0, "slow": 0.0})
+    tasks = sess.tasks(
+        {"slow": WithLatency(Arithmetic(), mean_s=30.0, std_s=0.0), "math": Arithmetic()},
+        envs_per_task={"slow": 2, "math": 8},
+        weights={"math": 1.0, "slow": 0.0},
+    )
     pipe = sess.pipeline(train, gen, tasks, batch_size=8, group_size=4, name="slow", step_timeout_s=60)
     rep = pipe.step()
     assert rep.step_s < 20 and set(rep.reward) == {"math"}

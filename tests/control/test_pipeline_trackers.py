@@ -49,8 +49,9 @@ def test_every_step_reaches_each_tracker_and_a_failing_one_is_dropped(sess, capl
     rec, broken = Recorder(), Broken()
     with pytest.raises(ConfigError, match="not a tracker"):
         sess.pipeline(train, gen, tasks, batch_size=8, group_size=4, name="tr", trackers=[object()])
-    pipe = sess.pipeline(train, gen, tasks, algo=rn.GRPO(group_size=4), batch_size=8, mode="sync", name="tr",
-                         trackers=[rec, broken])
+    pipe = sess.pipeline(
+        train, gen, tasks, algo=rn.GRPO(group_size=4), batch_size=8, mode="sync", name="tr", trackers=[rec, broken]
+    )
     with caplog.at_level(logging.WARNING, logger="rollart_nb.control.pipeline"):
         pipe.run(3, progress=False)
     assert [s for s, _ in rec.steps] == [0, 1, 2]

@@ -65,16 +65,14 @@ def test_checkpoint_new_session_resume(tmp_path):
         with pytest.raises(StateError, match="trainer.pt"):
             sess.pipeline(train, gen, tasks, resume_from=broken, name="x")
         with pytest.raises(ConfigError, match=r"task 'fl' is in the checkpoint but not in tasks"):
-            sess.pipeline(train, gen, sess.tasks({"lake": FrozenLake()}, envs_per_task=2), resume_from=path,
-                          name="x")
+            sess.pipeline(train, gen, sess.tasks({"lake": FrozenLake()}, envs_per_task=2), resume_from=path, name="x")
         bigger = sess.cluster("other_train", TorchTrainer, pool="H800", model=tiny_qwen(seed=0, size="m"))
         with pytest.raises(ConfigError, match=r"hidden_size: checkpoint \d+, this trainer \d+"):
             sess.pipeline(bigger, gen, tasks, resume_from=path, name="x")
         assert bigger.version() == 0 and train.version() == 0 and not sess._pipelines  # nothing changed
         sess.close_cluster("other_train")
 
-        pipe = sess.pipeline(train, gen, tasks, algo=algo, batch_size=4, mode="sync", name="run",
-                             resume_from=path)
+        pipe = sess.pipeline(train, gen, tasks, algo=algo, batch_size=4, mode="sync", name="run", resume_from=path)
         # the saved version, served from the start
         assert pipe.version == train.version() == 2 and gen.version() == [2]
         # the trainer's optimizer state is the saved one, tensor for tensor
@@ -120,8 +118,7 @@ def test_sim_pipeline_saves_and_resumes(tmp_path):
         fresh = sess.cluster("actor_train", SimTrainer, pool="H800", model=spec, time_scale=1e-4)  # version 0
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            pipe = sess.pipeline(fresh, gen, tasks, batch_size=8, group_size=4, mode="sync", name="b",
-                                 resume_from=path)
+            pipe = sess.pipeline(fresh, gen, tasks, batch_size=8, group_size=4, mode="sync", name="b", resume_from=path)
         assert not [w for w in caught if "different rewards" in str(w.message)]  # same (default) reward
         assert pipe.version == fresh.version() == 2 and gen.version() == [2]
         rep = pipe.step()
@@ -129,6 +126,5 @@ def test_sim_pipeline_saves_and_resumes(tmp_path):
         pipe.close()
         sess.reward("math", lambda t: 1.0)
         with pytest.warns(UserWarning, match=r"different rewards for \['math'\]"):
-            pipe = sess.pipeline(fresh, gen, tasks, batch_size=8, group_size=4, mode="sync", name="c",
-                                 resume_from=path)
+            pipe = sess.pipeline(fresh, gen, tasks, batch_size=8, group_size=4, mode="sync", name="c", resume_from=path)
         assert pipe.version == 2 and pipe.step().reward["math"] == 1.0

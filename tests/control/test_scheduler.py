@@ -23,15 +23,39 @@ from rollart_nb.trajectory import Status
 M = spec("qwen3-0.6b")
 
 
-def make(envs, *, mode="rollart", batch=8, group=4, alpha=1, redundancy=0, n_workers=2, time_scale=1e-4,
-         max_turns=4, rewards=None, timeout=60.0, weights=None, dispatch="direct", curricula=None):
-    backends = [SimBackend(M, PROFILES["H20"], time_scale=time_scale, mean_response_tokens=8, name=f"g{i}")
-                for i in range(n_workers)]
+def make(
+    envs,
+    *,
+    mode="rollart",
+    batch=8,
+    group=4,
+    alpha=1,
+    redundancy=0,
+    n_workers=2,
+    time_scale=1e-4,
+    max_turns=4,
+    rewards=None,
+    timeout=60.0,
+    weights=None,
+    dispatch="direct",
+    curricula=None,
+):
+    backends = [
+        SimBackend(M, PROFILES["H20"], time_scale=time_scale, mean_response_tokens=8, name=f"g{i}")
+        for i in range(n_workers)
+    ]
     targets = [GenTarget(LocalHandle(LocalGenerator(b)), f"gen/{i}", "H20", "H20") for i, b in enumerate(backends)]
     proxy = LLMProxy(targets, {}, dispatch=dispatch)
-    cfg = SchedulerConfig(batch_size=batch, group_size=group, alpha=alpha, mode=MODES[mode], redundancy=redundancy,
-                          task_weights=weights, curricula=curricula,
-                          rollout=RolloutConfig(max_turns=max_turns, max_new_tokens=8, env_timeout_s=timeout))
+    cfg = SchedulerConfig(
+        batch_size=batch,
+        group_size=group,
+        alpha=alpha,
+        mode=MODES[mode],
+        redundancy=redundancy,
+        task_weights=weights,
+        curricula=curricula,
+        rollout=RolloutConfig(max_turns=max_turns, max_new_tokens=8, env_timeout_s=timeout),
+    )
     return RolloutScheduler(envs, SimTokenizer(), proxy, rewards or RewardDispatcher(), cfg), backends
 
 
@@ -135,8 +159,10 @@ def test_crashing_and_hanging_envs_fail_with_reason_without_stalling():
 
 def test_a_task_that_always_fails_stalls_with_its_reasons():
     async def go():
-        envs = {"math": [Arithmetic() for _ in range(4)],
-                "crash": [WithFailures(Arithmetic(), p_raise=1.0, seed=i) for i in range(2)]}
+        envs = {
+            "math": [Arithmetic() for _ in range(4)],
+            "crash": [WithFailures(Arithmetic(), p_raise=1.0, seed=i) for i in range(2)],
+        }
         s, _ = make(envs, batch=8, group=4)  # uniform weights: every batch needs a crash group
         with pytest.raises(RolloutStalledError, match=r"task 'crash' all failed[\s\S]*injected failure"):
             await s.wait_ready(8, timeout_s=60)
@@ -172,8 +198,10 @@ def test_bad_rewards_fail_the_trajectory_with_reason():
 
 def test_every_trajectory_ends_in_exactly_one_terminal_status():
     async def go():
-        envs = {"math": [WithLatency(Arithmetic(max_turns=2), mean_s=0.01, std_s=0.01, seed=i) for i in range(8)],
-                "crash": [WithFailures(Arithmetic(), p_raise=0.5, seed=3)]}
+        envs = {
+            "math": [WithLatency(Arithmetic(max_turns=2), mean_s=0.01, std_s=0.01, seed=i) for i in range(8)],
+            "crash": [WithFailures(Arithmetic(), p_raise=0.5, seed=3)],
+        }
         s, backends = make(envs, batch=8, group=4, redundancy=1, alpha=0, weights={"math": 1.0, "crash": 0.0})
         for v in range(1, 4):
             await s.get_batch(8, timeout_s=30)
@@ -196,8 +224,10 @@ def test_areal_keeps_what_rollart_aborts(mode, aborted):
     """A long trajectory that crosses two version bumps: rollart (alpha=1) aborts it, areal keeps it."""
 
     async def go():
-        envs = {"long": [WithLatency(Arithmetic(max_turns=1), mean_s=0.6, std_s=0.0)],
-                "fast": [Arithmetic() for _ in range(4)]}
+        envs = {
+            "long": [WithLatency(Arithmetic(max_turns=1), mean_s=0.6, std_s=0.0)],
+            "fast": [Arithmetic() for _ in range(4)],
+        }
         s, _ = make(envs, mode=mode, batch=4, group=4)
         s.schedule()
         await asyncio.sleep(0.05)
@@ -220,8 +250,7 @@ def test_sync_mode_waits_for_the_slowest_env_each_turn():
     """Batch-level interaction: every turn lasts as long as the slowest env's step."""
 
     async def go(mode):
-        envs = {"m": [WithLatency(Arithmetic(max_turns=3), mean_s=0.01 if i else 0.15, std_s=0.0)
-                      for i in range(4)]}
+        envs = {"m": [WithLatency(Arithmetic(max_turns=3), mean_s=0.01 if i else 0.15, std_s=0.0) for i in range(4)]}
         s, _ = make(envs, mode=mode, batch=4, group=4, max_turns=3)
         batch = await s.get_batch(4, timeout_s=30)
         await s.close()

@@ -84,8 +84,9 @@ def test_training_seeds_balance_answers_and_validation_seeds_still_cover_every_p
     plain = Arithmetic(balance_answers=False)
     skewed = Counter(int(plain.reset(seed=s)[1]["answer"]) for s in seeds)
     assert skewed[9] > 5 * skewed[0], skewed
-    assert {env.reset(seed=s)[1]["question"] for s in env.validation_seeds()} == \
-        {plain.reset(seed=s)[1]["question"] for s in plain.validation_seeds()}
+    assert {env.reset(seed=s)[1]["question"] for s in env.validation_seeds()} == {
+        plain.reset(seed=s)[1]["question"] for s in plain.validation_seeds()
+    }
 
 
 def test_multi_digit_numbers_are_spaced_and_vocab_covers_them():

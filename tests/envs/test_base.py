@@ -132,7 +132,9 @@ def test_pool_at_its_cap_says_so_and_calls_wait_for_a_thread(caplog):
         for _ in range(2):  # the base thread and the one replacement both hang
             with pytest.raises(EnvError):
                 await env_step(Hangs(release), "x", timeout_s=0.05, pool=pool, on_abandon=lambda: abandoned.append(1))
-        with pytest.raises(EnvError, match=r"capped thread pool: 2 threads, 2 hung call\(s\) abandoned, cap 2 AT ITS CAP"):
+        with pytest.raises(
+            EnvError, match=r"capped thread pool: 2 threads, 2 hung call\(s\) abandoned, cap 2 AT ITS CAP"
+        ):
             await env_reset(Arithmetic(), 0, timeout_s=0.1, pool=pool)  # healthy, but no thread is free
         release.set()  # the hung calls return: capacity is back
         return await env_reset(Arithmetic(), 0, timeout_s=2.0, pool=pool)

@@ -118,9 +118,16 @@ def test_metadata_and_health(lake):
     _, url = lake
     meta = httpx.get(f"{url}/v1/metadata").json()
     local = FrozenLake(size=4)
-    assert meta == {"protocol": 1, "env": "FrozenLake", "task": "lake", "max_turns": local.max_turns,
-                    "shape": "prefill", "vocab": local.vocab, "validation_seeds": local.validation_seeds(),
-                    "replica": "lake-r0"}
+    assert meta == {
+        "protocol": 1,
+        "env": "FrozenLake",
+        "task": "lake",
+        "max_turns": local.max_turns,
+        "shape": "prefill",
+        "vocab": local.vocab,
+        "validation_seeds": local.validation_seeds(),
+        "replica": "lake-r0",
+    }
     health = httpx.get(f"{url}/v1/health").json()
     assert health["status"] == "ok" and health["capacity"] == 64 and health["protocol"] == 1
 
@@ -196,8 +203,9 @@ def test_async_env_methods_run_on_the_loop_and_a_busy_episode_says_409():
     url = srv.start_in_thread()
     try:
         eid = httpx.post(f"{url}/v1/episodes", json={}).json()["episode_id"]
-        first = threading.Thread(target=httpx.post, args=(f"{url}/v1/episodes/{eid}/step",),
-                                 kwargs={"json": {"action": "a"}, "timeout": 10})
+        first = threading.Thread(
+            target=httpx.post, args=(f"{url}/v1/episodes/{eid}/step",), kwargs={"json": {"action": "a"}, "timeout": 10}
+        )
         first.start()
         time.sleep(0.3)
         r = httpx.post(f"{url}/v1/episodes/{eid}/step", json={"action": "b"})
@@ -233,8 +241,11 @@ def test_env_specs_load_by_name_with_clear_errors():
 
 def _listening_ports(pid):
     """Local (address, port) of the LISTEN sockets of ``pid`` (from /proc: no psutil needed)."""
-    inodes = {os.readlink(f"/proc/{pid}/fd/{fd}")[8:-1] for fd in os.listdir(f"/proc/{pid}/fd")
-              if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:[")}
+    inodes = {
+        os.readlink(f"/proc/{pid}/fd/{fd}")[8:-1]
+        for fd in os.listdir(f"/proc/{pid}/fd")
+        if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:[")
+    }
     out = []
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         for line in open(table).read().splitlines()[1:]:
@@ -246,9 +257,25 @@ def _listening_ports(pid):
 
 
 def test_cli_prints_listening_and_binds_loopback():
-    p = subprocess.Popen([sys.executable, "-m", "rollart_nb.cli", "env-server", "--env", "rollart_nb.envs:FrozenLake",
-                          "--kwargs", '{"size": 5}', "--port", "0", "--task", "lake"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "rollart_nb.cli",
+            "env-server",
+            "--env",
+            "rollart_nb.envs:FrozenLake",
+            "--kwargs",
+            '{"size": 5}',
+            "--port",
+            "0",
+            "--task",
+            "lake",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         line = p.stdout.readline().strip()
         assert line.startswith("LISTENING http://127.0.0.1:"), line
@@ -266,8 +293,23 @@ def test_cli_prints_listening_and_binds_loopback():
         if p.poll() is None:
             p.kill()
             p.wait()
-    bad = subprocess.run([sys.executable, "-m", "rollart_nb.cli", "env-server", "--env", "rollart_nb.envs:FrozenLake",
-                          "--kwargs", "{size: 4}", "--port", "0"], capture_output=True, text=True, timeout=60)
+    bad = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rollart_nb.cli",
+            "env-server",
+            "--env",
+            "rollart_nb.envs:FrozenLake",
+            "--kwargs",
+            "{size: 4}",
+            "--port",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert bad.returncode != 0 and "--kwargs" in bad.stderr and "is not JSON" in bad.stderr
 
 
@@ -313,7 +355,11 @@ def test_remote_env_hints_come_from_metadata_once(lake):
     try:
         local = FrozenLake(size=6)
         assert (env.max_turns, env.shape, env.vocab, env.validation_seeds()) == (
-            local.max_turns, "prefill", local.vocab, local.validation_seeds())
+            local.max_turns,
+            "prefill",
+            local.vocab,
+            local.validation_seeds(),
+        )
     finally:
         srv.stop()
     assert env.max_turns == FrozenLake(size=6).max_turns  # cached: the server is gone
@@ -381,8 +427,11 @@ def test_copies_share_no_client_and_no_episode(lake):
 
 
 def test_killed_server_fails_the_episode_with_env_error():
-    p = subprocess.Popen([sys.executable, "-m", "rollart_nb.cli", "env-server", "--env", "rollart_nb.envs:FrozenLake",
-                          "--port", "0"], stdout=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [sys.executable, "-m", "rollart_nb.cli", "env-server", "--env", "rollart_nb.envs:FrozenLake", "--port", "0"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         url = p.stdout.readline().split()[1]
         env = RemoteEnv(url, connect_retries=1, retry_backoff_s=0.05)

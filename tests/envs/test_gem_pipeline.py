@@ -10,8 +10,9 @@ from rollart_nb.models import tiny_qwen
 from rollart_nb.workers.roles import HFGenerator, TorchTrainer
 
 # find_spec, not importorskip: importing gem here would run its logging.basicConfig in pytest
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("gem") is None,
-                                reason="gem-llm not installed (pip install 'rollart_nb[gem]')")
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("gem") is None, reason="gem-llm not installed (pip install 'rollart_nb[gem]')"
+)
 
 ENV_ID = "game:GuessTheNumber-v0-easy"  # needs no download
 

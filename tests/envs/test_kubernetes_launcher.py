@@ -32,9 +32,17 @@ def _roundtrip(obj, cls):
 
 @pytest.fixture
 def launcher():
-    return KubernetesLauncher("rollart_nb.envs:CodeTask", image="ghcr.io/example/rollart:0.1", replicas=3,
-                              namespace="rl", resources={"cpu": "500m", "memory": "512Mi"},
-                              labels={"team": "rl"}, runtime_class="gvisor", kwargs={"timeout_s": 2.0}, task="code")
+    return KubernetesLauncher(
+        "rollart_nb.envs:CodeTask",
+        image="ghcr.io/example/rollart:0.1",
+        replicas=3,
+        namespace="rl",
+        resources={"cpu": "500m", "memory": "512Mi"},
+        labels={"team": "rl"},
+        runtime_class="gvisor",
+        kwargs={"timeout_s": 2.0},
+        task="code",
+    )
 
 
 def test_deployment_runs_the_env_server_with_probes_resources_and_labels(launcher):
@@ -77,8 +85,13 @@ def test_service_selects_the_pods_and_keeps_clients_on_one_pod(launcher):
 
 
 def test_separate_requests_and_limits_and_other_options():
-    lau = KubernetesLauncher("rollart_nb.envs:FrozenLake", image="img", port=9000, command=["python", "-m", "rollart_nb.cli"],
-                             resources={"requests": {"cpu": "1"}, "limits": {"cpu": "2"}})
+    lau = KubernetesLauncher(
+        "rollart_nb.envs:FrozenLake",
+        image="img",
+        port=9000,
+        command=["python", "-m", "rollart_nb.cli"],
+        resources={"requests": {"cpu": "1"}, "limits": {"cpu": "2"}},
+    )
     c = lau.build_deployment().spec.template.spec.containers[0]
     assert (c.resources.requests, c.resources.limits) == ({"cpu": "1"}, {"cpu": "2"})
     assert c.command == ["python", "-m", "rollart_nb.cli"] and "--task" not in c.args
@@ -107,7 +120,7 @@ def test_api_errors_map_to_errors_that_name_the_fix():
     denied.body = json.dumps({"message": 'deployments.apps is forbidden: User "bob" cannot create'})
     e = api_error(denied, "create deployment", "rl")
     assert isinstance(e, ConfigError)
-    assert "denied create deployment in namespace 'rl'" in str(e) and "User \"bob\" cannot create" in str(e)
+    assert "denied create deployment in namespace 'rl'" in str(e) and 'User "bob" cannot create' in str(e)
     assert "RBAC" in str(e)
     assert isinstance(api_error(ApiException(status=404, reason="Not Found"), "create service", "nope"), ConfigError)
     assert "namespace exists" in str(api_error(ApiException(status=404, reason="Not Found"), "x", "nope"))
@@ -139,11 +152,17 @@ def test_remote_env_on_a_kubernetes_launcher_fails_episodes_not_the_rollout(tmp_
         env.reset(0)
 
 
-@pytest.mark.skipif(not os.environ.get("KUBECONFIG") or not os.environ.get("ROLLART_K8S_IMAGE"),
-                    reason="needs a cluster: set KUBECONFIG and ROLLART_K8S_IMAGE (an image with rollart_nb)")
+@pytest.mark.skipif(
+    not os.environ.get("KUBECONFIG") or not os.environ.get("ROLLART_K8S_IMAGE"),
+    reason="needs a cluster: set KUBECONFIG and ROLLART_K8S_IMAGE (an image with rollart_nb)",
+)
 def test_on_a_real_cluster():
-    lau = KubernetesLauncher("rollart_nb.envs:FrozenLake", image=os.environ["ROLLART_K8S_IMAGE"], replicas=1,
-                             namespace=os.environ.get("ROLLART_K8S_NAMESPACE", "default")).start()
+    lau = KubernetesLauncher(
+        "rollart_nb.envs:FrozenLake",
+        image=os.environ["ROLLART_K8S_IMAGE"],
+        replicas=1,
+        namespace=os.environ.get("ROLLART_K8S_NAMESPACE", "default"),
+    ).start()
     try:
         lau.wait_ready(300)
         assert len(lau.healthy()) == 1

@@ -50,8 +50,9 @@ def _wait(cond, timeout_s=20.0):
 
 @pytest.fixture
 def lake2():
-    lau = LocalLauncher("rollart_nb.envs:FrozenLake", {"size": 4}, replicas=2, task="lake", sandbox=False,
-                        health_interval_s=0.3).start()
+    lau = LocalLauncher(
+        "rollart_nb.envs:FrozenLake", {"size": 4}, replicas=2, task="lake", sandbox=False, health_interval_s=0.3
+    ).start()
     yield lau
     lau.close()
 
@@ -131,8 +132,9 @@ def test_a_replica_that_cannot_start_reports_its_log():
 
 
 def test_restarts_back_off_and_give_up_after_max_restarts(tmp_path, monkeypatch):
-    lau = LocalLauncher("rollart_nb.envs:FrozenLake", replicas=1, sandbox=False, health_interval_s=0.1,
-                        max_restarts=2, backoff_s=0.2).start()
+    lau = LocalLauncher(
+        "rollart_nb.envs:FrozenLake", replicas=1, sandbox=False, health_interval_s=0.1, max_restarts=2, backoff_s=0.2
+    ).start()
     try:
         # every later start of this replica fails: its module is made unimportable
         monkeypatch.setattr(lau, "env", "rollart_nb.envs:NoSuchEnv")
@@ -151,8 +153,10 @@ def test_restarts_back_off_and_give_up_after_max_restarts(tmp_path, monkeypatch)
 def test_remote_env_copies_in_another_process_find_the_replicas(lake2):
     lau = lake2
     blob = pickle.dumps(RemoteEnv(launcher=lau))
-    code = ("import pickle, sys; env = pickle.loads(sys.stdin.buffer.read()); "
-            "obs, info = env.reset(seed=4); print(info['replica'], obs.splitlines()[1])")
+    code = (
+        "import pickle, sys; env = pickle.loads(sys.stdin.buffer.read()); "
+        "obs, info = env.reset(seed=4); print(info['replica'], obs.splitlines()[1])"
+    )
     out = subprocess.run([sys.executable, "-c", code], input=blob, capture_output=True, timeout=60)
     assert out.returncode == 0, out.stderr.decode()
     replica, row = out.stdout.decode().split()
@@ -191,8 +195,9 @@ needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None or not _bwrap_ok(
 
 @needs_bwrap
 def test_sandboxed_replicas_run_under_bubblewrap_and_restart():
-    lau = LocalLauncher("rollart_nb.envs:FrozenLake", {"size": 4}, replicas=2, sandbox=True,
-                        health_interval_s=0.3).start()
+    lau = LocalLauncher(
+        "rollart_nb.envs:FrozenLake", {"size": 4}, replicas=2, sandbox=True, health_interval_s=0.3
+    ).start()
     try:
         rep = lau.replicas[0]
         with open(f"/proc/{rep.pid}/cmdline", "rb") as f:
@@ -234,8 +239,9 @@ def test_a_sim_session_stops_its_launchers_on_close():
 
 
 def test_a_hung_replica_fails_its_health_checks_and_is_replaced():
-    lau = LocalLauncher("rollart_nb.envs:FrozenLake", replicas=1, sandbox=False, health_interval_s=0.2,
-                        unhealthy_after=2).start()
+    lau = LocalLauncher(
+        "rollart_nb.envs:FrozenLake", replicas=1, sandbox=False, health_interval_s=0.2, unhealthy_after=2
+    ).start()
     try:
         old = lau.replicas[0].pid
         os.kill(old, signal.SIGSTOP)  # alive but answering nothing, like a replica stuck in a sync env
@@ -243,7 +249,9 @@ def test_a_hung_replica_fails_its_health_checks_and_is_replaced():
         while not (lau.restarts == 1 and lau.replicas[0].state == "up") and time.monotonic() < deadline:
             time.sleep(0.1)
         assert lau.restarts == 1 and lau.replicas[0].state == "up" and lau.replicas[0].pid != old
-        assert not os.path.exists(f"/proc/{old}") or open(f"/proc/{old}/stat").read().rsplit(")", 1)[1].split()[0] == "Z"
+        assert (
+            not os.path.exists(f"/proc/{old}") or open(f"/proc/{old}/stat").read().rsplit(")", 1)[1].split()[0] == "Z"
+        )
         env = RemoteEnv(launcher=lau)
         assert env.reset(seed=0)[1]["replica"] == lau.replicas[0].id  # the new one serves
     finally:
@@ -254,7 +262,8 @@ def test_a_sandboxed_replica_imports_a_users_env_from_under_tmp(tmp_path, monkey
     """A project (or a CI checkout) below /tmp stays visible inside the replica's private /tmp."""
     assert str(tmp_path).startswith("/tmp/")
     (tmp_path / "my_lake_env.py").write_text(
-        "from rollart_nb.envs import FrozenLake\n\nclass MyLake(FrozenLake):\n    pass\n")
+        "from rollart_nb.envs import FrozenLake\n\nclass MyLake(FrozenLake):\n    pass\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     with LocalLauncher("my_lake_env:MyLake", replicas=1, sandbox=True) as lau:
         obs, info = RemoteEnv(launcher=lau).reset(seed=0)

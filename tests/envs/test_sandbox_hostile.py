@@ -57,7 +57,7 @@ _SYNC_KW = _ASYNC_KW = {"isolation": "bwrap"}
 # Best-effort removal of the in-process second layer: every audit-hook-like function (two
 # arguments, "hook"/"audit" in its name, not frozen stdlib) gets a no-op code object with the
 # same free variables; os functions are restored from posix, blocked modules un-blocked.
-TAMPER = r'''
+TAMPER = r"""
 def _rollart_tamper():
     import builtins, gc, os, posix, sys
     hits = []
@@ -91,10 +91,10 @@ def _rollart_tamper():
     print("TAMPER", hits, flush=True)
 _rollart_tamper()
 import os, sys
-'''
+"""
 
 # Defines _host_visible(): whether the code can see the host's canary process (no PID namespace).
-GUARD = r'''
+GUARD = r"""
 def _host_visible():
     try:
         with open("/proc/%d/cmdline" % @CANARY_PID@, "rb") as f:
@@ -111,7 +111,7 @@ def _host_visible():
         return e.errno is not None  # EPERM from the kernel: it exists; an audit hook's has no errno
     except BaseException:
         return False
-'''
+"""
 
 
 # ---------------------------------------------------------------------------------- helpers
@@ -127,8 +127,9 @@ def _src(template: str, **values: object) -> str:
     return out
 
 
-def _run(code: str, tests: str = ANSWER_TESTS, *, timeout_s: float = 2.0, memory_mb: int = 256,
-         runner: str = "sync") -> tuple[SandboxResult, float]:
+def _run(
+    code: str, tests: str = ANSWER_TESTS, *, timeout_s: float = 2.0, memory_mb: int = 256, runner: str = "sync"
+) -> tuple[SandboxResult, float]:
     t0 = time.monotonic()
     if runner == "async":
         r = asyncio.run(arun_sandboxed(code, tests, timeout_s, memory_mb, **_ASYNC_KW))
@@ -215,8 +216,12 @@ class _ParentGrowth:
 
 
 def _spawn_sleeper(tag: str, env: dict[str, str] | None = None) -> subprocess.Popen:
-    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", tag],
-                         start_new_session=True, env=env, stdin=subprocess.DEVNULL)
+    p = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(300)", tag],
+        start_new_session=True,
+        env=env,
+        stdin=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:  # until its command line shows (exec done)
         try:
@@ -341,8 +346,10 @@ def test_plain_data_results_still_compare_equal():
 
 def test_program_output_is_captured():
     """The leak checks below look at stdout/stderr: make sure output does get there."""
-    code = ("import sys\nprint('to-stdout-ok')\nsys.stderr.write('to-stderr-ok\\n')\n"
-            "open('mine.txt', 'w').write('workdir-ok')\nprint(open('mine.txt').read())\n" + ANSWER)
+    code = (
+        "import sys\nprint('to-stdout-ok')\nsys.stderr.write('to-stderr-ok\\n')\n"
+        "open('mine.txt', 'w').write('workdir-ok')\nprint(open('mine.txt').read())\n" + ANSWER
+    )
     r, _ = _run(code)
     assert "to-stdout-ok" in r.stdout and "workdir-ok" in r.stdout and "to-stderr-ok" in r.stderr
     assert r.passed == 1
@@ -377,15 +384,19 @@ SHELLS = {
 def test_shell_cannot_touch_the_host(how, tamper, tmp_path):
     """A shell (or a child Python) writes ``id`` into a host temp dir: the file must not appear."""
     mark = tmp_path / "shell-marker"
-    body = f"MARK = {str(mark)!r}\nCMD = 'id > ' + MARK\ntry:\n{textwrap.indent(SHELLS[how], '    ')}\n" \
-           "except BaseException as e:\n    print('refused', type(e).__name__, e)\n"
+    body = (
+        f"MARK = {str(mark)!r}\nCMD = 'id > ' + MARK\ntry:\n{textwrap.indent(SHELLS[how], '    ')}\n"
+        "except BaseException as e:\n    print('refused', type(e).__name__, e)\n"
+    )
     r, elapsed = _run((TAMPER if tamper else "import os, sys\n") + body + ANSWER)
     _assert_bounded(elapsed, 2.0)
     assert not mark.exists(), f"the shell ran on the host: {mark.read_text()!r}"
 
 
 def test_code_does_not_run_as_root_even_after_setuid():
-    code = TAMPER + textwrap.dedent("""\
+    code = (
+        TAMPER
+        + textwrap.dedent("""\
         for call in ("os.setuid(0)", "os.setgid(0)", "os.setresuid(0, 0, 0)"):
             try:
                 eval(call)
@@ -393,7 +404,9 @@ def test_code_does_not_run_as_root_even_after_setuid():
                 print(call, "refused", type(e).__name__)
         caps = [l.split()[1] for l in open("/proc/self/status").read().splitlines() if l.startswith("CapEff")]
         print("UID", os.getuid(), "EUID", os.geteuid(), "CAPEFF", *caps)
-        """) + ANSWER
+        """)
+        + ANSWER
+    )
     r, _ = _run(code)
     m = re.search(r"UID (\d+) EUID (\d+) CAPEFF ([0-9a-f]+)", r.stdout)
     assert m, r.stdout
@@ -455,11 +468,20 @@ def test_host_files_cannot_be_read(target, method):
         f"except BaseException as e:\n    print({m!r}, 'refused', type(e).__name__)\n"
         for m in methods
     )
-    code = (TAMPER if method == "all-tampered" else "import os, sys\n") + _src("""\
+    code = (
+        (TAMPER if method == "all-tampered" else "import os, sys\n")
+        + _src(
+            """\
         P = @P@
         def show(label, data):
             print("READ", label, data.decode("latin-1") if isinstance(data, bytes) else data, flush=True)
-        """, P=path) + body + "print('ATTACK-DONE')\n" + ANSWER
+        """,
+            P=path,
+        )
+        + body
+        + "print('ATTACK-DONE')\n"
+        + ANSWER
+    )
     r, _ = _run(code)
     assert "ATTACK-DONE" in r.stdout, r  # it ran to the end, so what it read would be in stdout
     _assert_not_leaked(r, needles)
@@ -507,7 +529,10 @@ def test_tcp_to_host_loopback_reaches_nothing(tamper):
     server.bind(("127.0.0.1", 0))
     server.listen(16)
     port = server.getsockname()[1]
-    code = (TAMPER if tamper else "import os, sys\n") + _src("""\
+    code = (
+        (TAMPER if tamper else "import os, sys\n")
+        + _src(
+            """\
         for host in ("127.0.0.1", "localhost"):
             try:
                 import socket
@@ -516,7 +541,11 @@ def test_tcp_to_host_loopback_reaches_nothing(tamper):
                 print("CONNECTED", host)
             except BaseException as e:
                 print("refused", host, type(e).__name__)
-        """, PORT=port) + ANSWER
+        """,
+            PORT=port,
+        )
+        + ANSWER
+    )
     try:
         _run(code)
         server.setblocking(False)
@@ -532,7 +561,10 @@ def test_udp_to_host_loopback_delivers_nothing(tamper):
     rx.bind(("127.0.0.1", 0))
     rx.setblocking(False)
     port = rx.getsockname()[1]
-    code = (TAMPER if tamper else "import os, sys\n") + _src("""\
+    code = (
+        (TAMPER if tamper else "import os, sys\n")
+        + _src(
+            """\
         try:
             import socket
             s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -541,7 +573,11 @@ def test_udp_to_host_loopback_delivers_nothing(tamper):
             print("SENT")
         except BaseException as e:
             print("refused", type(e).__name__)
-        """, PORT=port) + ANSWER
+        """,
+            PORT=port,
+        )
+        + ANSWER
+    )
     try:
         _run(code)
         time.sleep(0.05)
@@ -552,7 +588,8 @@ def test_udp_to_host_loopback_delivers_nothing(tamper):
 
 
 @pytest.mark.parametrize(
-    ("kind", "tamper"), [("path", False), ("path", True), ("abstract", True)],
+    ("kind", "tamper"),
+    [("path", False), ("path", True), ("abstract", True)],
     ids=["path-plain", "path-tampered", "abstract-tampered"],
 )
 def test_unix_socket_of_the_host_reaches_nothing(kind, tamper, tmp_path, token):
@@ -561,7 +598,10 @@ def test_unix_socket_of_the_host_reaches_nothing(kind, tamper, tmp_path, token):
     server.bind(address)
     server.listen(16)
     server.setblocking(False)
-    code = (TAMPER if tamper else "import os, sys\n") + _src("""\
+    code = (
+        (TAMPER if tamper else "import os, sys\n")
+        + _src(
+            """\
         try:
             import socket
             s = socket.socket(socket.AF_UNIX)
@@ -571,7 +611,11 @@ def test_unix_socket_of_the_host_reaches_nothing(kind, tamper, tmp_path, token):
             print("CONNECTED")
         except BaseException as e:
             print("refused", type(e).__name__)
-        """, ADDR=address) + ANSWER
+        """,
+            ADDR=address,
+        )
+        + ANSWER
+    )
     try:
         _run(code)
         with pytest.raises(BlockingIOError):
@@ -587,7 +631,10 @@ def test_unix_socket_of_the_host_reaches_nothing(kind, tamper, tmp_path, token):
 def test_daemon_does_not_outlive_the_run(runner, tmp_path, token):
     """Double fork + setsid + exec, stdio on /dev/null; it sleeps, then writes a host marker."""
     mark = tmp_path / "daemon-marker"
-    code = TAMPER + _src("""\
+    code = (
+        TAMPER
+        + _src(
+            """\
         def daemonize():
             pid = os.fork()
             if pid:
@@ -608,7 +655,12 @@ def test_daemon_does_not_outlive_the_run(runner, tmp_path, token):
             print(daemonize())
         except BaseException as e:
             print("refused", type(e).__name__, e)
-        """, MARK=str(mark), TOKEN=token) + ANSWER
+        """,
+            MARK=str(mark),
+            TOKEN=token,
+        )
+        + ANSWER
+    )
     r, elapsed = _run(code, runner=runner)
     _assert_bounded(elapsed, 2.0)
     assert _leftovers(token) == [], "a process of the sandbox is still running"
@@ -618,7 +670,10 @@ def test_daemon_does_not_outlive_the_run(runner, tmp_path, token):
 
 @pytest.mark.parametrize("runner", ["sync", "async"])
 def test_child_holding_the_output_pipes_does_not_stall_the_run(runner, token):
-    code = TAMPER + _src("""\
+    code = (
+        TAMPER
+        + _src(
+            """\
         try:
             pid = os.fork()
             if pid == 0:
@@ -630,7 +685,11 @@ def test_child_holding_the_output_pipes_does_not_stall_the_run(runner, token):
             print("forked", pid)
         except BaseException as e:
             print("refused", type(e).__name__)
-        """, TOKEN=token) + ANSWER
+        """,
+            TOKEN=token,
+        )
+        + ANSWER
+    )
     r, elapsed = _run(code, timeout_s=2.0, runner=runner)
     _assert_bounded(elapsed, 2.0)
     assert _leftovers(token) == [], "the pipe holder is still running"
@@ -641,12 +700,12 @@ HANGS = {
     "sleep": "import time\ntime.sleep(60)\n",
     "select_forever": "import select\nselect.select([], [], [])\n",
     "signals_ignored_busy": "import signal\nfor s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGXCPU):\n"
-                            "    signal.signal(s, signal.SIG_IGN)\nwhile True:\n    pass\n",
+    "    signal.signal(s, signal.SIG_IGN)\nwhile True:\n    pass\n",
     # the threads spin without allocating: a growing list would hit the memory limit (a failed load, not a
     # hang) whenever the main thread waits long for the GIL between two starts on a busy machine
     "spinning_threads": "import threading\ndef spin():\n    while True:\n        pass\nfor _ in range(4):\n"
-                        "    threading.Thread(target=spin, daemon=True).start()\n"
-                        "threading.Event().wait()\n",
+    "    threading.Thread(target=spin, daemon=True).start()\n"
+    "threading.Event().wait()\n",
     "stop_self": "import os, signal\nos.kill(os.getpid(), signal.SIGSTOP)\nwhile True:\n    pass\n",
     "stop_own_group": "import os, signal\nos.kill(0, signal.SIGSTOP)\nwhile True:\n    pass\n",
     "hang_in_called_function": "def answer():\n    while True:\n        pass\n",
@@ -661,7 +720,10 @@ def test_hanging_code_is_stopped_at_the_wall_clock(how):
 
 
 def test_stopping_the_parent_or_pid_1_does_not_stall_the_host(canary):
-    code = TAMPER + _guard(canary) + textwrap.dedent("""\
+    code = (
+        TAMPER
+        + _guard(canary)
+        + textwrap.dedent("""\
         import signal
         if _host_visible():
             print("HOST-PIDS-VISIBLE")
@@ -672,7 +734,9 @@ def test_stopping_the_parent_or_pid_1_does_not_stall_the_host(canary):
                     print("stopped", pid)
                 except BaseException as e:
                     print("refused", pid, type(e).__name__)
-        """) + ANSWER
+        """)
+        + ANSWER
+    )
     r, elapsed = _run(code, timeout_s=1.5)
     _assert_bounded(elapsed, 1.5)
     assert "HOST-PIDS-VISIBLE" not in r.stdout, "the code sees the host's processes (no PID namespace)"
@@ -681,7 +745,10 @@ def test_stopping_the_parent_or_pid_1_does_not_stall_the_host(canary):
 
 def test_fork_bomb_is_contained(token):
     """2**10 forks at most (each child setsid()s and names itself), all sleeping past the run."""
-    code = TAMPER + _src("""\
+    code = (
+        TAMPER
+        + _src(
+            """\
         n = 0
         for _ in range(10):
             try:
@@ -696,7 +763,11 @@ def test_fork_bomb_is_contained(token):
                 break
         import time
         time.sleep(3)
-        """, TAG=_comm_tag(token)) + ANSWER
+        """,
+            TAG=_comm_tag(token),
+        )
+        + ANSWER
+    )
     r, elapsed = _run(code, timeout_s=1.0)
     _assert_bounded(elapsed, 1.0)
     assert _leftovers(token, settle_s=1.0) == [], "forked processes outlived the run"
@@ -730,7 +801,9 @@ def test_memory_bomb_is_bounded():
 
 def test_memory_outside_the_address_space_is_bounded():
     """memfd pages are not address space: RLIMIT_AS alone does not cap them."""
-    code = TAMPER + textwrap.dedent("""\
+    code = (
+        TAMPER
+        + textwrap.dedent("""\
         got, fds = 0, []
         try:
             while got < 2048:
@@ -742,14 +815,18 @@ def test_memory_outside_the_address_space_is_bounded():
                     print("HELD_MB", got, flush=True)
         except BaseException as e:
             print("stopped at", got, type(e).__name__, flush=True)
-        """) + ANSWER
+        """)
+        + ANSWER
+    )
     r, elapsed = _run(code, memory_mb=256)
     _assert_bounded(elapsed, 2.0)
     assert _held_mb(r) <= 256 + 64, f"held {_held_mb(r)} MB of memfd pages with memory_mb=256"
 
 
 def test_hard_rlimits_cannot_be_raised_and_still_bind():
-    code = TAMPER + textwrap.dedent("""\
+    code = (
+        TAMPER
+        + textwrap.dedent("""\
         import resource
         for name in ("RLIMIT_AS", "RLIMIT_CPU", "RLIMIT_FSIZE", "RLIMIT_NOFILE", "RLIMIT_NPROC"):
             lim = getattr(resource, name)
@@ -762,7 +839,10 @@ def test_hard_rlimits_cannot_be_raised_and_still_bind():
                 print("RAISED", name)
             except (ValueError, OSError) as e:
                 print("KEPT", name, type(e).__name__)
-        """) + _src(MEMORY_BOMB, CAP_MB=1536) + "while True:\n    pass\n"
+        """)
+        + _src(MEMORY_BOMB, CAP_MB=1536)
+        + "while True:\n    pass\n"
+    )
     r, elapsed = _run(code, timeout_s=1.5, memory_mb=256)
     _assert_bounded(elapsed, 1.5)
     assert r.stdout.count("KEPT") == 5, r.stdout
@@ -776,7 +856,10 @@ def test_disk_fill_is_capped_and_leaves_nothing(tmp_path, token):
     hostdir.mkdir()
     places = [Path("/"), Path("/tmp"), Path("/dev/shm")]
     free_before = {p: shutil.disk_usage(p).free for p in places if p.exists()}
-    code = TAMPER + _src("""\
+    code = (
+        TAMPER
+        + _src(
+            """\
         import errno
         total = 0
         for d in (os.getcwd(), "/", "/tmp", "/var/tmp", "/dev/shm", "/dev", @HOSTDIR@):
@@ -796,7 +879,12 @@ def test_disk_fill_is_capped_and_leaves_nothing(tmp_path, token):
                         break
                 print("WROTE_MB", d, wrote, flush=True)
         print("TOTAL_MB", total, flush=True)
-        """, HOSTDIR=str(hostdir), TOKEN=token) + ANSWER
+        """,
+            HOSTDIR=str(hostdir),
+            TOKEN=token,
+        )
+        + ANSWER
+    )
     r, elapsed = _run(code, timeout_s=2.0)
     dirs = ("/tmp", "/tmp/*", "/var/tmp", "/dev/shm", "/dev", str(hostdir))
     left = [p for pat in dirs for p in glob.glob(f"{pat}/{token}*")]
@@ -822,7 +910,8 @@ FLOODS = {
 
 
 @pytest.mark.parametrize(
-    ("how", "runner"), [(h, "sync") for h in FLOODS] + [("stdout_print", "async")],
+    ("how", "runner"),
+    [(h, "sync") for h in FLOODS] + [("stdout_print", "async")],
     ids=[f"{h}-sync" for h in FLOODS] + ["stdout_print-async"],
 )
 def test_output_flood_is_bounded(how, runner):
@@ -838,7 +927,11 @@ def test_output_flood_is_bounded(how, runner):
 
 @pytest.mark.parametrize("tamper", [False, True], ids=["plain", "tampered"])
 def test_host_processes_cannot_be_killed(tamper, sleeper, canary):
-    code = (TAMPER if tamper else "import os, sys\n") + _guard(canary) + _src("""\
+    code = (
+        (TAMPER if tamper else "import os, sys\n")
+        + _guard(canary)
+        + _src(
+            """\
         visible = _host_visible()  # before anything: a kill below could take the canary
         for call in ("os.kill(@PID@, 9)", "os.killpg(@PID@, 9)", "os.kill(-@PID@, 9)"):
             try:
@@ -853,7 +946,11 @@ def test_host_processes_cannot_be_killed(tamper, sleeper, canary):
                 os.kill(-1, 9)  # inside a PID namespace this reaches the sandbox only
             except BaseException as e:
                 print("refused kill(-1)", type(e).__name__)
-        """, PID=sleeper.pid) + ANSWER
+        """,
+            PID=sleeper.pid,
+        )
+        + ANSWER
+    )
     r, _ = _run(code)
     time.sleep(0.1)
     _assert_running(sleeper)
@@ -864,7 +961,10 @@ def test_host_processes_cannot_be_killed(tamper, sleeper, canary):
 def test_ctypes_libc_calls_have_no_host_effect(sleeper, victim):
     f, snapshot = victim
     before = snapshot()
-    code = TAMPER + _src("""\
+    code = (
+        TAMPER
+        + _src(
+            """\
         try:
             import ctypes
             libc = ctypes.CDLL(None, use_errno=True)
@@ -879,7 +979,12 @@ def test_ctypes_libc_calls_have_no_host_effect(sleeper, victim):
             libc.write(1, b"CTYPES-WRITE-OWN-STDOUT\\n", 24)
         except BaseException as e:
             print("refused", type(e).__name__, e)
-        """, PID=sleeper.pid, V=str(f)) + ANSWER
+        """,
+            PID=sleeper.pid,
+            V=str(f),
+        )
+        + ANSWER
+    )
     r, _ = _run(code)
     time.sleep(0.1)
     _assert_running(sleeper)
@@ -888,7 +993,11 @@ def test_ctypes_libc_calls_have_no_host_effect(sleeper, victim):
 
 
 def test_ptrace_reaches_no_host_process(sleeper, canary):
-    code = TAMPER + _guard(canary) + _src("""\
+    code = (
+        TAMPER
+        + _guard(canary)
+        + _src(
+            """\
         try:
             import ctypes
             libc = ctypes.CDLL(None, use_errno=True)
@@ -901,7 +1010,11 @@ def test_ptrace_reaches_no_host_process(sleeper, canary):
                 print("attach pid 1", libc.ptrace(PTRACE_ATTACH, 1, None, None), ctypes.get_errno())
         except BaseException as e:
             print("refused", type(e).__name__, e)
-        """, PID=sleeper.pid) + ANSWER
+        """,
+            PID=sleeper.pid,
+        )
+        + ANSWER
+    )
     r, _ = _run(code)
     time.sleep(0.1)
     _assert_running(sleeper)
@@ -915,7 +1028,10 @@ def test_priority_and_affinity_of_host_processes_unchanged(sleeper):
         return nice, cpus.group(1) if cpus else ""
 
     before = settings()
-    code = TAMPER + _src("""\
+    code = (
+        TAMPER
+        + _src(
+            """\
         for call in ("os.setpriority(os.PRIO_PROCESS, @PID@, 19)", "os.sched_setaffinity(@PID@, {0})",
                      "os.nice(-5)", "os.nice(5)", "os.sched_setaffinity(0, {0})"):
             try:
@@ -923,7 +1039,11 @@ def test_priority_and_affinity_of_host_processes_unchanged(sleeper):
                 print("done", call)
             except BaseException as e:
                 print("refused", call, type(e).__name__)
-        """, PID=sleeper.pid) + ANSWER
+        """,
+            PID=sleeper.pid,
+        )
+        + ANSWER
+    )
     r, _ = _run(code)
     assert r.passed == 1, r  # renicing itself is harmless and must not break the run
     assert settings() == before, "the code changed a host process's priority or CPU affinity"
@@ -937,7 +1057,10 @@ def test_mount_and_unshare_do_not_change_host_mounts(tmp_path):
     target = tmp_path / "mnt"
     target.mkdir()
     (target / "keep.txt").write_text("keep")
-    code = TAMPER + _src("""\
+    code = (
+        TAMPER
+        + _src(
+            """\
         try:
             import ctypes
             libc = ctypes.CDLL(None, use_errno=True)
@@ -950,7 +1073,11 @@ def test_mount_and_unshare_do_not_change_host_mounts(tmp_path):
             mount(@T@)
         except BaseException as e:
             print("refused", type(e).__name__, e)
-        """, T=str(target)) + ANSWER
+        """,
+            T=str(target),
+        )
+        + ANSWER
+    )
     try:
         _run(code)
         assert not os.path.ismount(target), "the code mounted over a host directory"
@@ -971,7 +1098,10 @@ def test_parent_environment_is_not_visible(monkeypatch, canary):
     holder = _spawn_sleeper("rollartenv" + secrets.token_hex(4), env=dict(os.environ))  # a host process with it
     try:
         for tamper in (False, True):
-            code = (TAMPER if tamper else "import os, sys\n") + _src("""\
+            code = (
+                (TAMPER if tamper else "import os, sys\n")
+                + _src(
+                    """\
                 print("ENV", dict(os.environ))
                 paths = ["/proc/self/environ", "/proc/1/environ", f"/proc/{os.getppid()}/environ",
                          "/proc/@HOST@/environ", "/proc/@HOLDER@/environ"]
@@ -985,7 +1115,12 @@ def test_parent_environment_is_not_visible(monkeypatch, canary):
                     except BaseException as e:
                         print("refused", p, type(e).__name__)
                 print("ATTACK-DONE")
-                """, HOST=os.getpid(), HOLDER=holder.pid) + ANSWER
+                """,
+                    HOST=os.getpid(),
+                    HOLDER=holder.pid,
+                )
+                + ANSWER
+            )
             r, _ = _run(code)
             assert "ATTACK-DONE" in r.stdout, r
             _assert_not_leaked(r, [secret])
@@ -1019,7 +1154,9 @@ def test_host_identity_is_not_visible():
     needles = _host_identifiers()
     if not needles:
         pytest.skip("this machine exposes no identifier to look for")
-    code = TAMPER + textwrap.dedent("""\
+    code = (
+        TAMPER
+        + textwrap.dedent("""\
         import glob, socket
         paths = ["/proc/1/cmdline", "/proc/1/environ", "/etc/machine-id", "/etc/hostname",
                  "/sys/class/dmi/id/product_uuid", *glob.glob("/sys/class/net/*/address")]
@@ -1030,7 +1167,9 @@ def test_host_identity_is_not_visible():
                 print("refused", p, type(e).__name__)
         print("HOST", socket.gethostname(), os.uname().nodename)
         print("ATTACK-DONE")
-        """) + ANSWER
+        """)
+        + ANSWER
+    )
     r, _ = _run(code)
     assert "ATTACK-DONE" in r.stdout, r
     _assert_not_leaked(r, needles)
@@ -1038,7 +1177,10 @@ def test_host_identity_is_not_visible():
 
 def test_tty_console_kmsg_and_sysrq_writes_have_no_effect(token):
     log_before = _kmsg()
-    code = TAMPER + _src("""\
+    code = (
+        TAMPER
+        + _src(
+            """\
         for path, data in (("/dev/tty", b"sandbox was here\\n"), ("/dev/console", b"sandbox was here\\n"),
                            ("/dev/kmsg", b"<6>" + @TOKEN@.encode() + b"\\n"), ("/proc/sysrq-trigger", b"h")):
             try:
@@ -1047,7 +1189,11 @@ def test_tty_console_kmsg_and_sysrq_writes_have_no_effect(token):
                 print("WROTE", path)
             except BaseException as e:
                 print("refused", path, type(e).__name__)
-        """, TOKEN=token) + ANSWER
+        """,
+            TOKEN=token,
+        )
+        + ANSWER
+    )
     r, _ = _run(code)
     assert "WROTE" not in r.stdout, r.stdout
     log_after = _kmsg()
@@ -1062,7 +1208,10 @@ def test_project_and_host_packages_cannot_be_imported(tamper):
     import site
 
     sites = [p for p in site.getsitepackages() + [site.getusersitepackages()] if os.path.isdir(p)]
-    code = (TAMPER if tamper else "import os, sys\n") + _src("""\
+    code = (
+        (TAMPER if tamper else "import os, sys\n")
+        + _src(
+            """\
         sys.path[:0] = [@PROJECT@, *@SITES@]
         for name in ("rollart_nb", "ray", "torch", "numpy"):
             try:
@@ -1070,7 +1219,12 @@ def test_project_and_host_packages_cannot_be_imported(tamper):
                 print("IMPORTED", name)
             except BaseException as e:
                 print("NOIMPORT", name, type(e).__name__)
-        """, PROJECT=str(PROJECT), SITES=sites) + ANSWER
+        """,
+            PROJECT=str(PROJECT),
+            SITES=sites,
+        )
+        + ANSWER
+    )
     r, _ = _run(code, timeout_s=4.0)
     assert "IMPORTED" not in r.stdout, r.stdout
     assert r.stdout.count("NOIMPORT") == 4, r  # every attempt ran and failed
@@ -1159,7 +1313,7 @@ HIDDEN_SEARCH = {
                     pass""",
 }
 
-SCAN = r'''
+SCAN = r"""
 import re
 _PAT = re.compile("hidden" + "rollarthostile" + "[0-9a-f]{16}")
 def _scan(obj, found, seen, depth=0):
@@ -1184,7 +1338,7 @@ def _scan(obj, found, seen, depth=0):
         return
     for x in items:
         _scan(x, found, seen, depth + 1)
-'''
+"""
 
 
 @pytest.mark.parametrize("how", list(HIDDEN_SEARCH))
@@ -1192,11 +1346,15 @@ def test_hidden_tests_cannot_be_found_by_the_solution(how):
     """answer() must return a literal only the tests hold; the solution goes looking for it."""
     hidden = "hidden" + "rollarthostile" + secrets.token_hex(8)
     body = textwrap.indent(textwrap.dedent(HIDDEN_SEARCH[how]), "        ")
-    code = TAMPER + SCAN + (
-        "def _find():\n    found = set()\n    try:\n" + body + "\n    except BaseException as e:\n"
-        "        print('search failed', type(e).__name__)\n    return sorted(found)\n"
-        "print('FOUND AT LOAD', _find(), flush=True)\n"
-        "def answer():\n    hits = _find()\n    return hits[0] if hits else 'not found'\n"
+    code = (
+        TAMPER
+        + SCAN
+        + (
+            "def _find():\n    found = set()\n    try:\n" + body + "\n    except BaseException as e:\n"
+            "        print('search failed', type(e).__name__)\n    return sorted(found)\n"
+            "print('FOUND AT LOAD', _find(), flush=True)\n"
+            "def answer():\n    hits = _find()\n    return hits[0] if hits else 'not found'\n"
+        )
     )
     tests = f"assert answer() == {hidden!r}\ndef test_again():\n    assert answer() == {hidden!r}\n"
     r, _ = _run(code, tests)
@@ -1205,8 +1363,19 @@ def test_hidden_tests_cannot_be_found_by_the_solution(how):
     assert hidden not in r.stdout and hidden not in r.stderr
 
 
-_SEPARATORS = {"lf": "\n", "cr": "\r", "crlf": "\r\n", "vt": "\x0b", "ff": "\x0c", "fs": "\x1c", "gs": "\x1d",
-               "rs": "\x1e", "nel": "\x85", "ls": "\u2028", "ps": "\u2029"}
+_SEPARATORS = {
+    "lf": "\n",
+    "cr": "\r",
+    "crlf": "\r\n",
+    "vt": "\x0b",
+    "ff": "\x0c",
+    "fs": "\x1c",
+    "gs": "\x1d",
+    "rs": "\x1e",
+    "nel": "\x85",
+    "ls": "\u2028",
+    "ps": "\u2029",
+}
 _INJECT_TESTS = "assert answer() == 42\nassert answer() == 43\n"
 
 
@@ -1216,8 +1385,14 @@ def _injection(seps: list[str]) -> str:
 
 @pytest.mark.parametrize(
     ("where", "sep"),
-    [("raise_in_call", "all"), ("raise_at_load", "all"), ("assert_message", "all"), ("returned_value", "all"),
-     ("printed_by_tests", "lf"), ("printed_by_tests", "all")]
+    [
+        ("raise_in_call", "all"),
+        ("raise_at_load", "all"),
+        ("assert_message", "all"),
+        ("returned_value", "all"),
+        ("printed_by_tests", "lf"),
+        ("printed_by_tests", "all"),
+    ]
     + [("raise_in_call", s) for s in _SEPARATORS],
 )
 def test_verdict_lines_cannot_be_injected_through_messages(where, sep):
@@ -1240,34 +1415,50 @@ def test_verdict_lines_cannot_be_injected_through_messages(where, sep):
     assert r.passed == 0, f"forged verdicts counted: {r}"
 
 
-RIGGED_EQ = "class E:\n    __eq__ = lambda s, o: True\n    __ne__ = lambda s, o: False\n" \
-            "    __hash__ = lambda s: 0\n    __bool__ = lambda s: True\n"
+RIGGED_EQ = (
+    "class E:\n    __eq__ = lambda s, o: True\n    __ne__ = lambda s, o: False\n"
+    "    __hash__ = lambda s: 0\n    __bool__ = lambda s: True\n"
+)
 RIGGED = {
     "eq_always_object": (RIGGED_EQ + "def answer():\n    return E()\n", "assert answer() == 42\nassert answer()\n"),
-    "int_subclass_eq": ("class I(int):\n    __eq__ = lambda s, o: True\n    __hash__ = int.__hash__\n"
-                        "def answer():\n    return I(0)\n", "assert answer() == 42\n"),
-    "str_subclass_eq": ("class S(str):\n    __eq__ = lambda s, o: True\n    __hash__ = str.__hash__\n"
-                        "def answer():\n    return S('')\n", "assert answer() == 'forty-two'\n"),
-    "list_subclass_eq": ("class L(list):\n    __eq__ = lambda s, o: True\ndef answer():\n    return L()\n",
-                         "assert answer() == [4, 2]\n"),
-    "dict_subclass_eq": ("class D(dict):\n    __eq__ = lambda s, o: True\ndef answer():\n    return D()\n",
-                         "assert answer() == {'a': 1}\n"),
+    "int_subclass_eq": (
+        "class I(int):\n    __eq__ = lambda s, o: True\n    __hash__ = int.__hash__\ndef answer():\n    return I(0)\n",
+        "assert answer() == 42\n",
+    ),
+    "str_subclass_eq": (
+        "class S(str):\n    __eq__ = lambda s, o: True\n    __hash__ = str.__hash__\ndef answer():\n    return S('')\n",
+        "assert answer() == 'forty-two'\n",
+    ),
+    "list_subclass_eq": (
+        "class L(list):\n    __eq__ = lambda s, o: True\ndef answer():\n    return L()\n",
+        "assert answer() == [4, 2]\n",
+    ),
+    "dict_subclass_eq": (
+        "class D(dict):\n    __eq__ = lambda s, o: True\ndef answer():\n    return D()\n",
+        "assert answer() == {'a': 1}\n",
+    ),
     "eq_object_nested_in_list": (RIGGED_EQ + "def answer():\n    return [E(), E()]\n", "assert answer() == [4, 2]\n"),
-    "pickle_reduce_gadget": (RIGGED_EQ + "E.__reduce__ = lambda s: (eval, (\"type('E', (), {'__eq__': lambda s, o: "
-                             "True, '__hash__': lambda s: 0})()\",))\ndef answer():\n    return E()\n",
-                             "assert answer() == 42\n"),
+    "pickle_reduce_gadget": (
+        RIGGED_EQ + "E.__reduce__ = lambda s: (eval, (\"type('E', (), {'__eq__': lambda s, o: "
+        "True, '__hash__': lambda s: 0})()\",))\ndef answer():\n    return E()\n",
+        "assert answer() == 42\n",
+    ),
     "bool_for_int": ("def answer():\n    return True\n", "assert answer() == 1\n"),
     "int_for_bool": ("def answer():\n    return 1\n", "assert answer() == True\n"),
     "float_for_int": ("def answer():\n    return 3.0\n", "assert answer() == 3\n"),
     "bools_in_list_for_ints": ("def answer():\n    return [True, False]\n", "assert answer() == [1, 0]\n"),
     "float_in_dict_for_int": ("def answer():\n    return {'n': 2.0}\n", "assert answer() == {'n': 2}\n"),
     "bool_in_set_for_int": ("def answer():\n    return {True, 2}\n", "assert answer() == {1, 2}\n"),
-    "bool_in_frozenset_for_int": ("def answer():\n    return frozenset({False, 5})\n",
-                                  "assert answer() == frozenset({0, 5})\n"),
+    "bool_in_frozenset_for_int": (
+        "def answer():\n    return frozenset({False, 5})\n",
+        "assert answer() == frozenset({0, 5})\n",
+    ),
     "float_in_set_for_int": ("def answer():\n    return {2.0}\n", "assert answer() == {2}\n"),
     "bool_dict_key_for_int": ("def answer():\n    return {True: 'a'}\n", "assert answer() == {1: 'a'}\n"),
-    "replaced_after_first_call": (RIGGED_EQ + "def answer():\n    global answer\n    answer = lambda: E()\n"
-                                  "    return 0\n", "assert answer() == 42\nassert answer() == 42\n"),
+    "replaced_after_first_call": (
+        RIGGED_EQ + "def answer():\n    global answer\n    answer = lambda: E()\n    return 0\n",
+        "assert answer() == 42\nassert answer() == 42\n",
+    ),
 }
 
 
@@ -1279,12 +1470,18 @@ def test_rigged_or_loosely_equal_results_do_not_pass(how):
 
 
 SHADOWED = {
-    "abs_in_tolerance_check": ("def sqrt2():\n    return 0.0\ndef abs(x):\n    return 0.0\n",
-                               "assert abs(sqrt2() - 1.41421356) < 1e-6\n"),
-    "sorted_on_both_sides": ("def perm():\n    return [9, 9]\ndef sorted(x):\n    return []\n",
-                             "assert sorted(perm()) == sorted([3, 1, 2])\n"),
-    "sum_on_both_sides": ("def parts():\n    return [0]\ndef sum(x):\n    return 0\n",
-                          "assert sum(parts()) == sum([1, 2, 3])\n"),
+    "abs_in_tolerance_check": (
+        "def sqrt2():\n    return 0.0\ndef abs(x):\n    return 0.0\n",
+        "assert abs(sqrt2() - 1.41421356) < 1e-6\n",
+    ),
+    "sorted_on_both_sides": (
+        "def perm():\n    return [9, 9]\ndef sorted(x):\n    return []\n",
+        "assert sorted(perm()) == sorted([3, 1, 2])\n",
+    ),
+    "sum_on_both_sides": (
+        "def parts():\n    return [0]\ndef sum(x):\n    return 0\n",
+        "assert sum(parts()) == sum([1, 2, 3])\n",
+    ),
 }
 
 
@@ -1318,20 +1515,22 @@ def test_exiting_early_does_not_score(how):
 MONKEYPATCH = {
     "builtins_exec_noop": "import builtins\nbuiltins.exec = lambda *a, **k: None\n",
     "builtins_compile_to_pass": "import builtins\n_c = compile\n"
-                                "builtins.compile = lambda *a, **k: _c('pass', 'x', 'exec')\n",
+    "builtins.compile = lambda *a, **k: _c('pass', 'x', 'exec')\n",
     "assertionerror_swapped": "import builtins\nclass Quiet(Exception):\n    pass\n"
-                              "builtins.AssertionError = Quiet\n__builtins__ = {'AssertionError': Quiet}\n",
+    "builtins.AssertionError = Quiet\n__builtins__ = {'AssertionError': Quiet}\n",
     "type_and_isinstance_rigged": "import builtins\nbuiltins.type = lambda *a: object\n"
-                                  "builtins.isinstance = lambda *a: True\n",
+    "builtins.isinstance = lambda *a: True\n",
     "json_and_modules_swapped": "import sys, json\njson.loads = lambda *a, **k: {'ok': ['I', '42']}\n"
-                                "json.dumps = lambda *a, **k: '{}'\nsys.modules['json'] = json\n",
+    "json.dumps = lambda *a, **k: '{}'\nsys.modules['json'] = json\n",
 }
 
 
 @pytest.mark.parametrize("how", list(MONKEYPATCH))
 def test_monkeypatching_the_interpreter_does_not_score(how):
-    r, _ = _run(MONKEYPATCH[how] + "def answer():\n    return 41\n",
-                "assert answer() == 42\ndef test_two():\n    assert answer() == 42\n")
+    r, _ = _run(
+        MONKEYPATCH[how] + "def answer():\n    return 41\n",
+        "assert answer() == 42\ndef test_two():\n    assert answer() == 42\n",
+    )
     assert r.passed == 0, r
 
 
@@ -1361,7 +1560,7 @@ _KEY_SYSCALLS = {"x86_64": (248, 250, 249), "aarch64": (217, 219, 218)}
 # Runs in a child of the test process (so pytest's own keyring stays as it is): joins a fresh
 # anonymous session keyring, adds a user key holding the secret, runs the attack in the
 # sandbox, then lists what its keyrings hold afterwards.
-KEYRING_PARENT = r'''
+KEYRING_PARENT = r"""
 import ctypes, json, struct, sys
 cfg = json.loads(sys.stdin.read())
 sys.path.insert(0, cfg["project"])
@@ -1396,9 +1595,9 @@ print(json.dumps({
     "session": [describe(k) for k in ids(-3)], "user": [describe(k) for k in ids(-4)],
     "user_session": [describe(k) for k in ids(-5)], "proc_keys": open("/proc/keys").read(),
 }))
-'''
+"""
 
-KEYRING_ATTACK = r'''
+KEYRING_ATTACK = r"""
 import ctypes, struct
 libc = ctypes.CDLL(None, use_errno=True)
 libc.syscall.restype = ctypes.c_long
@@ -1431,7 +1630,7 @@ for ring in (-3, -4, -5):
     print("ADD", ring, libc.syscall(L(ADD_KEY), b"user", @PLANT@.encode(), b"planted", L(7), L(ring)),
           ctypes.get_errno())
 print("ATTACK-DONE", flush=True)
-'''
+"""
 
 
 def test_session_keyring_of_the_caller_is_unreachable(token):
@@ -1447,8 +1646,9 @@ def test_session_keyring_of_the_caller_is_unreachable(token):
     desc, plant = "rollartkey" + token[-16:], "planted" + token[-16:]
     code = TAMPER + _src(KEYRING_ATTACK, NR=nr, DESC=desc, PLANT=plant) + ANSWER
     cfg = {"project": str(PROJECT), "nr": nr, "secret": secret, "desc": desc, "code": code}
-    p = subprocess.run([sys.executable, "-I", "-c", KEYRING_PARENT], input=json.dumps(cfg), capture_output=True,
-                       text=True, timeout=60)
+    p = subprocess.run(
+        [sys.executable, "-I", "-c", KEYRING_PARENT], input=json.dumps(cfg), capture_output=True, text=True, timeout=60
+    )
     assert p.returncode == 0, p.stderr[-2000:]
     out = json.loads(p.stdout.strip().splitlines()[-1])
     if "skip" in out:
@@ -1487,7 +1687,10 @@ def test_vsock_is_refused_and_binds_no_host_port():
     """AF_VSOCK is not separated by a network namespace: a port bound inside would be the host's
     (and a connection would reach the hypervisor). The socket must not even be created."""
     port = _free_vsock_port()
-    code = TAMPER + _src("""\
+    code = (
+        TAMPER
+        + _src(
+            """\
         import socket, time
         try:
             s = socket.socket(socket.AF_VSOCK, socket.SOCK_STREAM)
@@ -1498,7 +1701,11 @@ def test_vsock_is_refused_and_binds_no_host_port():
         except BaseException as e:
             print("VSOCK-REFUSED", type(e).__name__, getattr(e, "errno", None), flush=True)
         time.sleep(1.0)
-        """, PORT=port or 47000) + ANSWER
+        """,
+            PORT=port or 47000,
+        )
+        + ANSWER
+    )
     busy: list[str] = []
     done = threading.Event()
 
@@ -1554,7 +1761,9 @@ class _HostShmemGrowth:
 def test_memfd_is_refused_and_forked_memfds_hold_no_host_memory():
     """memfd pages live outside every process's address space, so RLIMIT_AS does not count them:
     6 forked children each fill memfds (up to 128 MiB each) and sleep past the run."""
-    code = TAMPER + textwrap.dedent("""\
+    code = (
+        TAMPER
+        + textwrap.dedent("""\
         import time
         try:
             os.memfd_create("probe")
@@ -1580,7 +1789,9 @@ def test_memfd_is_refused_and_forked_memfds_hold_no_host_memory():
             kids += 1
         print("KIDS", kids, flush=True)
         time.sleep(30)
-        """) + ANSWER
+        """)
+        + ANSWER
+    )
     with _HostShmemGrowth() as g:
         r, elapsed = _run(code, timeout_s=2.0, memory_mb=256)
         time.sleep(0.1)
@@ -1594,7 +1805,9 @@ def test_sysv_shared_memory_holds_no_host_memory():
     """SysV shared memory (shmget) is memory outside the address-space limit too: each segment
     counts against RLIMIT_AS only while attached, and lives in host RAM until the sandbox's IPC
     namespace goes away. The code holds 8 x 64 MiB segments, attached one at a time."""
-    code = TAMPER + textwrap.dedent("""\
+    code = (
+        TAMPER
+        + textwrap.dedent("""\
         import time
         try:
             import ctypes
@@ -1620,7 +1833,9 @@ def test_sysv_shared_memory_holds_no_host_memory():
             print("refused", type(e).__name__, e, flush=True)
         print("ATTACK-DONE", flush=True)
         time.sleep(1.0)
-        """) + ANSWER
+        """)
+        + ANSWER
+    )
     with _HostShmemGrowth() as g:
         r, elapsed = _run(code, timeout_s=2.5, memory_mb=256)
     _assert_bounded(elapsed, 2.5)
@@ -1637,7 +1852,7 @@ STOP_RAISERS = {
 }
 STOP_TESTS = {
     "zip_map_in_test_function": "def test_pairs():\n    for got, want in zip(map(solve, [1, 2, 3]), [2, 4, 6]):\n"
-                                "        assert got == want\n",
+    "        assert got == want\n",
     "all_map": "assert all(map(lambda x: solve(x) == 2 * x, [1, 2, 3]))\n",
     "not_any_map": "assert not any(map(lambda x: solve(x) != 2 * x, [1, 2, 3]))\n",
     "filter_mismatches": "assert list(filter(lambda x: solve(x) != 2 * x, [1, 2, 3])) == []\n",
@@ -1675,18 +1890,29 @@ solve = f
 """
 BOUND_NAMES = {  # name -> (tests, whether a setup step fails)
     "from_pytest_import_approx": ("from pytest import approx\nassert f(1.5) == approx(3.0)\n", True),
-    "numpy_assert_allclose_in_test_fn": ("from numpy.testing import assert_allclose\ndef test_b():\n"
-                                         "    assert_allclose(f(2), 4.0)\n", True),
+    "numpy_assert_allclose_in_test_fn": (
+        "from numpy.testing import assert_allclose\ndef test_b():\n    assert_allclose(f(2), 4.0)\n",
+        True,
+    ),
     "pytest_parametrize_guessed_test_names": (
         "import pytest\n\n@pytest.mark.parametrize('x, y', [(1, 2), (2, 4)])\ndef test_basic(x, y):\n"
         "    assert solve(x) == y\n\n@pytest.mark.parametrize('x', [10, 20])\ndef test_edge_cases(x):\n"
-        "    assert solve(x) == 2 * x\n", True),
-    "failing_decorator_guessed_test_name": ("import math\n@math.no_such_decorator\ndef test_x():\n"
-                                            "    assert f(1) == 2\n", True),
-    "import_in_try_except": ("try:\n    from pytest import approx\nexcept ImportError:\n    pass\n"
-                             "assert f(1.5) == approx(3.0)\n", False),
-    "global_bound_in_def": ("def _load():\n    global approx\n    from pytest import approx\ntry:\n    _load()\n"
-                            "except ImportError:\n    pass\nassert f(1.5) == approx(3.0)\n", False),
+        "    assert solve(x) == 2 * x\n",
+        True,
+    ),
+    "failing_decorator_guessed_test_name": (
+        "import math\n@math.no_such_decorator\ndef test_x():\n    assert f(1) == 2\n",
+        True,
+    ),
+    "import_in_try_except": (
+        "try:\n    from pytest import approx\nexcept ImportError:\n    pass\nassert f(1.5) == approx(3.0)\n",
+        False,
+    ),
+    "global_bound_in_def": (
+        "def _load():\n    global approx\n    from pytest import approx\ntry:\n    _load()\n"
+        "except ImportError:\n    pass\nassert f(1.5) == approx(3.0)\n",
+        False,
+    ),
     "successful_import_also_solution_defined": ("from math import isclose\nassert isclose(f(1.5), 3.0)\n", False),
 }
 
@@ -1733,13 +1959,19 @@ def test_asserts_in_top_level_blocks_are_tests():
 
 
 NAN_CASES = {
-    "max_of_errors": ("def sqrt(x):\n    return 1.0 if x == 1 else float('nan')\n",
-                      "assert max(abs(sqrt(x) - x ** 0.5) for x in [1, 2, 3, 5]) < 1e-9\n"),
+    "max_of_errors": (
+        "def sqrt(x):\n    return 1.0 if x == 1 else float('nan')\n",
+        "assert max(abs(sqrt(x) - x ** 0.5) for x in [1, 2, 3, 5]) < 1e-9\n",
+    ),
     "negated_tolerance": ("def sqrt(x):\n    return float('nan')\n", "assert not abs(sqrt(2) - 1.41421356) > 1e-6\n"),
-    "nan_in_list": ("def roots():\n    return [1.0, float('nan')]\n",
-                    "assert not any(abs(a - b) > 1e-6 for a, b in zip(roots(), [1.0, 1.41421356]))\n"),
-    "nan_in_dict": ("def stats():\n    return {'mean': float('nan')}\n",
-                    "assert not abs(stats()['mean'] - 2.5) > 1e-9\n"),
+    "nan_in_list": (
+        "def roots():\n    return [1.0, float('nan')]\n",
+        "assert not any(abs(a - b) > 1e-6 for a, b in zip(roots(), [1.0, 1.41421356]))\n",
+    ),
+    "nan_in_dict": (
+        "def stats():\n    return {'mean': float('nan')}\n",
+        "assert not abs(stats()['mean'] - 2.5) > 1e-9\n",
+    ),
     "nan_top_level_value": ("ROOT2 = float('nan')\n", "assert not abs(ROOT2 - 1.41421356) > 1e-6\n"),
 }
 
@@ -1753,8 +1985,10 @@ def test_nan_results_do_not_pass_tolerance_checks(how):
 
 
 def test_nan_tolerance_tests_pass_honest_solutions():
-    code = ("def sqrt(x):\n    return x ** 0.5\ndef roots():\n    return [1.0, 2 ** 0.5]\n"
-            "def stats():\n    return {'mean': 2.5}\nROOT2 = 2 ** 0.5\n")
+    code = (
+        "def sqrt(x):\n    return x ** 0.5\ndef roots():\n    return [1.0, 2 ** 0.5]\n"
+        "def stats():\n    return {'mean': 2.5}\nROOT2 = 2 ** 0.5\n"
+    )
     tests = "".join(t.replace("1e-9\n", "1e-6\n") for _, t in NAN_CASES.values())
     r, _ = _run(code, tests)
     assert (r.passed, r.total) == (len(NAN_CASES), len(NAN_CASES)), r
@@ -1820,9 +2054,18 @@ def test_exit_statuses_and_surrogates_do_not_raise_in_the_parent(how):
     assert r.passed == 0, r
 
 
-BAD_ARGS = [("timeout_s", float("inf")), ("timeout_s", "5"), ("timeout_s", 0), ("timeout_s", -1),
-            ("timeout_s", float("nan")), ("timeout_s", None), ("memory_mb", "256"), ("memory_mb", 16),
-            ("memory_mb", 256.0), ("memory_mb", 0)]
+BAD_ARGS = [
+    ("timeout_s", float("inf")),
+    ("timeout_s", "5"),
+    ("timeout_s", 0),
+    ("timeout_s", -1),
+    ("timeout_s", float("nan")),
+    ("timeout_s", None),
+    ("memory_mb", "256"),
+    ("memory_mb", 16),
+    ("memory_mb", 256.0),
+    ("memory_mb", 0),
+]
 
 
 @pytest.mark.parametrize("runner", ["sync", "async"])
@@ -1864,8 +2107,11 @@ def test_cancelled_async_runs_leave_no_process_or_fd(token):
     keep running, and no fd may leak."""
     run_sandboxed(ANSWER, ANSWER_TESTS, 5, **_SYNC_KW)  # one-time setup done: the cancels hit the runs
     before = set(_descendants())
-    code = (f"open('/proc/self/comm', 'w').write({_comm_tag(token)!r})\nimport time\ntime.sleep(30)\n#"
-            + "x" * 300_000 + ANSWER)  # 30 s: a broken sandbox delays the suite, not forever
+    code = (
+        f"open('/proc/self/comm', 'w').write({_comm_tag(token)!r})\nimport time\ntime.sleep(30)\n#"
+        + "x" * 300_000
+        + ANSWER
+    )  # 30 s: a broken sandbox delays the suite, not forever
 
     async def main() -> tuple[int, int, dict[int, str]]:
         fds = len(os.listdir("/proc/self/fd"))
@@ -1914,10 +2160,13 @@ def test_concurrent_cold_runs_return_in_time_with_correct_results():
         results = list(ex.map(one, range(32)))
     slow = [round(e, 2) for _, _, e in results if e > 2.0 + 4.0]
     assert not slow, f"runs returned after {slow}s with timeout_s=2"
-    wrong = [(kind, r) for kind, r, _ in results
-             if (kind in (0, 3) and (r.passed, r.timed_out) != (1, False))
-             or (kind == 1 and (r.passed, r.timed_out) != (0, False))
-             or (kind == 2 and not r.timed_out)]
+    wrong = [
+        (kind, r)
+        for kind, r, _ in results
+        if (kind in (0, 3) and (r.passed, r.timed_out) != (1, False))
+        or (kind == 1 and (r.passed, r.timed_out) != (0, False))
+        or (kind == 2 and not r.timed_out)
+    ]
     assert not wrong, f"{len(wrong)} wrong results, e.g. {wrong[0]}"
 
 

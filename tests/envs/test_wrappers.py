@@ -111,9 +111,7 @@ def test_async_hang_is_cut_by_timeout():
 def test_sync_hang_blocks_then_raises():
     env = WithFailures(Arithmetic(), p_hang=1.0, hang_s=0.6)
     errors = []
-    thread = threading.Thread(
-        target=lambda: errors.append(pytest.raises(EnvError, env.reset, 0)), daemon=True
-    )
+    thread = threading.Thread(target=lambda: errors.append(pytest.raises(EnvError, env.reset, 0)), daemon=True)
     thread.start()
     thread.join(0.2)
     assert thread.is_alive()  # still hanging

@@ -11,25 +11,66 @@ T0 = 1_700_000_000.0
 
 
 def make_report(step: int, *, mode: str = "rollart", reward: dict | None = None, **kw) -> StepReport:
-    rep = StepReport(step=step, version=step, mode=mode, step_s=2.0, started_at=T0 + 10 * step, train_s=0.5,
-                     batch_size=8, tokens=800, throughput=400.0 + step, reward=reward or {"math": 0.1 * step,
-                                                                                        "fl": 0.5},
-                     staleness={0: 6, 1: 2}, counts={"completed": 8, "aborted_stale": step})
+    rep = StepReport(
+        step=step,
+        version=step,
+        mode=mode,
+        step_s=2.0,
+        started_at=T0 + 10 * step,
+        train_s=0.5,
+        batch_size=8,
+        tokens=800,
+        throughput=400.0 + step,
+        reward=reward or {"math": 0.1 * step, "fl": 0.5},
+        staleness={0: 6, 1: 2},
+        counts={"completed": 8, "aborted_stale": step},
+    )
     rep.phases.update(rollout_wait=1.5, suspend=0.1, update=0.2, resume=0.05, train=0.15)
     for k, v in kw.items():
         setattr(rep, k, v)
     return rep
 
 
-def make_trajectory(i: int, *, task: str = "math", status: Status = Status.COMPLETED, reward: float = 1.0,
-                    versions: tuple[int, ...] = (0, 0), reason: str = "", worker: str = "actor_gen/0") -> Trajectory:
-    turns = [Turn(observation=f"obs {i}.{k}", action=f"act {i}.{k}", prompt_ids=[1, 2, 3], response_ids=[10, 11, 12],
-                  logprobs=[-0.1, -2.0, -5.0], loss_mask=[1, 1, 0], version=v, env_reward=0.0,
-                  timings={"t": T0 + i + k, "generate": 0.4, "env": 0.01}, worker=worker)
-             for k, v in enumerate(versions)]
-    return Trajectory(task=task, seed=100 + i, group_id=f"g{i // 2}", id=f"traj{i:03d}", turns=turns,
-                      start_version=versions[0], status=status, reason=reason, reward=reward, reward_version=0,
-                      info={"answer": "3"}, created_s=T0 + i, finished_s=T0 + i + 1)
+def make_trajectory(
+    i: int,
+    *,
+    task: str = "math",
+    status: Status = Status.COMPLETED,
+    reward: float = 1.0,
+    versions: tuple[int, ...] = (0, 0),
+    reason: str = "",
+    worker: str = "actor_gen/0",
+) -> Trajectory:
+    turns = [
+        Turn(
+            observation=f"obs {i}.{k}",
+            action=f"act {i}.{k}",
+            prompt_ids=[1, 2, 3],
+            response_ids=[10, 11, 12],
+            logprobs=[-0.1, -2.0, -5.0],
+            loss_mask=[1, 1, 0],
+            version=v,
+            env_reward=0.0,
+            timings={"t": T0 + i + k, "generate": 0.4, "env": 0.01},
+            worker=worker,
+        )
+        for k, v in enumerate(versions)
+    ]
+    return Trajectory(
+        task=task,
+        seed=100 + i,
+        group_id=f"g{i // 2}",
+        id=f"traj{i:03d}",
+        turns=turns,
+        start_version=versions[0],
+        status=status,
+        reason=reason,
+        reward=reward,
+        reward_version=0,
+        info={"answer": "3"},
+        created_s=T0 + i,
+        finished_s=T0 + i + 1,
+    )
 
 
 @pytest.fixture
@@ -43,10 +84,22 @@ def trajectories() -> TrajectoryList:
     items = [
         make_trajectory(0, reward=1.0),
         make_trajectory(1, reward=0.0, versions=(0, 1, 1)),
-        make_trajectory(2, task="fl", status=Status.FAILED, reward=float("nan"), reason="EnvError: injected failure",
-                        worker="actor_gen/1"),
-        make_trajectory(3, task="fl", status=Status.ABORTED_STALE, reward=float("nan"), versions=(0, 0, 0),
-                        reason="stale: started at v0, now v2"),
+        make_trajectory(
+            2,
+            task="fl",
+            status=Status.FAILED,
+            reward=float("nan"),
+            reason="EnvError: injected failure",
+            worker="actor_gen/1",
+        ),
+        make_trajectory(
+            3,
+            task="fl",
+            status=Status.ABORTED_STALE,
+            reward=float("nan"),
+            versions=(0, 0, 0),
+            reason="stale: started at v0, now v2",
+        ),
         make_trajectory(4, task="math", reward=0.5, versions=(1, 2)),
     ]
     return TrajectoryList(items)
@@ -64,9 +117,14 @@ class FakePipeline:
 
     def trajectories(self, task=None, status=None, last=200, include_running=False):
         self.calls.append(("trajectories", task, status, last))
-        out = [t for t in self.items if (task is None or t.task == task) and (status is None or t.status.value == status)]
-        return TrajectoryList(out[-last:] if last else out, source=self,
-                              filters={"task": task, "status": status, "last": last, "include_running": include_running})
+        out = [
+            t for t in self.items if (task is None or t.task == task) and (status is None or t.status.value == status)
+        ]
+        return TrajectoryList(
+            out[-last:] if last else out,
+            source=self,
+            filters={"task": task, "status": status, "last": last, "include_running": include_running},
+        )
 
     def reward_history(self):
         return list(self.history)

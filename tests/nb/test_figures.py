@@ -61,7 +61,10 @@ def test_utilization_segments_from_turn_timings_and_train_steps():
     segs = figures.utilization_segments(trajs, reps)
     gen = [s for s in segs if s["kind"] == "generate"]
     assert [(s["row"], s["start"], s["end"]) for s in gen] == [
-        ("actor_gen/0", T0, T0 + 0.4), ("actor_gen/1", T0 + 1, T0 + 1.4), ("actor_gen/1", T0 + 2, T0 + 2.4)]
+        ("actor_gen/0", T0, T0 + 0.4),
+        ("actor_gen/1", T0 + 1, T0 + 1.4),
+        ("actor_gen/1", T0 + 2, T0 + 2.4),
+    ]
     train = [s for s in segs if s["kind"] == "train"]
     # overlapped mode: launched at the end of the step; sync: after the rollout wait
     assert [(s["start"], s["end"]) for s in train] == [(T0 + 2.0, T0 + 2.5), (T0 + 11.5, T0 + 12.0)]
@@ -95,8 +98,12 @@ def test_report_html_contains_charts_and_table():
 def test_curves_svg_draws_validation_and_reward_per_task_against_wall_seconds():
     import xml.etree.ElementTree as ET
 
-    reps = [make_report(0), make_report(1, validation={"math": 0.7}), make_report(2, reward={"math": float("nan"), "fl": 0.5}),
-            make_report(3, validation={"math": 1.0})]
+    reps = [
+        make_report(0),
+        make_report(1, validation={"math": 0.7}),
+        make_report(2, reward={"math": float("nan"), "fl": 0.5}),
+        make_report(3, validation={"math": 1.0}),
+    ]
     svg = figures.curves_svg(reps, before={"math": 0.0, "fl": 0.0}, title="run <1>", width=760, height=300)
     root = ET.fromstring(svg)  # well-formed, title escaped
     ns = "{http://www.w3.org/2000/svg}"
@@ -114,8 +121,12 @@ def test_curves_svg_draws_validation_and_reward_per_task_against_wall_seconds():
     assert "wall seconds" in svg and "run &lt;1&gt;" in svg
     # the score after training closes the validation line at the right edge
     after = figures.curves_svg(reps, before={"math": 0.0}, after={"math": 0.5})
-    pts = [p for pl in ET.fromstring(after).iter(f"{ns}polyline") if pl.get("stroke-opacity") is None
-           for p in [pl.get("points").split()]]
+    pts = [
+        p
+        for pl in ET.fromstring(after).iter(f"{ns}polyline")
+        if pl.get("stroke-opacity") is None
+        for p in [pl.get("points").split()]
+    ]
     assert [tuple(map(float, q.split(","))) for q in pts[0]][-1] == pytest.approx((left + plot_w, top + plot_h * 0.5))
 
 
@@ -136,10 +147,25 @@ def test_step_reports_round_trip_through_their_json_lines():
 
 def test_failover_events_are_marked_on_the_pool_timeline_and_summed_in_a_line():
     trajs = [make_trajectory(0, versions=(0, 0, 0))]
-    events = [{"kind": "generator_replaced", "worker": "actor_gen/0", "pool": "H20", "version": 3, "at": T0 + 1.5,
-               "reason": "ActorDiedError: killed"},
-              {"kind": "trainer_restored", "worker": "actor_train/0", "pool": "H800", "version": 2, "at": T0 + 2.0,
-               "reason": "ActorDiedError", "versions_lost": 1}]
+    events = [
+        {
+            "kind": "generator_replaced",
+            "worker": "actor_gen/0",
+            "pool": "H20",
+            "version": 3,
+            "at": T0 + 1.5,
+            "reason": "ActorDiedError: killed",
+        },
+        {
+            "kind": "trainer_restored",
+            "worker": "actor_train/0",
+            "pool": "H800",
+            "version": 2,
+            "at": T0 + 2.0,
+            "reason": "ActorDiedError",
+            "versions_lost": 1,
+        },
+    ]
     reps = [make_report(0), make_report(1, events=events)]
     fig = figures.utilization_figure(trajs, reps)
     marks = next(t for t in fig.data if t.name == "failover")

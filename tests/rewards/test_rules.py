@@ -60,10 +60,7 @@ def test_env_return_sums_turn_rewards():
 
 
 def test_format_reward_fraction_of_well_formed_turns():
-    assert (
-        format_reward(traj("<answer> 1 </answer>", "1", "<answer></answer>", "<answer>1</answer><answer>"))
-        == 0.25
-    )
+    assert format_reward(traj("<answer> 1 </answer>", "1", "<answer></answer>", "<answer>1</answer><answer>")) == 0.25
     assert format_reward(traj("<move>up</move>"), tag="move") == 1.0
     assert format_reward(traj()) == 0.0
 

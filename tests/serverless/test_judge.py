@@ -150,8 +150,7 @@ def test_hf_judge_through_serve_matches_local(mgr, tiny):
 
 
 def test_judge_parse_failure_through_serve(mgr):
-    ep = mgr.deploy("strict", LLMJudge(parse=functools.partial(parse_score, scale=0.01)), min_replicas=1,
-                    retries=0)
+    ep = mgr.deploy("strict", LLMJudge(parse=functools.partial(parse_score, scale=0.01)), min_replicas=1, retries=0)
     with pytest.raises(ServerlessError, match=r"RewardError: judge answered .* outside \[0, 0\.01\]") as ei:
         call(ep, [traj().to_dict()], {})
     assert ei.value.status == 500

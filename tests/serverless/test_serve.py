@@ -211,8 +211,16 @@ def test_dispatcher_scores_through_endpoint(mgr):
 
 
 def test_batched_deployment_groups_concurrent_calls(mgr):
-    ep = mgr.deploy("batch", batch_sizes, batched=True, max_batch_size=8, batch_wait_s=0.1, min_replicas=1,
-                    max_replicas=1, max_ongoing_requests=32)
+    ep = mgr.deploy(
+        "batch",
+        batch_sizes,
+        batched=True,
+        max_batch_size=8,
+        batch_wait_s=0.1,
+        min_replicas=1,
+        max_replicas=1,
+        max_ongoing_requests=32,
+    )
     with ThreadPoolExecutor(8) as ex:
         sizes = list(ex.map(lambda _: call(ep, [traj().to_dict()], {}), range(16)))
     assert len(sizes) == 16 and max(sizes) > 1  # some calls shared one fn invocation
@@ -235,8 +243,14 @@ def test_bearer_token_required_and_never_shown(mgr, monkeypatch):
 
     from rollart_nb import _ray
 
-    shown = [repr(ep), str(ep), repr(mgr), str(mgr.utilization("secure")), str(serve.status()),
-             str(mgr.deployments["secure"])]
+    shown = [
+        repr(ep),
+        str(ep),
+        repr(mgr),
+        str(mgr.utilization("secure")),
+        str(serve.status()),
+        str(mgr.deployments["secure"]),
+    ]
     assert not [s for s in shown if TOKEN in s]
     logs = Path(_ray.ray()._private.worker._global_node.get_logs_dir_path())
     leaked = [p for p in logs.rglob("*") if p.is_file() and TOKEN.encode() in p.read_bytes()]
@@ -249,8 +263,13 @@ def test_deploy_validates_everything_at_once(mgr, monkeypatch):
     with pytest.raises(ConfigError) as ei:
         mgr.deploy("bad name!", 3, max_replicas=0, target_ongoing_requests=0, token_env="ROLLART_UNSET_TOKEN")
     msg = str(ei.value)
-    for part in ("name 'bad name!'", "fn must be callable", "max_replicas=0", "target_ongoing_requests=0",
-                 "ROLLART_UNSET_TOKEN"):
+    for part in (
+        "name 'bad name!'",
+        "fn must be callable",
+        "max_replicas=0",
+        "target_ongoing_requests=0",
+        "ROLLART_UNSET_TOKEN",
+    ):
         assert part in msg
     assert "bad name!" not in mgr.deployments
 

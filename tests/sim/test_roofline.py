@@ -86,7 +86,10 @@ def test_decode_time_closed_form_equals_the_step_sum(new, context, batch, tp, mo
 
 
 @given(
-    a1=st.floats(-10, 10), b1=st.floats(-1, 1), a2=st.floats(-10, 10), b2=st.floats(-1, 1),
+    a1=st.floats(-10, 10),
+    b1=st.floats(-1, 1),
+    a2=st.floats(-10, 10),
+    b2=st.floats(-1, 1),
     n=st.integers(0, 300),
 )
 def test_sum_max_linear(a1, b1, a2, b2, n):

@@ -165,12 +165,28 @@ def test_pipeline_steps_on_sim_session(sess, mode):
     ts = 2e-4
     m = spec("qwen3-0.6b")
     wl = {"lake": workload("frozenlake"), "math": workload("gem-math")}
-    gen = sess.cluster("actor_gen", SimGenerator, pool="H800", replicas=4, fallback=["H20"], slots=4, model=m,
-                       time_scale=ts, response_tokens=response_tokens_fn(wl))
+    gen = sess.cluster(
+        "actor_gen",
+        SimGenerator,
+        pool="H800",
+        replicas=4,
+        fallback=["H20"],
+        slots=4,
+        model=m,
+        time_scale=ts,
+        response_tokens=response_tokens_fn(wl),
+    )
     train = sess.cluster("actor_train", SimTrainer, pool="H800", model=m, time_scale=ts, gpus=8, slots=8)
     tasks = sess.tasks({k: SimEnv(w, time_scale=ts) for k, w in wl.items()}, envs_per_task=8)
-    pipe = sess.pipeline(train, gen, tasks, batch_size=16, group_size=4, mode=mode,
-                         rollout=RolloutConfig(max_turns=20, max_new_tokens=8192, max_context=32768))
+    pipe = sess.pipeline(
+        train,
+        gen,
+        tasks,
+        batch_size=16,
+        group_size=4,
+        mode=mode,
+        rollout=RolloutConfig(max_turns=20, max_new_tokens=8192, max_context=32768),
+    )
     assert type(pipe) is Pipeline  # the real pipeline, not a sim copy
     rw = pipe.rollout.workers[0].instance
     assert isinstance(rw, RolloutWorker) and type(rw.sched) is RolloutScheduler
@@ -211,6 +227,8 @@ def test_session_sim_alias_saves_and_resumes_in_simulated_time(tmp_path):
         pipe.save(str(tmp_path / "ckpt"))
     with rn.Session.sim({"H800": 2, "H20": 2, "cpu": 2}, seed=1) as s:
         gen, train, tasks = build(s)
-        pipe = s.pipeline(train, gen, tasks, batch_size=8, group_size=4, mode="sync", resume_from=str(tmp_path / "ckpt"))
+        pipe = s.pipeline(
+            train, gen, tasks, batch_size=8, group_size=4, mode="sync", resume_from=str(tmp_path / "ckpt")
+        )
         assert pipe.version == 2 and gen.version() == [2, 2]
         assert pipe.step().version == 3

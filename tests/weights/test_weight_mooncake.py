@@ -114,12 +114,7 @@ def test_republishing_a_version_is_refused(publisher):
 def _pull_in_child(address: str, q) -> None:
     t = MooncakeTransport(address, prefix="test")
     s = t.pull()
-    q.put(
-        {
-            k: (str(v.dtype), tuple(v.shape), v.reshape(-1).view(torch.uint8).numpy().tobytes())
-            for k, v in s.items()
-        }
-    )
+    q.put({k: (str(v.dtype), tuple(v.shape), v.reshape(-1).view(torch.uint8).numpy().tobytes()) for k, v in s.items()})
     t.close()
 
 
@@ -150,8 +145,7 @@ def test_corrupt_bucket_is_detected_and_puller_keeps_old_version(publisher, read
     publisher.publish(20, state(20))
     # A long poll interval: the puller looks again only when kicked (or waited on). The puller
     # does not own its transport: the test closes the client it opened.
-    with (MooncakeTransport(reader.master_address, prefix="test") as own,
-          WeightPuller(own, poll_interval_s=60) as p):
+    with MooncakeTransport(reader.master_address, prefix="test") as own, WeightPuller(own, poll_interval_s=60) as p:
         got = p.wait_for(20, timeout=30)
         assert same(got, state(20))
         time.sleep(0.3)  # let the thread's post-pull latest() check finish before v21 appears
@@ -178,8 +172,10 @@ def test_missing_bucket_is_a_partial_version(publisher, reader):
 
 
 def test_gc_keeps_the_last_n_versions(master):
-    with (MooncakeTransport(master, prefix="gc", bucket_bytes=BUCKET, segment_bytes=32 << 20) as t,
-          MooncakeTransport(master.address, prefix="gc") as r):
+    with (
+        MooncakeTransport(master, prefix="gc", bucket_bytes=BUCKET, segment_bytes=32 << 20) as t,
+        MooncakeTransport(master.address, prefix="gc") as r,
+    ):
         for v in range(1, 5):
             t.publish(v, state(v))
         r.pull(2)  # a fresh read lease on v2's buckets: gc must wait for it, not break it

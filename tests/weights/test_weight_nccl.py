@@ -50,9 +50,7 @@ def _rank(rank: int, world: int, port: int, backend: str, expect: int, q) -> Non
                 return
             want = state(7, device)
             ok = list(got) == list(want) and all(
-                got[k].dtype == want[k].dtype
-                and got[k].device == want[k].device
-                and torch.equal(got[k], want[k])
+                got[k].dtype == want[k].dtype and got[k].device == want[k].device and torch.equal(got[k], want[k])
                 for k in want
             )
             q.put((rank, "ok" if ok and t.latest() == 7 else "mismatch", None))

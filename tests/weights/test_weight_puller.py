@@ -73,10 +73,7 @@ def test_corrupt_version_is_skipped_and_old_one_kept(caplog):
                 p.wait_for(2, timeout=0.5)
         assert p.current_version == 1
         assert p.poll() is None
-        assert any(
-            "checksum" in r.getMessage() and "still serving version 1" in r.getMessage()
-            for r in caplog.records
-        )
+        assert any("checksum" in r.getMessage() and "still serving version 1" in r.getMessage() for r in caplog.records)
         t.publish(3, state(3))
         got = p.wait_for(3, timeout=5)
         assert got is not None and p.current_version == 3 and int(got["b"][0]) == 3

@@ -61,16 +61,13 @@ class Reward(rn.Worker):
         raise AssertionError("the cluster must call the endpoint, not the worker")
 
     @rn.register_serverless("boom", retries=1)
-    def boom(self, text):
-        ...
+    def boom(self, text): ...
 
     @rn.register_serverless("slow", timeout_s=0.5, retries=0)
-    def slow(self, text):
-        ...
+    def slow(self, text): ...
 
     @rn.register_serverless("missing")
-    def missing(self, text):
-        ...
+    def missing(self, text): ...
 
 
 def test_cluster_method_calls_the_endpoint(local_session, server, monkeypatch):

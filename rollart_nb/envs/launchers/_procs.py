@@ -49,11 +49,15 @@ def env_spec(env: Any) -> str:
         return env
     if isinstance(env, type):
         if env.__module__ == "__main__" or "<locals>" in env.__qualname__:
-            raise ConfigError(f"env class {env.__qualname__} is defined in a notebook or function; move it to a "
-                              "module the replicas can import and pass 'module:Class'")
+            raise ConfigError(
+                f"env class {env.__qualname__} is defined in a notebook or function; move it to a "
+                "module the replicas can import and pass 'module:Class'"
+            )
         return f"{env.__module__}:{env.__qualname__}"
-    raise ConfigError(f"env must be 'module:Class' or a class, got {type(env).__name__} (pass the class and "
-                      "its constructor arguments as kwargs=...)")
+    raise ConfigError(
+        f"env must be 'module:Class' or a class, got {type(env).__name__} (pass the class and "
+        "its constructor arguments as kwargs=...)"
+    )
 
 
 def _read_stdout(popen: subprocess.Popen[bytes], p: Any, log_path: str) -> None:
@@ -101,8 +105,7 @@ def _terminate(popen: subprocess.Popen[bytes] | None, grace_s: float = 3.0) -> N
         log.warning("env-server process %d did not exit after SIGKILL", popen.pid)
 
 
-def _stop_all(popens: dict[int, subprocess.Popen[bytes]], stop: threading.Event, log_dir: str,
-              state_path: str) -> None:
+def _stop_all(popens: dict[int, subprocess.Popen[bytes]], stop: threading.Event, log_dir: str, state_path: str) -> None:
     """Finalizer (close(), garbage collection or exit): stop the monitor and every replica."""
     import shutil
 

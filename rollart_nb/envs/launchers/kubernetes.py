@@ -59,10 +59,13 @@ def load_kube_config(kubeconfig: str | None = None, context: str | None = None) 
             k8s.config.load_incluster_config()
             return k8s.client.ApiClient()
     except (k8s.config.ConfigException, OSError, TypeError, ValueError) as e:
-        raise ConfigError(f"cannot use kubeconfig {path!r}: {e}; fix it, set KUBECONFIG, or pass "
-                          "kubeconfig=... / context=...") from e
-    raise ConfigError(f"no kubeconfig at {path!r} and not running in a pod; set KUBECONFIG or pass "
-                      "kubeconfig=... to KubernetesLauncher")
+        raise ConfigError(
+            f"cannot use kubeconfig {path!r}: {e}; fix it, set KUBECONFIG, or pass kubeconfig=... / context=..."
+        ) from e
+    raise ConfigError(
+        f"no kubeconfig at {path!r} and not running in a pod; set KUBECONFIG or pass "
+        "kubeconfig=... to KubernetesLauncher"
+    )
 
 
 def api_error(e: Exception, action: str, namespace: str) -> RollartError:
@@ -74,19 +77,24 @@ def api_error(e: Exception, action: str, namespace: str) -> RollartError:
     except (TypeError, ValueError):
         pass  # a non-JSON body: keep the reason
     if status in (401, 403):
-        return ConfigError(f"Kubernetes denied {action} in namespace {namespace!r} (HTTP {status}: {detail}); "
-                           "grant this user/service account RBAC to create, list, patch and delete deployments "
-                           "(apps) and services and pods in that namespace, or use another namespace/context")
+        return ConfigError(
+            f"Kubernetes denied {action} in namespace {namespace!r} (HTTP {status}: {detail}); "
+            "grant this user/service account RBAC to create, list, patch and delete deployments "
+            "(apps) and services and pods in that namespace, or use another namespace/context"
+        )
     if status == 404:
-        return ConfigError(f"Kubernetes {action}: not found in namespace {namespace!r} ({detail}); check the "
-                           "namespace exists (kubectl get ns)")
+        return ConfigError(
+            f"Kubernetes {action}: not found in namespace {namespace!r} ({detail}); check the "
+            "namespace exists (kubectl get ns)"
+        )
     if status == 409:
         return ConfigError(f"Kubernetes {action}: already exists ({detail}); close the previous launcher first")
     if status is not None and 400 <= status < 500:
-        return ConfigError(f"Kubernetes rejected {action} (HTTP {status}: {detail}); check image, resources "
-                           "and labels")
-    return ConnectError(f"Kubernetes API unreachable or failing during {action} ({type(e).__name__}: {detail}); "
-                        "check the cluster is up and the kubeconfig's server address")
+        return ConfigError(f"Kubernetes rejected {action} (HTTP {status}: {detail}); check image, resources and labels")
+    return ConnectError(
+        f"Kubernetes API unreachable or failing during {action} ({type(e).__name__}: {detail}); "
+        "check the cluster is up and the kubeconfig's server address"
+    )
 
 
 def _slug(text: str) -> str:
@@ -117,11 +125,24 @@ class KubernetesLauncher:
         >>> lau.wait_ready(300); env = rn.envs.RemoteEnv(launcher=lau)     # doctest: +SKIP
     """
 
-    def __init__(self, env: Any, image: str, command: list[str] | None = None, replicas: int = 1,
-                 namespace: str = "default", resources: dict[str, Any] | None = None,
-                 labels: dict[str, str] | None = None, runtime_class: str | None = None, port: int = 8000, *,
-                 kwargs: dict[str, Any] | None = None, task: str | None = None, kubeconfig: str | None = None,
-                 context: str | None = None, max_episodes: int = 256) -> None:
+    def __init__(
+        self,
+        env: Any,
+        image: str,
+        command: list[str] | None = None,
+        replicas: int = 1,
+        namespace: str = "default",
+        resources: dict[str, Any] | None = None,
+        labels: dict[str, str] | None = None,
+        runtime_class: str | None = None,
+        port: int = 8000,
+        *,
+        kwargs: dict[str, Any] | None = None,
+        task: str | None = None,
+        kubeconfig: str | None = None,
+        context: str | None = None,
+        max_episodes: int = 256,
+    ) -> None:
         self.env, self.image = env_spec(env), image
         problems = []
         if not image:
@@ -139,8 +160,13 @@ class KubernetesLauncher:
         self.kubeconfig, self.context = kubeconfig, context
         self.run_id = uuid.uuid4().hex[:8]
         self.name = f"rollart-env-{_slug(task or self.env.rpartition(':')[2])}-{self.run_id}"
-        self.labels = {"app.kubernetes.io/name": "rollart-env", "app.kubernetes.io/managed-by": "rollart_nb",
-                       **dict(labels or {}), RUN_LABEL: self.run_id, ENV_LABEL: self.name}
+        self.labels = {
+            "app.kubernetes.io/name": "rollart-env",
+            "app.kubernetes.io/managed-by": "rollart_nb",
+            **dict(labels or {}),
+            RUN_LABEL: self.run_id,
+            ENV_LABEL: self.name,
+        }
         self.state = "new"
         self._api: Any = None
         self._handle: KubernetesReplicas | None = None
@@ -154,46 +180,78 @@ class KubernetesLauncher:
     def build_deployment(self) -> Any:
         """The Deployment (a ``kubernetes.client.V1Deployment``)."""
         m = _client().client
-        args = ["env-server", "--env", self.env, "--kwargs", json.dumps(self.kwargs), "--host", "0.0.0.0",
-                "--port", str(self.port), "--replica-id", "$(POD_NAME)", "--max-episodes", str(self.max_episodes)]
+        args = [
+            "env-server",
+            "--env",
+            self.env,
+            "--kwargs",
+            json.dumps(self.kwargs),
+            "--host",
+            "0.0.0.0",
+            "--port",
+            str(self.port),
+            "--replica-id",
+            "$(POD_NAME)",
+            "--max-episodes",
+            str(self.max_episodes),
+        ]
         if self.task:
             args += ["--task", self.task]
         probe = {"http_get": m.V1HTTPGetAction(path="/v1/health", port="http")}
         container = m.V1Container(
-            name="env-server", image=self.image, command=self.command, args=args,
+            name="env-server",
+            image=self.image,
+            command=self.command,
+            args=args,
             ports=[m.V1ContainerPort(name="http", container_port=self.port)],
-            env=[m.V1EnvVar(name="POD_NAME", value_from=m.V1EnvVarSource(
-                field_ref=m.V1ObjectFieldSelector(field_path="metadata.name")))],
+            env=[
+                m.V1EnvVar(
+                    name="POD_NAME",
+                    value_from=m.V1EnvVarSource(field_ref=m.V1ObjectFieldSelector(field_path="metadata.name")),
+                )
+            ],
             readiness_probe=m.V1Probe(**probe, period_seconds=2, failure_threshold=2),
             liveness_probe=m.V1Probe(**probe, initial_delay_seconds=10, period_seconds=10, failure_threshold=3),
             resources=self._resources(m),
-            security_context=m.V1SecurityContext(allow_privilege_escalation=False,
-                                                 capabilities=m.V1Capabilities(drop=["ALL"])))
-        pod = m.V1PodSpec(containers=[container], runtime_class_name=self.runtime_class,
-                          automount_service_account_token=False)
+            security_context=m.V1SecurityContext(
+                allow_privilege_escalation=False, capabilities=m.V1Capabilities(drop=["ALL"])
+            ),
+        )
+        pod = m.V1PodSpec(
+            containers=[container], runtime_class_name=self.runtime_class, automount_service_account_token=False
+        )
         return m.V1Deployment(
-            api_version="apps/v1", kind="Deployment",
+            api_version="apps/v1",
+            kind="Deployment",
             metadata=m.V1ObjectMeta(name=self.name, namespace=self.namespace, labels=self.labels),
             spec=m.V1DeploymentSpec(
                 replicas=self.replicas_wanted,
                 selector=m.V1LabelSelector(match_labels={RUN_LABEL: self.run_id, ENV_LABEL: self.name}),
-                template=m.V1PodTemplateSpec(metadata=m.V1ObjectMeta(labels=self.labels), spec=pod)))
+                template=m.V1PodTemplateSpec(metadata=m.V1ObjectMeta(labels=self.labels), spec=pod),
+            ),
+        )
 
     def build_service(self) -> Any:
         """The Service in front of the pods (a ``kubernetes.client.V1Service``)."""
         m = _client().client
         return m.V1Service(
-            api_version="v1", kind="Service",
+            api_version="v1",
+            kind="Service",
             metadata=m.V1ObjectMeta(name=self.name, namespace=self.namespace, labels=self.labels),
-            spec=m.V1ServiceSpec(selector={RUN_LABEL: self.run_id, ENV_LABEL: self.name},
-                                 session_affinity="ClientIP",  # an episode's steps reach its pod
-                                 ports=[m.V1ServicePort(name="http", port=self.port, target_port="http")]))
+            spec=m.V1ServiceSpec(
+                selector={RUN_LABEL: self.run_id, ENV_LABEL: self.name},
+                session_affinity="ClientIP",  # an episode's steps reach its pod
+                ports=[m.V1ServicePort(name="http", port=self.port, target_port="http")],
+            ),
+        )
 
     def _resources(self, m: Any) -> Any:
         if not self.resources:
             return None
         if set(self.resources) <= {"requests", "limits"}:
-            return m.V1ResourceRequirements(requests=self.resources.get("requests"), limits=self.resources.get("limits"))
+            return m.V1ResourceRequirements(
+                requests=self.resources.get("requests"), limits=self.resources.get("limits")
+            )
         return m.V1ResourceRequirements(requests=dict(self.resources), limits=dict(self.resources))
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -236,8 +294,13 @@ class KubernetesLauncher:
         if self.state != "running":
             raise StateError("KubernetesLauncher is not running; call .start() first")
         apps, _ = self._apis()
-        self._call("scale deployment", apps.patch_namespaced_deployment_scale, self.name, self.namespace,
-                   {"spec": {"replicas": int(n)}})
+        self._call(
+            "scale deployment",
+            apps.patch_namespaced_deployment_scale,
+            self.name,
+            self.namespace,
+            {"spec": {"replicas": int(n)}},
+        )
         self.replicas_wanted = int(n)
 
     def wait_ready(self, timeout_s: float = 300.0) -> None:
@@ -251,8 +314,10 @@ class KubernetesLauncher:
             if time.monotonic() > deadline:
                 pods = self._call("list pods", core.list_namespaced_pod, self.namespace, label_selector=self.selector)
                 states = "; ".join(f"{p.metadata.name}: {p.status.phase}" for p in pods.items) or "no pods"
-                raise ConnectError(f"{self.name}: {d.status.ready_replicas or 0}/{self.replicas_wanted} pods ready "
-                                   f"after {timeout_s:g}s ({states}); kubectl describe pods -l {self.selector}")
+                raise ConnectError(
+                    f"{self.name}: {d.status.ready_replicas or 0}/{self.replicas_wanted} pods ready "
+                    f"after {timeout_s:g}s ({states}); kubectl describe pods -l {self.selector}"
+                )
             time.sleep(2.0)
 
     def close(self) -> None:
@@ -262,10 +327,15 @@ class KubernetesLauncher:
             return
         self.state = "closed"
         apps, core = self._apis()
-        self._call("delete deployments", apps.delete_collection_namespaced_deployment, self.namespace,
-                   label_selector=self.selector)
-        for svc in self._call("list services", core.list_namespaced_service, self.namespace,
-                              label_selector=self.selector).items:
+        self._call(
+            "delete deployments",
+            apps.delete_collection_namespaced_deployment,
+            self.namespace,
+            label_selector=self.selector,
+        )
+        for svc in self._call(
+            "list services", core.list_namespaced_service, self.namespace, label_selector=self.selector
+        ).items:
             self._call("delete service", core.delete_namespaced_service, svc.metadata.name, self.namespace)
 
     def __enter__(self) -> KubernetesLauncher:
@@ -294,8 +364,10 @@ class KubernetesLauncher:
         return self._handle
 
     def __repr__(self) -> str:
-        return (f"KubernetesLauncher({self.env}, image={self.image}, {self.namespace}/{self.name}, "
-                f"replicas={self.replicas_wanted}, {self.state})")
+        return (
+            f"KubernetesLauncher({self.env}, image={self.image}, {self.namespace}/{self.name}, "
+            f"replicas={self.replicas_wanted}, {self.state})"
+        )
 
     def _repr_html_(self) -> str:
         return f"<div><b>KubernetesLauncher</b> <code>{html.escape(repr(self))}</code></div>"
@@ -304,8 +376,15 @@ class KubernetesLauncher:
 class KubernetesReplicas:
     """Picklable view of a KubernetesLauncher's ready pods (listed at most every ``ttl_s``)."""
 
-    def __init__(self, namespace: str, selector: str, port: int, kubeconfig: str | None = None,
-                 context: str | None = None, ttl_s: float = 2.0) -> None:
+    def __init__(
+        self,
+        namespace: str,
+        selector: str,
+        port: int,
+        kubeconfig: str | None = None,
+        context: str | None = None,
+        ttl_s: float = 2.0,
+    ) -> None:
         self.namespace, self.selector, self.port = namespace, selector, port
         self.kubeconfig, self.context, self.ttl_s = kubeconfig, context, ttl_s
         self._core: Any = None
@@ -320,9 +399,11 @@ class KubernetesReplicas:
             pods = self._core.list_namespaced_pod(self.namespace, label_selector=self.selector).items
         except Exception as e:
             raise api_error(e, "list pods", self.namespace) from e
-        ready = [(p.metadata.name, f"http://{p.status.pod_ip}:{self.port}") for p in pods
-                 if p.status.pod_ip and any(c.type == "Ready" and c.status == "True"
-                                            for c in (p.status.conditions or []))]
+        ready = [
+            (p.metadata.name, f"http://{p.status.pod_ip}:{self.port}")
+            for p in pods
+            if p.status.pod_ip and any(c.type == "Ready" and c.status == "True" for c in (p.status.conditions or []))
+        ]
         self._cache = (time.monotonic(), ready)
         return list(ready)
 

@@ -82,10 +82,22 @@ class LocalLauncher:
         >>> lau.close()                                                                         # doctest: +SKIP
     """
 
-    def __init__(self, env: Any = "rollart_nb.envs:CodeTask", kwargs: dict[str, Any] | None = None,
-                 replicas: int = 2, task: str | None = None, sandbox: bool = True, *, max_episodes: int = 256,
-                 health_interval_s: float = 1.0, unhealthy_after: int = 3, max_restarts: int = 5,
-                 backoff_s: float = 0.5, start_timeout_s: float = 60.0, ro_paths: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        env: Any = "rollart_nb.envs:CodeTask",
+        kwargs: dict[str, Any] | None = None,
+        replicas: int = 2,
+        task: str | None = None,
+        sandbox: bool = True,
+        *,
+        max_episodes: int = 256,
+        health_interval_s: float = 1.0,
+        unhealthy_after: int = 3,
+        max_restarts: int = 5,
+        backoff_s: float = 0.5,
+        start_timeout_s: float = 60.0,
+        ro_paths: tuple[str, ...] = (),
+    ) -> None:
         self.env = env_spec(env)
         self.kwargs = dict(kwargs or {})
         problems = []
@@ -133,8 +145,12 @@ class LocalLauncher:
         except BaseException:
             self.close()
             raise
-        self._monitor = threading.Thread(target=_monitor, args=(weakref.ref(self), self._stop, self.health_interval_s),
-                                         name=f"rollart-envs-{self.name}", daemon=True)
+        self._monitor = threading.Thread(
+            target=_monitor,
+            args=(weakref.ref(self), self._stop, self.health_interval_s),
+            name=f"rollart-envs-{self.name}",
+            daemon=True,
+        )
         self._monitor.start()
         return self
 
@@ -149,8 +165,10 @@ class LocalLauncher:
         while (reps := self.replicas) and any(r.state != "up" for r in reps):
             if time.monotonic() > deadline:
                 states = ", ".join(f"{r.id}: {r.state} {r.last_error}".strip() for r in reps)
-                raise ConnectError(f"LocalLauncher {self.name}: not every replica is up after {timeout_s:g}s "
-                                   f"({states}); display the launcher for its logs' directory")
+                raise ConnectError(
+                    f"LocalLauncher {self.name}: not every replica is up after {timeout_s:g}s "
+                    f"({states}); display the launcher for its logs' directory"
+                )
             time.sleep(0.1)
 
     def close(self) -> None:
@@ -229,8 +247,11 @@ class LocalLauncher:
 
     def _check(self) -> None:
         if self.state != "running":
-            raise StateError(f"LocalLauncher is {self.state}; call .start() first" if self.state == "new"
-                             else "LocalLauncher is closed; create a new one")
+            raise StateError(
+                f"LocalLauncher is {self.state}; call .start() first"
+                if self.state == "new"
+                else "LocalLauncher is closed; create a new one"
+            )
 
     def _add(self, k: int) -> None:
         with self._lock:
@@ -249,14 +270,21 @@ class LocalLauncher:
         log_path = os.path.join(self._dir, f"{p.rep.id}.log")
         logf = open(log_path, "ab")  # noqa: SIM115  (the child and the reader thread keep it)
         try:
-            popen = subprocess.Popen(self._argv(p.rep), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                     stderr=logf, env=self._child_env(), start_new_session=True)
+            popen = subprocess.Popen(
+                self._argv(p.rep),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=logf,
+                env=self._child_env(),
+                start_new_session=True,
+            )
         finally:
             logf.close()
         p.popen, p.rep.pid = popen, popen.pid
         self._popens[p.rep.index] = popen
-        threading.Thread(target=_read_stdout, args=(popen, p, log_path), daemon=True,
-                         name=f"rollart-envs-{p.rep.id}-out").start()
+        threading.Thread(
+            target=_read_stdout, args=(popen, p, log_path), daemon=True, name=f"rollart-envs-{p.rep.id}-out"
+        ).start()
 
     def _await_up(self, p: _Proc) -> str:
         """'' once ``p`` listens and answers its health check, else why not (and it is killed)."""
@@ -282,9 +310,25 @@ class LocalLauncher:
         return f"  {p.rep.id}: {why}; its log ({self._dir}/{p.rep.id}.log) ends:\n{_tail(self._dir, p.rep.id)}"
 
     def _argv(self, rep: Replica) -> list[str]:
-        cmd = [sys.executable, "-m", "rollart_nb.cli", "env-server", "--env", self.env,
-               "--kwargs", json.dumps(self.kwargs), "--host", "127.0.0.1", "--port", "0",
-               "--replica-id", rep.id, "--max-episodes", str(self.max_episodes), "--exit-with-parent"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "rollart_nb.cli",
+            "env-server",
+            "--env",
+            self.env,
+            "--kwargs",
+            json.dumps(self.kwargs),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--replica-id",
+            rep.id,
+            "--max-episodes",
+            str(self.max_episodes),
+            "--exit-with-parent",
+        ]
         if self.task:
             cmd += ["--task", self.task]
         if not self.sandbox:
@@ -299,9 +343,11 @@ class LocalLauncher:
         top = self.env.partition(":")[0].split(".")[0]
         spec = importlib.util.find_spec(top)  # finds without running the module
         if spec is None:
-            raise ConfigError(f"env module {top!r} is not importable here, so the replicas could not import it "
-                              "either; put it on sys.path / PYTHONPATH or install it")
-        for loc in (spec.submodule_search_locations or [spec.origin or ""]):
+            raise ConfigError(
+                f"env module {top!r} is not importable here, so the replicas could not import it "
+                "either; put it on sys.path / PYTHONPATH or install it"
+            )
+        for loc in spec.submodule_search_locations or [spec.origin or ""]:
             if loc:
                 roots.append(str(Path(loc).resolve().parent))
         return list(dict.fromkeys(roots))
@@ -316,8 +362,12 @@ class LocalLauncher:
         # notebook's environment have no business in an env server
         keep = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "ROLLART_LOG")}
         roots = [*self._import_roots(), *([] if self.sandbox else [os.getcwd()])]
-        return {**keep, "HOME": "/tmp" if self.sandbox else os.environ.get("HOME", "/tmp"),
-                "PYTHONPATH": os.pathsep.join(roots), "PYTHONUNBUFFERED": "1"}
+        return {
+            **keep,
+            "HOME": "/tmp" if self.sandbox else os.environ.get("HOME", "/tmp"),
+            "PYTHONPATH": os.pathsep.join(roots),
+            "PYTHONUNBUFFERED": "1",
+        }
 
     # -- the monitor -------------------------------------------------------------------
     def _check_replicas(self) -> None:
@@ -339,9 +389,13 @@ class LocalLauncher:
         p.failures += 1
         if code is None and p.failures < self.unhealthy_after:
             return
-        why = (f"exited with code {code}" if code is not None and code >= 0 else
-               f"killed by {signal.Signals(-code).name}" if code is not None else
-               f"failed {p.failures} health checks in a row")
+        why = (
+            f"exited with code {code}"
+            if code is not None and code >= 0
+            else f"killed by {signal.Signals(-code).name}"
+            if code is not None
+            else f"failed {p.failures} health checks in a row"
+        )
         log.warning("env-server replica %s (%s) %s; restarting it", p.rep.id, p.rep.url, why)
         with self._lock:
             _terminate(p.popen)
@@ -362,8 +416,9 @@ class LocalLauncher:
         p.attempts += 1
         if p.attempts > self.max_restarts:
             p.rep.state = "failed"
-            log.error("env-server replica %s failed %d restarts in a row; giving up (see %s)", p.rep.id,
-                      p.attempts, self._dir)
+            log.error(
+                "env-server replica %s failed %d restarts in a row; giving up (see %s)", p.rep.id, p.attempts, self._dir
+            )
         else:
             p.retry_at = time.monotonic() + self.backoff_s * 2 ** (p.attempts - 1)
         with self._lock:
@@ -388,10 +443,13 @@ class LocalLauncher:
         rows = "".join(
             f"<tr><td>{r.index}</td><td>{html.escape(r.id)}</td><td><code>{html.escape(r.url or '-')}</code></td>"
             f"<td>{r.pid or '-'}</td><td>{r.state}</td><td>{r.restarts}</td><td>{html.escape(r.last_error)}</td></tr>"
-            for r in self.replicas)
-        return (f"<div><b>LocalLauncher</b> <code>{html.escape(self.env)}</code> &middot; {self.state} &middot; "
-                f"sandbox {'on' if self.sandbox else 'off'}<table><tr><th>#</th><th>replica</th><th>url</th>"
-                f"<th>pid</th><th>state</th><th>restarts</th><th>last error</th></tr>{rows}</table></div>")
+            for r in self.replicas
+        )
+        return (
+            f"<div><b>LocalLauncher</b> <code>{html.escape(self.env)}</code> &middot; {self.state} &middot; "
+            f"sandbox {'on' if self.sandbox else 'off'}<table><tr><th>#</th><th>replica</th><th>url</th>"
+            f"<th>pid</th><th>state</th><th>restarts</th><th>last error</th></tr>{rows}</table></div>"
+        )
 
 
 class LocalReplicas:
