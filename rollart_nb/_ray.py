@@ -18,6 +18,12 @@ Measured pitfalls handled here:
   version retries for many minutes: every connect first asks the GCS (or the Ray Client
   server) a question over gRPC with a deadline, and stops with a ConnectError that says
   what answered.
+- Unless a session forwards worker output (``log_to_driver``), Ray's chatter stays out of
+  notebook cells: ``import ray.serve`` gives the driver's ``ray.serve`` logger an INFO handler
+  of its own ("Started Serve", "Application ... is ready"), and every task that fails but will
+  be retried (``ServeController.graceful_shutdown`` at each ``serve.shutdown()``) is printed as
+  a ``(raylet)`` line. See :func:`quiet_serve_logs` and :data:`RETRY_NOTICES_ENV`; warnings,
+  errors and failures that are not retried still show.
 """
 
 from __future__ import annotations
@@ -58,7 +64,10 @@ def is_initialized() -> bool:
 # -- where Ray listens and who may talk to it ----------------------------------------------
 LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 """Set to "0" in a loopback-only session (and its workers): Ray's node address is 127.0.0.1."""
-_ENV_KEYS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", LOOPBACK_ENV)
+RETRY_NOTICES_ENV = "RAY_enable_output_error_log_if_still_retry"
+"""Ray's switch for printing "Task X failed. There are N retries remaining, so the task will be
+retried" on the driver; a quiet session sets it to "0" unless it is set already."""
+_ENV_KEYS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", LOOPBACK_ENV, RETRY_NOTICES_ENV)
 _saved_env: dict[str, str | None] | None = None
 _auth_dir: str | None = None
 TOKEN_ENV = "RAY_AUTH_TOKEN"
@@ -82,10 +91,44 @@ def _set_env(values: dict[str, str | None]) -> None:
     _refresh_ray_config()
 
 
+def _retry_notices_env(quiet: bool) -> dict[str, str | None]:
+    """:data:`RETRY_NOTICES_ENV` for a session: off when ``quiet``, unless the user chose already."""
+    current = os.environ.get(RETRY_NOTICES_ENV)
+    return {RETRY_NOTICES_ENV: "0" if quiet and current is None else current}
+
+
+SERVE_LOGGER = "ray.serve"
+
+
+class _BelowWarning(logging.Filter):
+    """Passes WARNING and above only."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.WARNING
+
+
+_SERVE_INFO_FILTER = _BelowWarning("")
+
+
+def quiet_serve_logs(quiet: bool = True) -> None:
+    """Keep Ray Serve's INFO lines out of this process's output (``quiet=False``: let them back).
+
+    ``import ray.serve`` gives the ``ray.serve`` logger a stderr handler and sets its level to
+    INFO, so a level set beforehand does not last; a filter on the logger does. Warnings and
+    errors still pass. Replicas and the controller log to their own files (and reach the driver
+    only with ``log_to_driver``).
+    """
+    logger = logging.getLogger(SERVE_LOGGER)
+    if quiet:
+        logger.addFilter(_SERVE_INFO_FILTER)  # added once however often this is called
+    else:
+        logger.removeFilter(_SERVE_INFO_FILTER)
+
+
 def _refresh_ray_config() -> None:
     # Ray reads these once (a module constant, a C++ config, a cached token): re-read them.
     from ray._private import ray_constants
-    from ray._raylet import AuthenticationTokenLoader, Config
+    from ray._raylet import AuthenticationTokenLoader, Config  # type: ignore[attr-defined]  # not in _raylet.pyi
 
     ray_constants.ENABLE_RAY_CLUSTER = os.environ.get(LOOPBACK_ENV, "1").lower() not in ("0", "false")
     Config.initialize("")
@@ -214,6 +257,8 @@ def start_local(
 
     It listens on 127.0.0.1 only, unless ``expose`` names this node's address (or "auto");
     token authentication is on either way, with a fresh token (see :func:`token_path`).
+    Without ``log_to_driver``, Ray Serve's INFO lines and Ray's retry notices stay quiet here
+    (see the module docstring).
     """
     if is_initialized():
         raise StateError(
@@ -228,8 +273,10 @@ def start_local(
             "RAY_AUTH_TOKEN_PATH": _write_token(secrets.token_hex(32)),
             "RAY_AUTH_TOKEN": None,
             LOOPBACK_ENV: "0" if expose is None else "1",
+            **_retry_notices_env(quiet=not log_to_driver),
         }
     )
+    quiet_serve_logs(not log_to_driver)
     extra: dict[str, Any] = {}
     if expose not in (None, "auto"):
         extra["_node_ip_address"] = expose
@@ -348,7 +395,7 @@ def preflight(address: str, *, token: str | None, timeout_s: float) -> None:
                 from ray.core.generated import ray_client_pb2, ray_client_pb2_grpc
 
                 ray_client_pb2_grpc.RayletDriverStub(channel).ClusterInfo(
-                    ray_client_pb2.ClusterInfoRequest(type=ray_client_pb2.ClusterInfoType.PING),
+                    ray_client_pb2.ClusterInfoRequest(type=ray_client_pb2.ClusterInfoType.PING),  # type: ignore[attr-defined]
                     timeout=left,
                     metadata=meta,
                 )
@@ -356,7 +403,9 @@ def preflight(address: str, *, token: str | None, timeout_s: float) -> None:
             from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
 
             reply = gcs_service_pb2_grpc.InternalKVGcsServiceStub(channel).InternalKVGet(
-                gcs_service_pb2.InternalKVGetRequest(key=b"CLUSTER_METADATA", namespace=b"cluster"),
+                gcs_service_pb2.InternalKVGetRequest(  # type: ignore[attr-defined]  # generated protobuf
+                    key=b"CLUSTER_METADATA", namespace=b"cluster"
+                ),
                 timeout=left,
                 metadata=meta,
             )
@@ -389,6 +438,7 @@ def connect(address: str, *, namespace: str, timeout_s: float, log_to_driver: bo
 
     ``token``: the cluster's Ray token (else the one in ``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH``
     or ``~/.ray/auth_token``, else none). It goes to a private file, never to a log.
+    Without ``log_to_driver``, Ray Serve's INFO lines and Ray's retry notices stay quiet here.
     """
     if is_initialized():
         raise StateError(
@@ -405,11 +455,20 @@ def connect(address: str, *, namespace: str, timeout_s: float, log_to_driver: bo
             )
         resolved = found
     restore_env()
+    notices = _retry_notices_env(quiet=not log_to_driver)
     if token:
-        _set_env({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": _write_token(token.strip()), "RAY_AUTH_TOKEN": None})
+        _set_env(
+            {
+                "RAY_AUTH_MODE": "token",
+                "RAY_AUTH_TOKEN_PATH": _write_token(token.strip()),
+                "RAY_AUTH_TOKEN": None,
+                **notices,
+            }
+        )
     else:
         token = _existing_token()
-        _set_env({"RAY_AUTH_MODE": "token" if token else os.environ.get("RAY_AUTH_MODE", "disabled")})
+        _set_env({"RAY_AUTH_MODE": "token" if token else os.environ.get("RAY_AUTH_MODE", "disabled"), **notices})
+    quiet_serve_logs(not log_to_driver)
     deadline = time.monotonic() + timeout_s
     try:
         preflight(resolved, token=token, timeout_s=timeout_s)
@@ -442,10 +501,11 @@ def connect(address: str, *, namespace: str, timeout_s: float, log_to_driver: bo
 
 
 def shutdown() -> None:
-    """Stop (or leave) Ray and restore the auth/bind settings a session made."""
+    """Stop (or leave) Ray and restore the auth/bind and logging settings a session made."""
     if is_initialized():
         ray().shutdown()
     restore_env()
+    quiet_serve_logs(False)
 
 
 def nodes() -> list[dict[str, Any]]:

@@ -50,7 +50,8 @@ class RewardFn(Protocol):
 class Tokenizer(Protocol):
     """The minimum the control plane needs from a tokenizer."""
 
-    eos_token_id: int | None
+    @property
+    def eos_token_id(self) -> int | None: ...  # read-only here, so a tokenizer may declare it ``int``
 
     def encode(self, text: str) -> list[int]: ...
 

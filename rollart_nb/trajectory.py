@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import uuid
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -188,7 +189,7 @@ class TrajectoryList(list):
     viewer can keep updating as new trajectories land.
     """
 
-    def __init__(self, items: list[Trajectory] = (), source: Any = None, filters: dict[str, Any] | None = None):
+    def __init__(self, items: Iterable[Trajectory] = (), source: Any = None, filters: dict[str, Any] | None = None):
         super().__init__(items)
         self.source, self.filters = source, dict(filters or {})
 

@@ -182,7 +182,7 @@ def group_advantages(
     scales = [scale_by_std] * r.numel() if isinstance(scale_by_std, bool) else list(scale_by_std)
     if len(scales) != r.numel():
         raise ConfigError(f"{r.numel()} rewards but {len(scales)} scale_by_std flags")
-    first = {}
+    first: dict[int, bool] = {}
     for i, g in enumerate(gid.tolist()):
         first.setdefault(g, bool(scales[i]))
     adv = torch.zeros_like(r)

@@ -359,7 +359,7 @@ class HFBackend:
                 limit = min(len(kv.ids), len(prompt) - 1)  # at least one token left to prefill
                 while n < limit and kv.ids[n] == prompt[n]:
                     n += 1
-            if n == 0:
+            if kv is None or n == 0:
                 out.append(None)
             elif n == len(kv.ids):
                 out.append(kv)

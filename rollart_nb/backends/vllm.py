@@ -35,7 +35,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Coroutine
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from rollart_nb.errors import ConfigError, GenerationError, StateError, WeightSyncError
 from rollart_nb.models.tiny import ModelRef, from_pretrained
@@ -56,6 +56,9 @@ _CPU_KV_CACHE_GB = 1.0  # vLLM's CPU build needs an explicit KV budget; 1 GiB ho
 
 class _WorkerExtension:
     """Mixed into every vLLM worker (``worker_extension_cls``); called via ``collective_rpc``."""
+
+    if TYPE_CHECKING:
+        model_runner: Any  # the vLLM worker's, which this class is mixed into
 
     def rollart_load_weights(self, blob: bytes) -> int:
         """Reload weights in place from a safetensors blob in HF naming; returns tensors read."""

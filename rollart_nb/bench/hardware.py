@@ -52,7 +52,9 @@ def r1_affinity(
         steps=1 if quick else 5,
         warmup=1,
     )
-    raw = {k: {**simulate(base.with_(rollout=v)), "rollout_gpus": v} for k, v in configs.items()}
+    raw: dict[str, dict[str, Any]] = {
+        k: {**simulate(base.with_(rollout=v)), "rollout_gpus": v} for k, v in configs.items()
+    }
     mix = raw["affinity_mix"]["step_s"]
     ours = {
         "mix_over_h20_only": raw["h20_only"]["step_s"] / mix,

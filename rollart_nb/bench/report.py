@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 __all__ = ["TOLERANCE", "deviation", "format_table", "result", "write_figure"]
@@ -41,7 +41,7 @@ def deviation(ours: float, paper: Paper) -> float:
 def result(
     name: str,
     ours: dict[str, float],
-    paper: dict[str, Paper],
+    paper: Mapping[str, Paper],
     why: dict[str, Any],
     raw: dict[str, Any],
     *,

@@ -178,8 +178,8 @@ class RewardDispatcher:
             endpoint,
             timeout_s,
             retries,
-            _source(fn) if fn is not None else redact_url(endpoint.url),
-        )  # type: ignore[union-attr]
+            redact_url(endpoint.url) if endpoint is not None else _source(fn),  # exactly one is given
+        )
         self.current[task] = spec
         self.history.append(spec)
         return spec

@@ -316,7 +316,11 @@ class RolloutScheduler:
             task = asyncio.get_running_loop().create_task(self._run(m, traj, g, self._barrier))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
-            task.add_done_callback(lambda _t, traj=traj, g=g, m=m: self._reap(traj, g, m))
+
+            def reap(_t: asyncio.Task, traj: Trajectory = traj, g: GroupState = g, m: EnvManager = m) -> None:
+                self._reap(traj, g, m)
+
+            task.add_done_callback(reap)
             self.running[traj.id] = (traj, task, m)
             self.launched += 1
 

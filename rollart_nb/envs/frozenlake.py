@@ -172,7 +172,7 @@ class FrozenLake:
             return f"{msg}\n{self._render(state)}", 0.0, False, truncated, {"move": None}
         state, reward, terminated, _, _ = self._gym.step(_MOVES[move])
         state = int(state)
-        cell = self._gym_desc[state // self.size][state % self.size]
+        cell = self._desc[state // self.size][state % self.size]
         if cell == "G":
             msg = "reached the goal ."
         elif cell == "H":
@@ -198,7 +198,7 @@ class FrozenLake:
         if self._gym is None:
             raise RuntimeError("call reset() before solve()")
         start = divmod(int(self._gym.unwrapped.s), self.size)
-        return _shortest_path(list(self._gym_desc), start)
+        return _shortest_path(list(self._desc), start)
 
     def _distinct_map_seeds(self, count: int) -> list[int]:
         from gymnasium.envs.toy_text.frozen_lake import generate_random_map
@@ -226,6 +226,13 @@ class FrozenLake:
         cells = [(r, c) for r, row in enumerate(layout) for c, ch in enumerate(row) if ch == "F"]
         return [rc for rc in cells if _shortest_path(layout, rc) is not None]
 
+    @property
+    def _desc(self) -> tuple[str, ...]:
+        """The map the gymnasium env was built from (set together with ``_gym`` by ``reset``)."""
+        if self._gym_desc is None:
+            raise RuntimeError("FrozenLake has no map yet; call reset() first")
+        return self._gym_desc
+
     def _make_gym(self, desc: list[str]) -> None:
         if self._gym_desc == tuple(desc):
             return
@@ -238,7 +245,7 @@ class FrozenLake:
     def _render(self, state: int) -> str:
         pr, pc = divmod(state, self.size)
         rows = []
-        for r, row in enumerate(self._gym_desc):
+        for r, row in enumerate(self._desc):
             cells = ["P" if (r, c) == (pr, pc) else ("F" if ch == "S" else ch) for c, ch in enumerate(row)]
             rows.append(("" if self.compact else " ").join(cells))
         return "\n".join(rows)

@@ -96,7 +96,7 @@ def _probe() -> tuple[str, bool]:
         "--dev",
         "/dev",
     ]
-    errors = []
+    errors: list[str] = []
     for proc in (["--proc", "/proc"], []):
         try:
             r = subprocess.run([*base, *proc, "true"], capture_output=True, text=True, timeout=30)

@@ -34,7 +34,7 @@ class _PerInstanceRng(EnvWrapper):
             for its k-th deep copy (1-based), ``(k, j)`` for the j-th copy of that one.
     """
 
-    def _seed_rng(self, seed: int | None) -> None:
+    def _seed_rng(self, seed: int | str | None) -> None:
         self._seed = seed  # None: every instance draws from OS entropy
         self.instance: tuple[int, ...] = ()
         self._copies = 0  # a plain int (not itertools.count): it pickles into Ray actors
@@ -91,7 +91,7 @@ class WithLatency(_PerInstanceRng):
         std_s: float,
         long_tail_p: float = 0.0,
         long_tail_scale: float = 10.0,
-        seed: int | None = None,
+        seed: int | str | None = None,
     ) -> None:
         problems = []
         if mean_s < 0 or std_s < 0:
@@ -180,7 +180,7 @@ class WithFailures(_PerInstanceRng):
         p_hang: float = 0.0,
         hang_s: float = 3600.0,
         on: tuple[str, ...] = ("reset", "step"),
-        seed: int | None = None,
+        seed: int | str | None = None,
     ) -> None:
         problems = []
         if not (0.0 <= p_raise <= 1.0 and 0.0 <= p_hang <= 1.0):

@@ -347,7 +347,7 @@ def _busy(segs: Sequence[dict[str, Any]], row: str) -> float:
     return total
 
 
-def _fmt(v: float) -> str:
+def _fmt(v: float | None) -> str:
     return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.3f}"
 
 

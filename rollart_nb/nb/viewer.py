@@ -200,7 +200,8 @@ class TrajectoryViewer(widgets.VBox):
         self.query = dict(getattr(trajectories, "filters", {}) or {})
         self.items: list[Trajectory] = list(trajectories)
         self.live_s = live_s
-        self._tokenizer, self._decoder = tokenizer, None
+        self._tokenizer = tokenizer
+        self._decoder: TokenDecoder | None = None
         self._timer: threading.Timer | None = None
         self.task = widgets.Dropdown(description="task", layout=widgets.Layout(width="200px"))
         self.status = widgets.Dropdown(

@@ -118,9 +118,9 @@ def discover_pools(
         acc = [k.split(":", 1)[1] for k in res if k.startswith("accelerator_type:")]
         if gpus and acc and not claimed:
             name = acc[0]
-            hw = PROFILES.get(name.upper()) or _known_or_none(name)
-            if hw is not None:
-                add(hw.name, hw, nid, gpus, "GPU", False)
+            known = PROFILES.get(name.upper()) or _known_or_none(name)
+            if known is not None:
+                add(known.name, known, nid, gpus, "GPU", False)
                 claimed = True
         if not claimed and not gpus and res.get("CPU", 0.0) > 0:
             add("cpu", PROFILES["CPU"], nid, res["CPU"], "CPU", False)

@@ -22,7 +22,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from rollart_nb.errors import ConfigError, RewardError
 from rollart_nb.trajectory import Trajectory, Turn
@@ -162,7 +162,8 @@ class LLMJudge:
                 # A judge nobody closes still stops its thread when collected or at exit, while
                 # the interpreter is whole, not as a daemon thread torn down with it.
                 self._stop = weakref.finalize(self, _stop_loop_thread, loop, thread)
-            return self._engine, self._loop
+            # _loop is set together with _engine, so it is not None here
+            return self._engine, cast(asyncio.AbstractEventLoop, self._loop)
 
     def close(self) -> None:
         """Stop the loop thread and drop the model (idempotent); the next call loads it again."""

@@ -51,7 +51,7 @@ import selectors
 import threading
 import time
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar, TypeVarTuple
 
 from rollart_nb.errors import StateError
 
@@ -61,6 +61,9 @@ REAL_TIME_SCALE = 1e-3
 """Default ``time_scale`` of sim backends and envs off a virtual clock (a 10 s turn sleeps 10 ms)."""
 
 log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+_Ts = TypeVarTuple("_Ts")
 
 _tls = threading.local()  # .clock: the SimClock this thread works for; .held: it holds time
 
@@ -98,6 +101,14 @@ class VirtualEventLoop(asyncio.SelectorEventLoop):
     blocked in :meth:`SimClock.wait`. Time advances only when ``busy == 0 < waiters``.
     """
 
+    if TYPE_CHECKING:  # private asyncio.BaseEventLoop state used below; typeshed does not declare it
+        _ready: collections.deque[asyncio.Handle]
+        _scheduled: list[asyncio.TimerHandle]
+
+        def _check_closed(self) -> None: ...
+
+        def _write_to_self(self) -> None: ...
+
     def __init__(self, virtual: bool = True) -> None:
         sel = _Selector(selectors.DefaultSelector())
         super().__init__(selector=sel)  # type: ignore[arg-type]
@@ -114,7 +125,10 @@ class VirtualEventLoop(asyncio.SelectorEventLoop):
         return self._vnow if self.virtual else super().time()
 
     def call_soon_threadsafe(
-        self, callback: Callable[..., Any], *args: Any, context: contextvars.Context | None = None
+        self,
+        callback: Callable[[*_Ts], object],
+        *args: *_Ts,
+        context: contextvars.Context | None = None,
     ) -> asyncio.Handle:
         if not self.virtual:
             return super().call_soon_threadsafe(callback, *args, context=context)
@@ -138,14 +152,16 @@ class VirtualEventLoop(asyncio.SelectorEventLoop):
     def advance(self, dt: float) -> None:
         now = self._vnow + dt
         if self._scheduled:  # land exactly on the timer (float sums can fall a hair short)
-            now = max(now, self._scheduled[0]._when)
+            now = max(now, self._scheduled[0].when())
         self._vnow = now
 
-    def run_in_executor(self, executor: Any, func: Callable[..., Any], *args: Any) -> asyncio.Future:
+    def run_in_executor(
+        self, executor: concurrent.futures.Executor | None, func: Callable[[*_Ts], _T], *args: *_Ts
+    ) -> asyncio.Future[_T]:
         self.busy += 1  # run_in_executor is called on the loop thread
         clock = self.clock
 
-        def job() -> Any:
+        def job() -> _T:
             _tls.clock, _tls.held = clock, True
             try:
                 return func(*args)

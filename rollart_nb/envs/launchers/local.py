@@ -51,7 +51,8 @@ class _Proc:
     """A replica's process, its stdout reader, and the monitor's bookkeeping."""
 
     def __init__(self, rep: Replica) -> None:
-        self.rep, self.popen = rep, None
+        self.rep = rep
+        self.popen: subprocess.Popen[bytes] | None = None
         self.listening = threading.Event()
         self.failures = 0  # health checks failed in a row
         self.attempts = 0  # restart attempts failed in a row
