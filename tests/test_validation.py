@@ -356,6 +356,6 @@ def test_a_bad_value_leaves_the_running_pipeline_of_that_name_open(parts):
         args = {"batch_size": 4, "group_size": 4, "mode": "sync", "name": "keep", **bad}
         with pytest.raises(ConfigError):
             sess.pipeline(train, gen, tasks, **args)
-        assert pipe.state != "closed" and sess._pipelines["keep"] is pipe  # checked before anything changed
+        assert pipe.state != "closed" and sess.runtime.pipelines["keep"] is pipe  # checked before anything changed
     assert pipe.step().step == 0
     pipe.close()

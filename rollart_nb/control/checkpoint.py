@@ -40,16 +40,16 @@ import uuid
 import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from rollart_nb.errors import CheckpointError, ConfigError, StateError
 
 if TYPE_CHECKING:
-    from rollart_nb.control.pipeline import Pipeline
     from rollart_nb.control.tasks import TaskSet
 
 __all__ = [
     "FORMAT",
+    "CheckpointingTrainer",
     "PipelineCheckpoint",
     "latest_checkpoint",
     "read_checkpoint",
@@ -174,8 +174,26 @@ def _fsync_dir(d: Path) -> None:
         os.close(fd)
 
 
-def write_checkpoint(pipe: Pipeline, path: str | os.PathLike[str]) -> PipelineCheckpoint:
-    """Save ``pipe``'s trainer and resume metadata to ``path`` (the caller holds the step lock).
+class CheckpointingTrainer(Protocol):
+    """What :func:`write_checkpoint` needs of a trainer cluster (``TrainerWorker`` has both)."""
+
+    def save_checkpoint(self, path: str) -> Any: ...
+
+    def version(self) -> Any: ...
+
+
+def write_checkpoint(
+    path: str | os.PathLike[str],
+    trainer: CheckpointingTrainer,
+    *,
+    steps: int,
+    seed: int,
+    tasks: dict[str, str],
+    rewards: dict[str, str],
+    config: dict[str, Any],
+) -> PipelineCheckpoint:
+    """Save ``trainer``'s checkpoint and a pipeline's resume metadata to ``path`` (the caller
+    holds the pipeline's step lock). The other arguments are :class:`PipelineCheckpoint`'s fields.
 
     Written into a hidden sibling directory, checksummed, then renamed into place; an existing
     checkpoint at ``path`` stays whole until the new one is.
@@ -185,22 +203,15 @@ def write_checkpoint(pipe: Pipeline, path: str | os.PathLike[str]) -> PipelineCh
     tmp = d.parent / f".{d.name}.tmp-{uuid.uuid4().hex[:8]}"
     try:
         tmp.mkdir()
-        pipe.train.save_checkpoint(str(tmp / _TRAINER))
+        trainer.save_checkpoint(str(tmp / _TRAINER))
         ckpt = PipelineCheckpoint(
             path=str(d),
-            version=int(pipe.train.version()),
-            steps=pipe.first_step + len(pipe.reports),
-            seed=int(pipe.cfg.seed),
-            tasks={t: type(e).__name__ for t, e in pipe.tasks.envs.items()},
-            rewards=latest_reward_sources(pipe.reward_history()),
-            config={
-                "name": pipe.name,
-                "mode": pipe.mode.name,
-                "alpha": pipe.cfg.alpha,
-                "batch_size": pipe.cfg.batch_size,
-                "group_size": pipe.cfg.group_size,
-                "served_version": pipe.version,
-            },
+            version=int(trainer.version()),
+            steps=steps,
+            seed=seed,
+            tasks=tasks,
+            rewards=rewards,
+            config=config,
             saved_at=time.time(),
             files=_manifest(tmp),
         )

@@ -21,6 +21,10 @@ Modes change a few switches (:mod:`rollart_nb.control.modes`), not the loop. Lif
 ``idle -> running -> paused -> closed``. :meth:`Pipeline.save` checkpoints the trainer and the
 pipeline's counters; ``sess.pipeline(..., resume_from=path)`` continues from them in a new
 session (:mod:`rollart_nb.control.checkpoint`).
+
+A pipeline gets what it needs from its session's :class:`~rollart_nb.runtime.Runtime`: the
+rollout cluster, the weight transport, reward deployment, the clock, and its own registration by
+name (it removes itself on :meth:`Pipeline.close`); it never calls into the session.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rollart_nb.control.checkpoint import PipelineCheckpoint, write_checkpoint
+from rollart_nb.control.checkpoint import PipelineCheckpoint, latest_reward_sources, write_checkpoint
 from rollart_nb.control.env_manager import RolloutConfig
 from rollart_nb.control.modes import Mode
 from rollart_nb.control.modes import mode as get_mode
@@ -49,8 +53,9 @@ from rollart_nb.views import view
 from rollart_nb.workers.routing import shape_affinity
 
 if TYPE_CHECKING:
-    from rollart_nb.session import Session, TaskSet
-    from rollart_nb.workers.cluster import Cluster
+    from rollart_nb.control.tasks import TaskSet
+    from rollart_nb.runtime import Runtime
+    from rollart_nb.workers.cluster import ClusterBase
 
 __all__ = ["Pipeline"]
 
@@ -72,9 +77,9 @@ class Pipeline:
 
     def __init__(
         self,
-        session: Session,
-        train: Cluster,
-        gen: Cluster,
+        runtime: Runtime,
+        train: ClusterBase,
+        gen: ClusterBase,
         tasks: TaskSet,
         *,
         group_size: int = 8,
@@ -127,16 +132,16 @@ class Pipeline:
                 self.run_dir,
             )
         self.mode = get_mode(mode)
-        # step timing: the session's clock (a SimSession's virtual time), else wall time
-        self._clock = getattr(session, "clock", None) or time.monotonic
-        self.session, self.train, self.gen, self.tasks, self.name = session, train, gen, tasks, name
+        # step timing: the runtime's clock (a SimSession's virtual time, else wall time)
+        self._clock = runtime.clock
+        self.runtime, self.train, self.gen, self.tasks, self.name = runtime, train, gen, tasks, name
         self.cfg = SchedulerConfig(
             batch_size=batch_size,
             group_size=group_size,
             alpha=alpha,
             mode=self.mode,
             redundancy=redundancy,
-            seed=session.seed if seed is None else seed,
+            seed=runtime.seed if seed is None else seed,
             task_weights=tasks.weights,
             rollout=rollout or RolloutConfig(),
             curricula=tasks.curricula or None,
@@ -171,7 +176,7 @@ class Pipeline:
             else {}
         )
         targets = [(h.actor, h.binding.worker, h.binding.hardware, h.binding.pool) for h in gen.workers]
-        self.rollout = session.cluster(
+        self.rollout = runtime.cluster(
             f"{name}.rollout",
             RolloutWorker,
             pool="cpu",
@@ -190,7 +195,7 @@ class Pipeline:
         self.E = self.rollout.start()
         self.version = 0
         self._served_state: Any = None  # object ref of the served weights (the direct path): replacements load it
-        self.transport = session._weight_transport(weights, name)
+        self.transport = runtime.weight_transport(weights, name)
         trained = int(train.version())
         if self.transport is not None:  # trainer publishes, generators pull in the background
             train.set_transport(self.transport)
@@ -363,7 +368,7 @@ class Pipeline:
             raise _Final(
                 f"{b.worker} (pool {b.pool}) died ({reason}); pipeline {self.name!r} restarted it "
                 f"{self._restarts[b.worker] - 1} time(s) already, the most max_worker_restarts="
-                f"{self.max_worker_restarts} allows. Look at {self.session.log_dir} for its log, then call "
+                f"{self.max_worker_restarts} allows. Look at {self.runtime.log_dir} for its log, then call "
                 f"{cluster.name}.restart_worker({i}) by hand, or raise max_worker_restarts",
                 worker=b.worker,
                 pool=b.pool,
@@ -580,7 +585,7 @@ class Pipeline:
             )
             return None
         t = time.monotonic()
-        write_checkpoint(self, path)
+        self._write_checkpoint(path)
         self.last_autosave = str(path)
         for old in run_checkpoints(self.run_dir)[: -self.keep_checkpoints]:
             shutil.rmtree(old, ignore_errors=True)
@@ -675,9 +680,28 @@ class Pipeline:
         with self._lock:
             if self._train_fut is not None:
                 self._train_fut.result()  # the result stays available to the next step
-            ckpt = write_checkpoint(self, path)
+            ckpt = self._write_checkpoint(path)
         log.info("saved pipeline %s at step %d, version %d to %s", self.name, ckpt.steps, ckpt.version, ckpt.path)
         return ckpt.path
+
+    def _write_checkpoint(self, path: str | os.PathLike[str]) -> PipelineCheckpoint:
+        """The trainer's checkpoint and what a resume needs, at ``path`` (the step lock held)."""
+        return write_checkpoint(
+            path,
+            self.train,
+            steps=self.first_step + len(self.reports),
+            seed=int(self.cfg.seed),
+            tasks={t: type(e).__name__ for t, e in self.tasks.envs.items()},
+            rewards=latest_reward_sources(self.reward_history()),
+            config={
+                "name": self.name,
+                "mode": self.mode.name,
+                "alpha": self.cfg.alpha,
+                "batch_size": self.cfg.batch_size,
+                "group_size": self.cfg.group_size,
+                "served_version": self.version,
+            },
+        )
 
     # -- rewards, validation, views ------------------------------------------------------
     def swap_reward(self, task: str, fn: Any = None, **kwargs: Any) -> int:
@@ -688,10 +712,13 @@ class Pipeline:
         """
         self._check_open()
         self.tasks.check(task)
-        if fn is not None and kwargs.get("serverless"):
-            return self.session._deploy_reward(self, task, fn, **kwargs)
+        if fn is not None and kwargs.pop("serverless", False):
+            # the options of the dispatcher stay here; the rest are Ray Serve's
+            opts = {k: kwargs.pop(k) for k in ("timeout_s", "retries", "validate_with") if k in kwargs}
+            endpoint = self.runtime.deploy_reward(task, fn, retries=0, **kwargs)  # the dispatcher does the retrying
+            return int(self.rollout.set_reward(task, endpoint=endpoint, **opts))
         kwargs.pop("serverless", None)
-        return self.rollout.set_reward(task, fn, **kwargs)
+        return int(self.rollout.set_reward(task, fn, **kwargs))
 
     def reward_history(self) -> list[dict[str, Any]]:
         """Every reward version per task, with source and time."""
@@ -761,9 +788,10 @@ class Pipeline:
                     t.close()
                 except Exception as e:
                     log.warning("tracker %r failed to close: %s", t, e)
-            self.session.close_cluster(self.rollout.name)
+            self.runtime.close_cluster(self.rollout.name)
             self.state = "closed"
-            self.session._pipelines.pop(self.name, None)
+            if self.runtime.pipelines.get(self.name) is self:
+                del self.runtime.pipelines[self.name]
 
     def __repr__(self) -> str:
         last = self.reports[-1] if self.reports else None

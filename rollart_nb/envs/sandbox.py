@@ -51,8 +51,8 @@ import time
 import warnings
 from dataclasses import dataclass, field
 
-from rollart_nb.envs import isolation as iso
-from rollart_nb.envs import seccomp
+import rollart_nb.envs.isolation as iso
+import rollart_nb.envs.seccomp as seccomp
 from rollart_nb.errors import ConfigError
 
 __all__ = ["ISOLATION_MODES", "SandboxResult", "arun_sandboxed", "run_sandboxed"]
@@ -510,6 +510,13 @@ def _warn_unisolated() -> None:
     log.warning(msg)
 
 
+def _piped(reader: asyncio.StreamReader | None) -> asyncio.StreamReader:
+    """``reader``, which ``_spawn`` always creates (every output of a sandboxed process is a pipe)."""
+    if reader is None:
+        raise RuntimeError("a sandboxed process was started without an output pipe")
+    return reader
+
+
 class _Stream:
     """Reads one pipe to its end, keeping the first ``keep`` bytes."""
 
@@ -638,7 +645,7 @@ async def _arun(
             (grd.stdout, 1 << 20, [1 << 22], None),
             (grd.stderr, max_output, [1 << 22], None),
         ):
-            streams.append(_Stream(reader, keep, share, over))
+            streams.append(_Stream(_piped(reader), keep, share, over))
         pumps = [asyncio.ensure_future(st.pump()) for st in streams]
         flood, graded = asyncio.ensure_future(flooded.wait()), asyncio.ensure_future(grd.wait())
         tasks += [

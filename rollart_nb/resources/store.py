@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from rollart_nb import _ray
+import rollart_nb._ray as _ray
 from rollart_nb.errors import ConfigError, StoreError
 
 __all__ = ["GcsStore", "MemoryStore", "RedisStore", "make_store"]

@@ -43,7 +43,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from rollart_nb import _ray
+import rollart_nb._ray as _ray
 from rollart_nb.errors import ConfigError, ServerlessError, StateError
 from rollart_nb.redact import redact, redact_url, register_secret
 from rollart_nb.serverless.client import Endpoint
@@ -238,6 +238,8 @@ def _ship(fn: Any) -> bytes:
     shipped: set[str] = set()
 
     class _Recorder(cloudpickle.CloudPickler):
+        met: list[Any]  # every class and function pickled, in order
+
         def reducer_override(self, obj: Any) -> Any:
             if isinstance(obj, type | types.FunctionType):
                 self.met.append(obj)
@@ -317,7 +319,10 @@ class ServeManager:
         try:
             from ray.serve.context import _get_global_client
 
-            port = int(_get_global_client().http_config.port)
+            client = _get_global_client()
+            if client is None:  # no Serve running yet: it takes the port we ask for
+                return want
+            port = int(client.http_config.port)
         except Exception as e:  # private API; the port we asked for is the best guess
             log.debug("could not read Serve's HTTP port: %s", e)
             return want
@@ -434,7 +439,8 @@ class ServeManager:
         }
         with _SERVE_CONFIG_LOCK:
             app = (
-                serve.deployment(_RewardReplica)
+                # Ray annotates deployment() as returning the decorator form, even given a class
+                serve.deployment(_RewardReplica)  # type: ignore[attr-defined]
                 .options(
                     name=name,
                     ray_actor_options={"num_cpus": num_cpus, "num_gpus": num_gpus},
@@ -514,7 +520,7 @@ class ServeManager:
         with _SERVE_CONFIG_LOCK:
             apps = serve.status().applications
         for n in [name] if name else list(self.deployments):
-            dep = apps.get(n).deployments.get(n) if n in apps else None
+            dep = apps[n].deployments.get(n) if n in apps else None
             out[n] = {str(getattr(k, "value", k)): int(v) for k, v in (dep.replica_states if dep else {}).items()}
         self._observe({n: s.get("RUNNING", 0) for n, s in out.items()})
         return out

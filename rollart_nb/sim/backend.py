@@ -36,8 +36,8 @@ from rollart_nb.errors import ConfigError
 from rollart_nb.models.spec import ModelSpec
 from rollart_nb.protocols import GenerationRequest, GenerationResult, Tokenizer
 from rollart_nb.resources.profiles import HardwareProfile
-from rollart_nb.sim import roofline
 from rollart_nb.sim.clock import resolve_time_scale
+from rollart_nb.sim.roofline import decode_time, prefill_flops, weights_read_bytes
 from rollart_nb.sim.tokenizer import SimTokenizer
 
 __all__ = ["SimBackend"]
@@ -344,10 +344,8 @@ class SimBackend:
         else:
             reuse = 0
         new = max(n - reuse, 0)
-        compute_s = roofline.prefill_flops(self.spec, new, reuse) / (
-            self.tp * self.hardware.bf16_tflops * 1e12 * self.mfu
-        )
-        floor_s = roofline.weights_read_bytes(self.spec, new) / (self.tp * self.hardware.mem_bw_gbps * 1e9)
+        compute_s = prefill_flops(self.spec, new, reuse) / (self.tp * self.hardware.bf16_tflops * 1e12 * self.mfu)
+        floor_s = weights_read_bytes(self.spec, new) / (self.tp * self.hardware.mem_bw_gbps * 1e9)
         # FCFS on the device's FLOPs: wait for queued prefill compute, then take our share.
         now = asyncio.get_running_loop().time()  # a SimSession's virtual clock, or monotonic
         wait_s = max(self._prefill_free_at - now, 0.0) / self.time_scale if self.time_scale > 0 else 0.0
@@ -369,7 +367,7 @@ class SimBackend:
         self._active_ctx += context
         try:
             batch = len(self._active)
-            decode_s = roofline.decode_time(
+            decode_s = decode_time(
                 self.spec,
                 self.hardware,
                 tokens,

@@ -43,12 +43,12 @@ import functools
 import inspect
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rollart_nb.errors import ClusterError, StateError
-from rollart_nb.resources.manager import Binding
+from rollart_nb.resources.manager import Binding, ResourceManager
 from rollart_nb.serverless.client import Endpoint
 from rollart_nb.workers.cluster import ClusterBase
 from rollart_nb.workers.roles import TrainerWorker
@@ -56,7 +56,6 @@ from rollart_nb.workers.worker import Worker, actor_class_for
 
 if TYPE_CHECKING:
     from rollart_nb.sim.clock import SimClock
-    from rollart_nb.sim.session import SimSession
 
 __all__ = ["LocalActor", "LocalCluster", "LocalFuture", "LocalRef", "LocalWorkerHandle"]
 
@@ -190,7 +189,8 @@ class LocalFuture:
 class LocalCluster(ClusterBase):
     """A role's Workers as in-process objects on a SimSession's event loop.
 
-    Built by :meth:`rollart_nb.sim.session.SimSession.cluster`; same interface as
+    Built by :meth:`rollart_nb.sim.session.SimSession.cluster` (through its
+    :class:`~rollart_nb.sim.runtime.SimRuntime`); same interface as
     :class:`~rollart_nb.workers.cluster.Cluster`.
 
     Example:
@@ -205,19 +205,22 @@ class LocalCluster(ClusterBase):
 
     def __init__(
         self,
-        session: SimSession,
+        resources: ResourceManager,
         name: str,
         worker_cls: type[Worker],
         *,
+        clock: SimClock,
         replicas: int,
         pool: str,
         fallback: list[str] | None,
         slots: float,
         init_kwargs: dict[str, Any],
         endpoints: dict[str, Endpoint],
+        registry: Mapping[str, Endpoint],
         affinity: dict[str, str] | None,
         threaded: bool | None = None,
     ) -> None:
+        self._clock = clock  # its loop runs every worker and every call
         if threaded is None:  # trainers block in their steps, unless they say they run on the loop
             threaded = issubclass(worker_cls, TrainerWorker) and not getattr(worker_cls, "runs_on_loop", False)
         self.threaded = bool(threaded)
@@ -226,7 +229,7 @@ class LocalCluster(ClusterBase):
         self._cls = actor_class_for(worker_cls)
         self.workers: list[LocalWorkerHandle]
         super().__init__(
-            session,
+            resources,
             name,
             worker_cls,
             replicas=replicas,
@@ -235,25 +238,26 @@ class LocalCluster(ClusterBase):
             slots=slots,
             init_kwargs=init_kwargs,
             endpoints=endpoints,
+            registry=registry,
             affinity=affinity,
         )
 
     # -- construction ----------------------------------------------------------------
     def _spawn(self, index: int, world: int, binding: Binding | None = None) -> LocalWorkerHandle:
-        b = binding or self._session._resources.bind(
+        b = binding or self._resources.bind(
             self.name, index, prefer=self.pool, fallback=self._fallback, slots=self._slots
         )
         try:
             # built on the loop thread: a worker may create loop-bound objects in __init__.
             # No log dir: in-process, a per-worker file handler would capture the driver's logs too.
-            inst = self._session._run_sync(lambda: self._cls(b, world, None, **self._init_kwargs))
+            inst = self._clock.call(lambda: self._cls(b, world, None, **self._init_kwargs))
         except Exception as e:
-            self._session._resources.release(self.name, index)
+            self._resources.release(self.name, index)
             raise ClusterError(
                 f"worker {b.worker} on pool {b.pool} did not start: {type(e).__name__}: {e}. "
                 "Check the Worker's __init__ arguments"
             ) from e
-        return LocalWorkerHandle(LocalActor(inst, self._session.clock, self.threaded), b, instance=inst)
+        return LocalWorkerHandle(LocalActor(inst, self._clock, self.threaded), b, instance=inst)
 
     # -- dispatch paths --------------------------------------------------------------
     def _submit(self, idx: list[int], attr: str, per_worker_args: list[tuple[tuple, dict]]) -> list[LocalRef]:
@@ -263,13 +267,13 @@ class LocalCluster(ClusterBase):
                 h = self.workers[i]
                 h.inflight += 1
                 h.calls += 1
-                fut = asyncio.run_coroutine_threadsafe(h.actor._invoke(attr, a, k), self._session._loop)
+                fut = asyncio.run_coroutine_threadsafe(h.actor._invoke(attr, a, k), self._clock.loop)
                 # released on completion (not on .result()): routing sees the true in-flight count
-                fut.add_done_callback(lambda _f, h=h: self._release(h))
-                refs.append(LocalRef(fut, self._session.clock))
+                fut.add_done_callback(functools.partial(self._release, h))
+                refs.append(LocalRef(fut, self._clock))
         return refs
 
-    def _release(self, h: LocalWorkerHandle) -> None:
+    def _release(self, h: LocalWorkerHandle, _done: object = None) -> None:
         with self._lock:
             h.inflight -= 1
 
@@ -279,7 +283,7 @@ class LocalCluster(ClusterBase):
         fut = LocalFuture(refs, combine, what, [self.workers[i].binding for i in idx])
         if not blocking:
             return fut
-        if _running_loop() is self._session._loop:
+        if _running_loop() is self._clock.loop:
             raise StateError(
                 f"{what}: a blocking call from inside the simulation's event loop would deadlock; "
                 "call it with blocking=False and await the result"
@@ -291,7 +295,7 @@ class LocalCluster(ClusterBase):
         """Failover: drop worker ``index``, rebind its slot (another node if possible), build it again."""
         self._check_open()
         self.workers[index].actor.close()
-        b = self._session._resources.rebind(self.name, index)
+        b = self._resources.rebind(self.name, index)
         self.workers[index] = self._spawn(index, len(self.workers), binding=b)
         return b
 
@@ -315,7 +319,7 @@ class LocalCluster(ClusterBase):
         self.closed = True
         for h in self.workers:
             h.actor.close()
-        self._session._resources.release(self.name)
+        self._resources.release(self.name)
 
 
 async def _resolve(v: Any) -> Any:

@@ -13,6 +13,8 @@ depend on how fast or loaded the machine is; ``virtual=False`` sleeps really (mo
 times each backend's ``time_scale``).
 
 Lifecycle: ``attached -> closed`` (it is attached from construction; nothing to connect to).
+The API shared with a Ray session is :class:`~rollart_nb.session_base.SessionBase`; where workers
+run is the session's :class:`~rollart_nb.sim.runtime.SimRuntime`.
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ import html
 import logging
 import threading
 import uuid
-from collections.abc import Callable
 from typing import Any
 
 from rollart_nb.errors import ConfigError, StateError
@@ -29,10 +30,9 @@ from rollart_nb.resources.manager import ResourceManager
 from rollart_nb.resources.pools import SERVERLESS_SLOTS, Pool, hardware_for_pool
 from rollart_nb.resources.profiles import PROFILES
 from rollart_nb.resources.store import MemoryStore
-from rollart_nb.serverless.client import Endpoint
-from rollart_nb.session import SessionBase
-from rollart_nb.sim.clock import SimClock
+from rollart_nb.session_base import SessionBase
 from rollart_nb.sim.cluster import LocalCluster
+from rollart_nb.sim.runtime import SimRuntime
 from rollart_nb.workers.worker import Worker
 
 __all__ = ["DEFAULT_SIM_POOLS", "SimSession"]
@@ -43,7 +43,7 @@ DEFAULT_SIM_POOLS: dict[str, int] = {"H800": 96, "H20": 32, "cpu": 64}
 """Pools of a :class:`SimSession` when none are given (pool name -> devices / CPU slots)."""
 
 
-class SimSession(SessionBase):
+class SimSession(SessionBase[SimRuntime]):
     """An in-process simulated cluster with the Session API (clusters, tasks, rewards, pipelines).
 
     Args:
@@ -65,9 +65,12 @@ class SimSession(SessionBase):
         [0, 0, 0, 0, 0, 0, 0, 0]
     """
 
+    _reopen = "SimSession(pools=...)"
+
     def __init__(
         self, pools: dict[str, int] | None = None, seed: int = 0, *, gpus_per_node: int = 8, virtual: bool = True
     ) -> None:
+        super().__init__()
         pools = dict(DEFAULT_SIM_POOLS if pools is None else pools)
         problems = []
         for name, n in pools.items():
@@ -83,22 +86,16 @@ class SimSession(SessionBase):
         self.mode, self.address, self.seed = "sim", "in-process", seed
         self.pools: dict[str, Pool] = {_canon(n): _make_pool(_canon(n), c, gpus_per_node) for n, c in pools.items()}
         self.store = MemoryStore(prefix=f"sessions/{self.id}/")
-        self._resources = ResourceManager(self.pools, self.store)
-        self.endpoints: dict[str, Endpoint] = {}
-        self.clusters: dict[str, LocalCluster] = {}
-        self._pipelines: dict[str, Any] = {}
-        self._rewards: dict[str, dict[str, Any]] = {}
+        self._runtime = SimRuntime(
+            ResourceManager(self.pools, self.store), seed=seed, virtual=virtual, name=f"rollart-sim-{self.id}"
+        )
         self.virtual = virtual
         #: The simulation's loop and time: ``sess.clock()`` reads simulated seconds.
-        self.clock = SimClock(virtual, name=f"rollart-sim-{self.id}")
+        self.clock = self._runtime.sim_clock
         self._loop, self._thread = self.clock.loop, self.clock.thread
         self.state = "attached"
 
     # -- the loop --------------------------------------------------------------------
-    def _run_sync(self, fn: Callable[[], Any], timeout: float | None = None) -> Any:
-        """Run ``fn()`` on the loop thread (where the workers live); returns its result."""
-        return self.clock.call(fn, timeout)
-
     def run(self, coro: Any, timeout: float | None = None) -> Any:
         """Run a coroutine on the simulation's loop from the driver and wait for its result."""
         self._check()
@@ -137,54 +134,26 @@ class SimSession(SessionBase):
             **init_kwargs: passed to ``worker_cls.__init__`` (by reference: nothing is pickled).
         """
         pool, eps = self._before_cluster(name, worker_cls, pool, replicas, slots, endpoints)
-        c = LocalCluster(
-            self,
+        return self.runtime.cluster(
             name,
             worker_cls,
-            replicas=replicas,
             pool=pool,
+            replicas=replicas,
             fallback=fallback,
             slots=slots,
-            init_kwargs=init_kwargs,
             endpoints=eps,
             affinity=affinity,
             threaded=threaded,
+            **init_kwargs,
         )
-        self.clusters[name] = c
-        return c
-
-    # -- what differs from a real session (tasks, rewards, pipelines: SessionBase) -----------
-    def _weight_transport(self, weights: Any, name: str) -> Any:
-        """Only ``"direct"`` (None): sim trainers hand over a ``{"version": v}`` stand-in."""
-        if weights in (None, "direct"):
-            return None
-        raise ConfigError(
-            f"weights={weights!r}: a SimSession only supports weights='direct' (sim weights are a "
-            "version number; use rn.Session.local() to exercise object_store / mooncake transports)"
-        )
-
-    def _deploy_version(self, task: str, fn: Any, **serve_options: Any) -> Endpoint:
-        raise ConfigError(_NO_SERVE)
 
     # -- lifecycle -------------------------------------------------------------------
-    def _check(self) -> None:
-        if self.state == "closed":
-            raise StateError("SimSession is closed; create a new one with SimSession(pools=...)")
-
     def close(self) -> None:
         """Close pipelines and clusters, cancel what still runs on the loop, stop the loop thread."""
         if self.state == "closed":
             return
-        for pipe in list(self._pipelines.values()):
-            try:
-                pipe.close()
-            except Exception as e:  # one broken pipeline must not keep the session open
-                log.warning("closing pipeline %s: %s", pipe.name, e)
-        self._close_launchers()
-        for name in list(self.clusters):
-            self.close_cluster(name)
+        self.runtime.close(after_pipelines=[("stopping env launchers", self._close_launchers)])
         self.store.clear()
-        self.clock.close()
         self.state = "closed"
 
     def __repr__(self) -> str:
@@ -204,12 +173,6 @@ class SimSession(SessionBase):
             f"<th>free / capacity</th><th>price</th></tr>{rows}</table>"
             f"<ul>{clusters or '<li>no clusters yet</li>'}</ul></div>"
         )
-
-
-_NO_SERVE = (
-    "a SimSession cannot deploy serverless rewards (Ray Serve needs a real session); pass a local "
-    "function, or use rn.Session.local() for serverless=True"
-)
 
 
 def _canon(name: str) -> str:

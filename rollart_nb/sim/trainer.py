@@ -18,7 +18,9 @@ from typing import Any
 from rollart_nb.errors import ConfigError, StateError
 from rollart_nb.models.spec import ModelSpec
 from rollart_nb.resources.profiles import HardwareProfile
-from rollart_nb.sim import clock, roofline
+from rollart_nb.sim.clock import resolve_time_scale
+from rollart_nb.sim.clock import sleep as clock_sleep
+from rollart_nb.sim.roofline import train_time
 from rollart_nb.trajectory import Trajectory
 
 __all__ = ["SIM_STATE", "SimTrainBackend", "trajectory_tokens"]
@@ -71,7 +73,7 @@ class SimTrainBackend:
         problems = []
         if gpus < 1:
             problems.append(f"gpus must be >= 1, got {gpus}")
-        time_scale = clock.resolve_time_scale(time_scale)
+        time_scale = resolve_time_scale(time_scale)
         if time_scale < 0:
             problems.append(f"time_scale must be >= 0, got {time_scale}")
         if not 0 < mfu <= 1:
@@ -95,7 +97,7 @@ class SimTrainBackend:
         """
         tokens, modelled_s = self._price(batch)
         if self.time_scale > 0:
-            clock.sleep(modelled_s * self.time_scale)
+            clock_sleep(modelled_s * self.time_scale)
         return self._finish(batch, tokens, modelled_s)
 
     async def atrain_step(self, batch: list[Trajectory]) -> dict[str, float]:
@@ -107,7 +109,7 @@ class SimTrainBackend:
 
     def _price(self, batch: list[Trajectory]) -> tuple[int, float]:
         tokens = sum(trajectory_tokens(t) for t in batch)
-        return tokens, roofline.train_time(self.spec, self.hardware, tokens, self.gpus, self.mfu)
+        return tokens, train_time(self.spec, self.hardware, tokens, self.gpus, self.mfu)
 
     def _finish(self, batch: list[Trajectory], tokens: int, modelled_s: float) -> dict[str, float]:
         self.modelled_s += modelled_s

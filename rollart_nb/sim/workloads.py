@@ -27,7 +27,8 @@ import numpy as np
 
 from rollart_nb.errors import ConfigError, EnvError
 from rollart_nb.protocols import GenerationRequest
-from rollart_nb.sim import clock
+from rollart_nb.sim.clock import resolve_time_scale
+from rollart_nb.sim.clock import sleep as clock_sleep
 
 __all__ = ["PRESETS", "SimEnv", "Workload", "response_tokens_fn", "workload"]
 
@@ -237,7 +238,7 @@ class SimEnv:
     @property
     def time_scale(self) -> float:
         """Seconds slept per modelled second here (see ``time_scale`` above)."""
-        return clock.resolve_time_scale(self._time_scale)
+        return resolve_time_scale(self._time_scale)
 
     def __repr__(self) -> str:
         ts = "auto" if self._time_scale is None else f"{self._time_scale:g}"
@@ -246,7 +247,7 @@ class SimEnv:
     # -- internals -------------------------------------------------------------------------
     def _block(self, latency: float) -> None:
         if self.time_scale > 0 and latency > 0:
-            clock.sleep(latency * self.time_scale)  # simulated time on a SimSession's virtual clock
+            clock_sleep(latency * self.time_scale)  # simulated time on a SimSession's virtual clock
 
     def _latency(self, mean_std: tuple[float, float]) -> float:
         # Its own stream: latency never depends on the actions, only on (seed, episode, turn).

@@ -7,24 +7,23 @@ returns a :class:`ClusterFuture` (``.result()`` or ``await``).
 
 from __future__ import annotations
 
+import abc
+import contextlib
 import functools
 import html
 import inspect
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from rollart_nb import _ray
+import rollart_nb._ray as _ray
 from rollart_nb.errors import ClusterError, ConfigError, StateError
-from rollart_nb.resources.manager import Binding
+from rollart_nb.resources.manager import Binding, ResourceManager
 from rollart_nb.serverless.client import Endpoint, acall, call
 from rollart_nb.workers.decorators import Dispatch, dispatch_of
 from rollart_nb.workers.routing import pick_worker
 from rollart_nb.workers.worker import Worker, actor_class_for
-
-if TYPE_CHECKING:
-    from rollart_nb.session import Session
 
 __all__ = ["Cluster", "ClusterFuture", "ClusterBase", "WorkerHandle"]
 
@@ -86,15 +85,54 @@ class ClusterFuture:
         return run().__await__()
 
 
-class ClusterBase:
+class ClusterBase(abc.ABC):
     """What :class:`Cluster` and the simulator's in-process ``LocalCluster`` share (same rules,
     different transports): the ``@register`` / ``@hw_mapping`` / ``@register_serverless``
     dispatch, the methods bound from the Worker class, and the views.
 
-    Needs ``name``, ``worker_cls``, ``workers`` (with ``binding``/``inflight``/``calls``),
-    ``fallbacks``, ``closed``, ``_session``, ``_endpoints``, ``_init_kwargs``,
-    ``_affinity_override``, ``_lock``, ``_submit`` and ``_finish`` on the concrete class.
+    A transport implements the abstract methods (start a worker, send calls, collect results,
+    restart, close) and sets ``_lock`` before calling :meth:`__init__`. Workers are bound
+    through the :class:`~rollart_nb.resources.manager.ResourceManager` given, never through the
+    session. Each ``workers`` item has ``actor``, ``binding``, ``inflight`` and ``calls``.
     """
+
+    _lock: contextlib.AbstractContextManager[Any]
+    """Guards ``workers``' in-flight counts (set by the transport before ``__init__``)."""
+    _register_hint: ClassVar[bool] = False
+    """Whether error messages may suggest ``sess.register_endpoint`` (a Ray session has it)."""
+
+    if TYPE_CHECKING:
+        # The Worker class's ``@register`` / ``@hw_mapping`` / ``@register_serverless`` methods,
+        # bound onto each instance by ``_bind_methods``: any name here is such a method. Code that
+        # needs a checked surface types a cluster by the Protocol of its role instead (e.g.
+        # ``rollart_nb.control.parts.TrainerCluster``).
+        def __getattr__(self, name: str) -> Any: ...
+
+    @abc.abstractmethod
+    def _spawn(self, index: int, world: int, binding: Binding | None = None) -> Any:
+        """Bind (unless ``binding`` is given) and start worker ``index`` of ``world``; returns its handle."""
+
+    @abc.abstractmethod
+    def _submit(self, idx: list[int], attr: str, per_worker_args: list[tuple[tuple, dict]]) -> list[Any]:
+        """Start ``attr`` on the workers at ``idx`` (one (args, kwargs) each); returns one ref per call."""
+
+    @abc.abstractmethod
+    def _finish(
+        self, idx: list[int], refs: list[Any], combine: Callable[[list[Any]], Any], blocking: bool, what: str
+    ) -> Any:
+        """The combined result of ``refs`` (blocking) or a future of it."""
+
+    @abc.abstractmethod
+    def restart_worker(self, index: int) -> Binding:
+        """Failover: replace worker ``index`` on a rebound slot; returns its new binding."""
+
+    @abc.abstractmethod
+    def info(self) -> list[dict[str, Any]]:
+        """Per worker: node, pid, hardware, pool, rank."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Stop the workers and release their pool slots (idempotent)."""
 
     def _call_register(self, attr: str, d: Dispatch, args: tuple, kwargs: dict, blocking: bool) -> Any:
         n = len(self.workers)
@@ -159,7 +197,7 @@ class ClusterBase:
 
     def __init__(
         self,
-        session: Any,
+        resources: ResourceManager,
         name: str,
         worker_cls: type[Worker],
         *,
@@ -169,13 +207,18 @@ class ClusterBase:
         slots: float,
         init_kwargs: dict[str, Any],
         endpoints: dict[str, Endpoint],
+        registry: Mapping[str, Endpoint],
         affinity: dict[str, str] | None,
     ) -> None:
         """Bind the Worker's decorated methods, then start ``replicas`` workers (closing them all
-        if one fails). Subclasses set what their ``_spawn`` needs before calling this."""
+        if one fails). Subclasses set what their ``_spawn`` needs before calling this.
+
+        ``endpoints`` are this cluster's own serverless endpoints; ``registry`` is the session's
+        (read at call time, so endpoints registered later are found).
+        """
         self.name, self.worker_cls, self.pool = name, worker_cls, pool
-        self._session, self._init_kwargs, self._fallback, self._slots = session, init_kwargs, fallback, slots
-        self._endpoints = endpoints
+        self._resources, self._init_kwargs, self._fallback, self._slots = resources, init_kwargs, fallback, slots
+        self._endpoints, self._registry = endpoints, registry
         self._affinity_override = dict(affinity or {})
         self.fallbacks: dict[str, int] = {}
         self.closed = False
@@ -188,9 +231,6 @@ class ClusterBase:
         except BaseException:
             self.close()
             raise
-
-    def _spawn(self, index: int, world: int, binding: Binding | None = None) -> Any:
-        raise NotImplementedError
 
     def call_worker(self, index: int, attr: str, *args: Any, **kwargs: Any) -> Any:
         """Call ``attr`` on worker ``index`` only and wait for its result (e.g. load weights into
@@ -205,9 +245,7 @@ class ClusterBase:
 
     def _wait_ready(self, indices: range | list[int]) -> None:
         """Block until the workers at ``indices`` are up (nothing to wait for by default)."""
-
-    def close(self) -> None:
-        raise NotImplementedError
+        return None
 
     _html_note = ""
     """Extra text in the HTML view's header."""
@@ -243,11 +281,9 @@ class ClusterBase:
 
     def _endpoint(self, d: Dispatch) -> Endpoint:
         name = d.endpoint or ""
-        ep = self._endpoints.get(name) or self._session.endpoints.get(name)
+        ep = self._endpoints.get(name) or self._registry.get(name)
         if ep is None:
-            how = (
-                f"call sess.register_endpoint({name!r}, url) or " if hasattr(self._session, "register_endpoint") else ""
-            )
+            how = f"call sess.register_endpoint({name!r}, url) or " if self._register_hint else ""
             raise ConfigError(
                 f"{self.name}: no serverless endpoint {name!r} is registered; "
                 f"{how}pass endpoints={{{name!r}: url}} to sess.cluster"
@@ -307,10 +343,11 @@ class Cluster(ClusterBase):
     """
 
     _node_chars = 8  # Ray node ids are 56 hex characters
+    _register_hint = True
 
     def __init__(
         self,
-        session: Session,
+        resources: ResourceManager,
         name: str,
         worker_cls: type[Worker],
         *,
@@ -320,17 +357,20 @@ class Cluster(ClusterBase):
         slots: float,
         init_kwargs: dict[str, Any],
         endpoints: dict[str, Endpoint],
+        registry: Mapping[str, Endpoint],
         affinity: dict[str, str] | None,
+        log_dir: str,
         max_concurrency: int,
         start_timeout_s: float,
     ) -> None:
+        self._log_dir = log_dir  # workers write their logs here
         self._max_concurrency, self._start_timeout_s = max_concurrency, start_timeout_s
         self._lock = threading.Lock()
         self.restarts: dict[int, int] = {}  # worker index -> restarts so far
         self._probes: dict[int, tuple[Any, Any]] = {}  # worker index -> (health probe in flight, its actor)
         self.workers: list[WorkerHandle]
         super().__init__(
-            session,
+            resources,
             name,
             worker_cls,
             replicas=replicas,
@@ -339,12 +379,13 @@ class Cluster(ClusterBase):
             slots=slots,
             init_kwargs=init_kwargs,
             endpoints=endpoints,
+            registry=registry,
             affinity=affinity,
         )
 
     # -- construction ----------------------------------------------------------------
     def _spawn(self, index: int, world: int, binding: Binding | None = None) -> WorkerHandle:
-        b = binding or self._session._resources.bind(
+        b = binding or self._resources.bind(
             self.name, index, prefer=self.pool, fallback=self._fallback, slots=self._slots
         )
         res: dict[str, float] = {}
@@ -365,7 +406,7 @@ class Cluster(ClusterBase):
         )
         _ray.ship_by_value(self.worker_cls)
         cls = _ray.remote_class(actor_class_for(self.worker_cls), **opts)
-        actor = cls.remote(b, world, self._session.log_dir, **self._init_kwargs)
+        actor = cls.remote(b, world, self._log_dir, **self._init_kwargs)
         _ray.register_actor(actor, b.worker, b.pool)
         return WorkerHandle(actor, b)
 
@@ -383,7 +424,7 @@ class Cluster(ClusterBase):
             except ClusterError as e:
                 raise ClusterError(
                     f"worker {h.binding.worker} on pool {h.binding.pool} did not start: {e}. Check the "
-                    f"Worker's __init__ (and {self._session.log_dir} for its log)"
+                    f"Worker's __init__ (and {self._log_dir} for its log)"
                 ) from e
             if info["node_id"] != h.binding.node:  # the scheduler must honour the binding
                 raise ClusterError(f"worker {h.binding.worker} landed on node {info['node_id']}, not its binding")
@@ -424,7 +465,7 @@ class Cluster(ClusterBase):
             raise ConfigError(f"{self.name} has workers 0..{len(self.workers) - 1}, not {index}")
         old = self.workers[index]
         _ray.kill(old.actor)
-        b = self._session._resources.rebind(self.name, index)
+        b = self._resources.rebind(self.name, index)
         self.workers[index] = self._spawn(index, len(self.workers), binding=b)
         self.restarts[index] = self.restarts.get(index, 0) + 1
         self._wait_ready([index])
@@ -471,7 +512,7 @@ class Cluster(ClusterBase):
         self.closed = True
         for h in self.workers:
             _ray.kill(h.actor)
-        self._session._resources.release(self.name)
+        self._resources.release(self.name)
 
 
 def _pick(v: Any, i: int) -> Any:

@@ -326,8 +326,10 @@ class SimTrainer(TrainerWorker):
 
         return SimTrainBackend(model, PROFILES.get(self.hardware, PROFILES["H800"]), **kwargs)
 
+    # Async where TrainerWorker's is sync: callers go through the cluster, which awaits a
+    # coroutine method as a Ray actor does, so both return the metrics dict to them.
     @register("one")
-    async def train_step(self, batch: list[Trajectory]) -> dict[str, float]:
+    async def train_step(self, batch: list[Trajectory]) -> dict[str, float]:  # type: ignore[override]
         """One modelled optimizer step on ``batch`` (an asyncio sleep of the modelled time)."""
         return self._stepped(await self.backend.atrain_step(batch))
 

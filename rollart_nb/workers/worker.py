@@ -56,7 +56,7 @@ class Worker:
 
     # Called by the Cluster on every worker; not for users.
     def _rn_info(self) -> dict[str, Any]:
-        from rollart_nb import _ray
+        import rollart_nb._ray as _ray
 
         return {
             "node_id": _ray.current_node_id(),

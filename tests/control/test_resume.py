@@ -69,7 +69,7 @@ def test_checkpoint_new_session_resume(tmp_path):
         bigger = sess.cluster("other_train", TorchTrainer, pool="H800", model=tiny_qwen(seed=0, size="m"))
         with pytest.raises(ConfigError, match=r"hidden_size: checkpoint \d+, this trainer \d+"):
             sess.pipeline(bigger, gen, tasks, resume_from=path, name="x")
-        assert bigger.version() == 0 and train.version() == 0 and not sess._pipelines  # nothing changed
+        assert bigger.version() == 0 and train.version() == 0 and not sess.runtime.pipelines  # nothing changed
         sess.close_cluster("other_train")
 
         pipe = sess.pipeline(train, gen, tasks, algo=algo, batch_size=4, mode="sync", name="run", resume_from=path)

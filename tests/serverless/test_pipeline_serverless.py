@@ -23,7 +23,7 @@ def test_serverless_reward_and_hot_swap_through_the_pipeline(local_session):
     train = sess.cluster("actor_train", SimTrainer, pool="H800", model=m, time_scale=1e-4)
     tasks = sess.tasks({"math": Arithmetic()}, envs_per_task=8)
     sess.reward("math", quarter, serverless=True, downscale_delay_s=5.0)
-    ep = sess._serve_manager().endpoint("reward-math-v0")
+    ep = sess.runtime.serve_manager().endpoint("reward-math-v0")
     assert ep.url.startswith("http://127.0.0.1:")
     pipe = sess.pipeline(train, gen, tasks, batch_size=8, group_size=4, name="serverless")
     assert pipe.step().reward["math"] == 0.25

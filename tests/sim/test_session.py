@@ -144,10 +144,10 @@ def test_serverless_needs_a_real_session(sess):
     with pytest.raises(ConfigError, match="real session"):
         sess.reward("math", lambda t: 1.0, serverless=True)
     with pytest.raises(ConfigError, match="real session"):
-        sess._deploy_reward(None, "math", lambda t: 1.0)
-    assert sess._weight_transport("direct", "p") is None
+        sess.runtime.deploy_reward("math", lambda t: 1.0)
+    assert sess.runtime.weight_transport("direct", "p") is None
     with pytest.raises(ConfigError):
-        sess._weight_transport("mooncake", "p")
+        sess.runtime.weight_transport("mooncake", "p")
 
 
 def test_rebuild_replaces_and_close_frees(sess):

@@ -1,0 +1,433 @@
+"""SessionBase: the session API that :class:`~rollart_nb.Session` (Ray) and
+:class:`~rollart_nb.sim.session.SimSession` (in-process) share: cluster checks, tasks, rewards,
+pipelines, bindings.
+
+Everything that differs between them lives in the session's :class:`~rollart_nb.runtime.Runtime`
+(where workers run, weight transports, reward deployment); a subclass provides its constructors,
+its ``cluster`` method (with its transport's options) and ``close``, and sets ``_runtime`` once
+attached.
+"""
+
+from __future__ import annotations
+
+import abc
+import inspect
+import logging
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Self, TypeVar
+
+from rollart_nb.control.tasks import TaskSet
+from rollart_nb.errors import ConfigError, StateError
+from rollart_nb.resources.manager import Binding
+from rollart_nb.serverless.client import Endpoint
+from rollart_nb.workers.worker import Worker
+
+if TYPE_CHECKING:
+    from rollart_nb.runtime import Runtime
+    from rollart_nb.workers.cluster import ClusterBase
+
+__all__ = ["SessionBase"]
+
+log = logging.getLogger(__name__)
+
+R = TypeVar("R", bound="Runtime")
+
+
+class SessionBase(abc.ABC, Generic[R]):
+    """What every session offers on top of its clusters: tasks, rewards, pipelines, bindings.
+
+    :class:`~rollart_nb.Session` (Ray) and :class:`~rollart_nb.sim.session.SimSession`
+    (in-process, simulated) share this code; how workers run, which weight transports and reward
+    deployments exist, and what owns the clusters and pipelines by name is their
+    :attr:`runtime`'s. Lifecycle: ``state`` is ``"detached"``, ``"attached"`` or ``"closed"``.
+    """
+
+    _reopen: ClassVar[str]
+    """How to make a new session, for the messages of a closed (or detached) one."""
+
+    def __init__(self) -> None:
+        self.state = "detached"
+        self._runtime: R | None = None  # set once attached
+        self._rewards: dict[str, dict[str, Any]] = {}
+        self._launchers: dict[str, Any] = {}  # task -> env launcher this session started
+
+    @property
+    def runtime(self) -> R:
+        """Where this session's workers run; what its pipelines get (rollout cluster, weights, rewards)."""
+        if self._runtime is None:
+            self._check()
+            raise StateError(f"{type(self).__name__} has no runtime; use {self._reopen}")
+        return self._runtime
+
+    @property
+    def clusters(self) -> dict[str, ClusterBase]:
+        """Cluster name -> cluster, pipelines' rollout clusters included."""
+        return self._runtime.clusters if self._runtime is not None else {}
+
+    @property
+    def endpoints(self) -> dict[str, Endpoint]:
+        """Serverless endpoints registered for ``@register_serverless`` methods, by name."""
+        return self._runtime.endpoints if self._runtime is not None else {}
+
+    def _check(self) -> None:
+        name = type(self).__name__
+        if self.state == "closed":
+            raise StateError(f"{name} is closed; create a new one with {self._reopen}")
+        if self.state != "attached":
+            raise StateError(f"{name} is not attached; use {self._reopen}")
+
+    # -- clusters ----------------------------------------------------------------------
+    def _before_cluster(
+        self,
+        name: str,
+        worker_cls: Any,
+        pool: str | None,
+        replicas: Any,
+        slots: float,
+        endpoints: dict[str, str] | None,
+    ) -> tuple[str, dict[str, Endpoint]]:
+        """Check :meth:`cluster`'s arguments, close a cluster of the same name; returns the pool
+        (default ``worker_cls.default_pool``) and the serverless endpoints."""
+        self._check()
+        problems = []
+        if not (isinstance(worker_cls, type) and issubclass(worker_cls, Worker)):
+            problems.append(f"worker_cls must be a rollart_nb.Worker subclass, got {worker_cls!r}")
+        if not isinstance(replicas, int) or replicas < 1:
+            problems.append(f"replicas must be an int >= 1, got {replicas!r}")
+        if slots <= 0:
+            problems.append(f"slots must be > 0, got {slots!r}")
+        if not name or not isinstance(name, str):
+            problems.append("name must be a non-empty string")
+        if problems:
+            raise ConfigError(problems, where=f"sess.cluster({name!r}, ...)")
+        pool = pool or str(getattr(worker_cls, "default_pool", "cpu"))
+        self.runtime.resources.check_pool_name(pool)
+        if name in self.clusters:
+            log.info("replacing cluster %s", name)
+            self.close_cluster(name)
+        return pool, {n: Endpoint(n, u) for n, u in (endpoints or {}).items()}
+
+    def close_cluster(self, name: str) -> None:
+        """Drop a cluster's workers and free its slots."""
+        if self._runtime is not None:
+            self._runtime.close_cluster(name)
+
+    # -- tasks, rewards, pipelines -----------------------------------------------------
+    def tasks(
+        self,
+        envs: dict[str, Any],
+        envs_per_task: int | dict[str, int] = 8,
+        weights: dict[str, float] | None = None,
+        curriculum: dict[str, Any] | None = None,
+        *,
+        launcher: dict[str, Any] | None = None,
+    ) -> TaskSet:
+        """Declare the tasks of a run.
+
+        Args:
+            envs: task name -> env (gymnasium-style text env; copied per env instance), or a
+                launcher (:class:`~rollart_nb.envs.LocalLauncher`, ...) that serves the env.
+            envs_per_task: concurrent env instances per task (an int, or per task).
+            weights: task -> share of each training batch (default uniform).
+            curriculum: task -> :class:`~rollart_nb.PromptCurriculum`: that task's prompts (env
+                seeds) are drawn by learnability instead of at random; ``pipe.stats()["curriculum"]``
+                shows its state.
+            launcher: task -> launcher: run that task's envs as env-server replicas. The task's
+                env becomes a :class:`~rollart_nb.envs.RemoteEnv` on the launcher (each episode
+                on a healthy replica; ``info["replica"]`` names it); the session starts the
+                launcher if needed and stops it on :meth:`close` (or when another launcher
+                replaces it for the same task). The env given in ``envs`` must be of the class
+                the launcher serves.
+
+        Example:
+            >>> math = rn.envs.Arithmetic()
+            >>> tasks = sess.tasks({"math": math}, curriculum={"math": rn.PromptCurriculum(math.validation_seeds())})
+            ...                                                                   # doctest: +SKIP
+            >>> code = rn.envs.LocalLauncher("rollart_nb.envs:CodeTask", replicas=2)
+            >>> tasks = sess.tasks({"code": rn.envs.CodeTask()}, launcher={"code": code})  # doctest: +SKIP
+        """
+        self._check()
+        envs, launchers = _place_on_launchers(dict(envs), dict(launcher or {}))
+        per = envs_per_task if isinstance(envs_per_task, dict) else dict.fromkeys(envs, envs_per_task)
+        for task, lau in launchers.items():
+            self._own_launcher(task, lau)
+            envs[task].metadata()  # fetched once here, so every copy of the template carries it
+        return TaskSet(envs, dict(per), weights, dict(curriculum or {}), launchers=launchers)
+
+    def _own_launcher(self, task: str, lau: Any) -> None:
+        """Start ``lau`` if needed and stop it on close; a different launcher for ``task`` from
+        an earlier call (a re-run cell) is stopped."""
+        owned = self._launchers
+        old = owned.get(task)
+        if old is not None and old is not lau and not any(o is old for t, o in owned.items() if t != task):
+            log.info("replacing the launcher of task %s", task)
+            _close_launcher(old)
+        owned[task] = lau
+        if not getattr(lau, "started", False):
+            lau.start()
+        if callable(getattr(lau, "wait_ready", None)):
+            lau.wait_ready()
+
+    def _close_launchers(self) -> None:
+        owned, self._launchers = self._launchers, {}
+        for lau in {id(x): x for x in owned.values()}.values():
+            _close_launcher(lau)
+
+    def reward(
+        self,
+        task: str,
+        fn: Any = None,
+        *,
+        serverless: bool = False,
+        url: str | None = None,
+        token_env: str | None = None,
+        timeout_s: float = 30.0,
+        retries: int = 1,
+        validate_with: Any = None,
+        **serve_options: Any,
+    ) -> None:
+        """Set ``task``'s reward for pipelines built after this call (and swap it in existing ones).
+
+        Args:
+            fn: ``fn(trajectory) -> float`` (or per-turn list), sync or async.
+            serverless: deploy ``fn`` as a Ray Serve deployment that scales to zero, on 127.0.0.1
+                (a real session only; a SimSession raises ConfigError).
+            url: use an existing HTTP endpoint instead of ``fn`` (JSON contract in
+                :mod:`rollart_nb.serverless.client`).
+            token_env: environment variable holding the endpoint's bearer token (never logged).
+            timeout_s / retries: per call; a reward still failing after the retries fails the
+                trajectory with the reason.
+            validate_with: a local ``fn(trajectory) -> float`` that scores this task's greedy
+                validation instead of ``fn`` (e.g. train on a shaped reward, validate on exact
+                match); it stays across later reward swaps until replaced.
+            **serve_options: ``min_replicas``, ``max_replicas``, ``downscale_delay_s``, ...
+
+        Example:
+            >>> sess.reward("math", rn.rewards.close_answer, validate_with=rn.rewards.exact_answer)  # doctest: +SKIP
+        """
+        from rollart_nb.control.reward import option_problems
+
+        self._check()
+        p = []
+        if not isinstance(task, str) or not task:
+            p.append(f"task={task!r} must be a task name (a non-empty string, as in sess.tasks({{name: env}}))")
+        if (fn is None) == (url is None):
+            p.append(
+                "give a reward function fn(trajectory) -> float, or url=... of an HTTP endpoint (not both, not neither)"
+            )
+        elif fn is not None and not callable(fn):
+            if isinstance(fn, Endpoint) or isinstance(fn, str) and fn.startswith(("http://", "https://")):
+                hint = "; for an HTTP endpoint pass its address as url=..."
+            else:
+                hint = ", e.g. rn.rewards.exact_answer or lambda t: ..."
+            p.append(
+                f"fn={fn!r:.80} ({type(fn).__name__}) is not callable; pass a function fn(trajectory) -> float{hint}"
+            )
+        if url is not None and not isinstance(url, str):
+            p.append(f"url={url!r:.80} must be a string http(s)://...")
+        if url is not None and serverless:
+            p.append("serverless=True deploys fn on Ray Serve; url=... is an endpoint already running: drop one")
+        if serve_options and not serverless:
+            p.append(f"{', '.join(sorted(serve_options))}: options of serverless=True only (add it, or drop them)")
+        p += option_problems(validate_with, timeout_s, retries)
+        if p:
+            raise ConfigError(p, where=f"sess.reward({task!r}, ...)")
+        if url is not None:
+            spec: dict[str, Any] = {
+                "endpoint": Endpoint(f"{task}-reward", url, token_env=token_env, timeout_s=timeout_s, retries=0)
+            }
+        elif serverless:
+            # a real session only; the dispatcher retries (``retries``), not the endpoint as well
+            spec = {"endpoint": self.runtime.deploy_reward(task, fn, retries=0, **serve_options)}
+        else:
+            spec = {"fn": fn}
+        spec.update(timeout_s=timeout_s, retries=retries)
+        if validate_with is None:  # keep the task's validation scorer for pipelines built later too
+            validate_with = self._rewards.get(task, {}).get("validate_with")
+        if validate_with is not None:
+            spec["validate_with"] = validate_with
+        self._rewards[task] = spec
+        for pipe in self.runtime.pipelines.values():
+            if task in pipe.tasks.envs:
+                pipe.rollout.set_reward(task, **spec)
+
+    def pipeline(
+        self,
+        train: Any,
+        gen: Any,
+        tasks: TaskSet,
+        *,
+        algo: Any = None,
+        batch_size: int = 32,
+        alpha: int = 1,
+        mode: str = "rollart",
+        name: str = "pipeline",
+        resume_from: Any = None,
+        **kwargs: Any,
+    ) -> Any:
+        """Build the asynchronous RL pipeline (see :class:`~rollart_nb.control.Pipeline`).
+
+        Args:
+            train: the ActorTrain cluster (e.g. TorchTrainer, SimTrainer).
+            gen: the ActorGen cluster (e.g. HFGenerator, SimGenerator).
+            tasks: from :meth:`tasks`. A reward registered (:meth:`reward`) for a task that neither
+                ``tasks`` nor an earlier pipeline of this session has raises ConfigError (a typo);
+                that registration is dropped, so fixing the name and calling again works.
+            algo: e.g. ``rn.GRPO(group_size=8)``; its ``group_size`` sets the GRPO group size and
+                the trainer is configured with it.
+            batch_size: trajectories per training step (a multiple of the group size).
+            alpha: per-trajectory staleness bound.
+            mode: "sync", "sync+", "one-off", "areal" or "rollart".
+            name: re-using a name closes the previous pipeline of that name first.
+            resume_from: a directory written by ``pipe.save(path)``, or a run folder (its newest
+                complete autosave), in this or an earlier session: the trainer is restored from it (model, optimizer, version, RNG) before
+                ``algo`` is applied, generators serve the saved version from the start, step
+                numbers continue, and the scheduler draws fresh env seeds (unless ``seed`` is
+                given). ``tasks`` must have the saved task names; rewards are not saved (set them
+                with :meth:`reward` first; a changed reward source warns).
+            **kwargs: ``redundancy``, ``rollout`` (RolloutConfig), ``validate_every``, ``pd``,
+                ``run_dir`` (``steps.jsonl`` appended per step), ``autosave_every=N`` (a checkpoint
+                in ``run_dir/checkpoints/`` every N steps and when paused or closed; ``run_dir``
+                defaults to ``runs/<name>``), ``keep_checkpoints`` (3), ``max_worker_restarts``
+                (3: automatic replacements of a dead generator or restores of a dead trainer per
+                worker slot; a trainer is restored only from an autosave), ``health_every_s`` (5.0:
+                how often a step waiting for its batch probes the workers), ``trackers`` (names
+                "tensorboard", "wandb", "mlflow", or tracker objects; see :mod:`rollart_nb.trackers`), ...
+
+        Example:
+            >>> pipe.save("ckpt/run1")                          # doctest: +SKIP
+            >>> # later, in a new session with the same model and tasks:
+            >>> pipe = sess.pipeline(train, gen, tasks, algo=rn.GRPO(group_size=8),
+            ...                      resume_from="ckpt/run1")       # doctest: +SKIP
+        """
+        import difflib
+
+        from rollart_nb.control.checkpoint import latest_reward_sources, resolve_checkpoint
+        from rollart_nb.control.env_manager import RolloutConfig
+        from rollart_nb.control.modes import mode as get_mode
+        from rollart_nb.control.pipeline import Pipeline
+        from rollart_nb.control.scheduler import SchedulerConfig
+
+        self._check()
+        if not isinstance(tasks, TaskSet):
+            raise ConfigError(
+                f"tasks={tasks!r:.80} must be a TaskSet; build it with sess.tasks({{name: env}})",
+                where=f"sess.pipeline(name={name!r})",
+            )
+        # A reward for a task that neither this TaskSet nor an earlier pipeline of this session has
+        # is a typo, or belongs to a pipeline not built yet: it would be silently ignored, so refuse
+        # it and drop it (else every later pipeline would refuse it too; there is no unregister).
+        used = self.__dict__.setdefault("_pipeline_tasks", set())  # tasks of this session's pipelines
+        stray = [t for t in self._rewards if t not in tasks.envs and t not in used]
+        if stray:
+            known = sorted(tasks.envs)
+            p = []
+            for t in stray:
+                self._rewards.pop(t)
+                close = difflib.get_close_matches(t, known, n=1)
+                fix = f"did you mean {close[0]!r}? " if close else ""
+                p.append(
+                    f"a reward is registered for task {t!r}, which this pipeline's tasks {known} do not "
+                    f"have; {fix}the registration for {t!r} was dropped: register the reward again under "
+                    f"one of these names, e.g. sess.reward({(close or known)[0]!r}, fn), then call "
+                    "sess.pipeline(...) again"
+                )
+            raise ConfigError(p, where=f"sess.pipeline(name={name!r})")
+        # The loop's own settings, checked before anything changes (a same-named pipeline is
+        # closed below): the values Pipeline would use, its defaults read from its signature.
+        defaults = {k: v.default for k, v in inspect.signature(Pipeline.__init__).parameters.items()}
+        SchedulerConfig(
+            batch_size=batch_size,
+            alpha=alpha,
+            mode=get_mode(mode),
+            group_size=kwargs.get("group_size", algo.group_size if algo is not None else defaults["group_size"]),
+            redundancy=kwargs.get("redundancy", defaults["redundancy"]),
+            rollout=kwargs.get("rollout") or RolloutConfig(),
+        )
+        used.update(tasks.envs)
+        resume = None
+        if resume_from is not None:  # check everything before anything changes
+            resume = resolve_checkpoint(resume_from)
+            resume.check_tasks(tasks)
+            log.warning(
+                "resuming pipeline %s from %s: step %d, version %d", name, resume.path, resume.steps, resume.version
+            )
+        if name in self.runtime.pipelines:
+            log.info("replacing pipeline %s", name)
+            self.runtime.pipelines[name].close()
+        if resume is not None:
+            train.load_checkpoint(resume.trainer_dir)
+            if kwargs.get("seed") is None:
+                kwargs["seed"] = resume.resume_seed
+        if algo is not None:
+            kwargs.setdefault("group_size", algo.group_size)
+            train.configure(algo)
+        pipe = Pipeline(
+            self.runtime,
+            train,
+            gen,
+            tasks,
+            batch_size=batch_size,
+            alpha=alpha,
+            mode=mode,
+            name=name,
+            rewards=self._rewards,
+            resume=resume,
+            **kwargs,
+        )
+        pipe.algo = algo
+        self.runtime.pipelines[name] = pipe
+        if resume is not None:
+            resume.warn_reward_changes(latest_reward_sources(pipe.reward_history()))
+        return pipe
+
+    def bindings(self, role: str | None = None) -> list[Binding]:
+        """Current worker bindings (optionally of one role)."""
+        self._check()
+        return self.runtime.resources.bindings(role)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Close pipelines and clusters and stop what the session started (idempotent)."""
+
+
+def _is_launcher(obj: Any) -> bool:
+    return callable(getattr(obj, "handle", None)) and callable(getattr(obj, "start", None))
+
+
+def _place_on_launchers(envs: dict[str, Any], launchers: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``envs`` with each launched task's env replaced by a RemoteEnv on its launcher."""
+    from rollart_nb.envs.remote import RemoteEnv
+
+    launchers.update({t: e for t, e in envs.items() if _is_launcher(e)})
+    problems = []
+    for task, lau in launchers.items():
+        if task not in envs:
+            problems.append(f"launcher for unknown task {task!r}; tasks are {sorted(envs)}")
+        elif not _is_launcher(lau):
+            problems.append(f"task {task!r}: {type(lau).__name__} is not a launcher (e.g. rn.envs.LocalLauncher)")
+        elif envs[task] is not lau:
+            served = str(getattr(lau, "env", "")).rpartition(":")[2]
+            given = type(envs[task]).__name__
+            if served and served != given:
+                problems.append(
+                    f"task {task!r}: the launcher serves {served} but the env given is {given}; "
+                    "pass the matching env, or the launcher itself as the task's env"
+                )
+    if problems:
+        raise ConfigError(problems, where="sess.tasks(...)")
+    for task, lau in launchers.items():
+        envs[task] = RemoteEnv(launcher=lau)
+    return envs, launchers
+
+
+def _close_launcher(lau: Any) -> None:
+    try:
+        lau.close()
+    except Exception as e:  # one launcher that fails to stop must not keep the others running
+        log.warning("stopping %r: %s", lau, e)

@@ -1,0 +1,113 @@
+"""SimRuntime: the :class:`~rollart_nb.runtime.Runtime` of a SimSession.
+
+Workers are in-process objects (:class:`~rollart_nb.sim.cluster.LocalCluster`) on the one loop
+of a :class:`~rollart_nb.sim.clock.SimClock`, which it owns; step timing reads that clock (virtual
+seconds by default). Weights move directly only (sim weights are a version number), and there is
+no Ray Serve to deploy rewards on.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from rollart_nb.errors import ConfigError
+from rollart_nb.resources.manager import ResourceManager
+from rollart_nb.runtime import Closers, close_all
+from rollart_nb.serverless.client import Endpoint
+from rollart_nb.sim.clock import SimClock
+from rollart_nb.sim.cluster import LocalCluster
+from rollart_nb.workers.cluster import ClusterBase
+from rollart_nb.workers.worker import Worker
+
+if TYPE_CHECKING:
+    from rollart_nb.protocols import WeightTransport
+
+__all__ = ["SimRuntime"]
+
+log = logging.getLogger(__name__)
+
+NO_SERVE = (
+    "a SimSession cannot deploy serverless rewards (Ray Serve needs a real session); pass a local "
+    "function, or use rn.Session.local() for serverless=True"
+)
+
+
+class SimRuntime:
+    """Workers on one in-process event loop, timed by a :class:`~rollart_nb.sim.clock.SimClock`.
+
+    Args:
+        resources: the simulated pools' slot accounting.
+        seed: the session's base seed.
+        virtual: simulated time (default) or real time on the loop.
+        name: the loop thread's name.
+    """
+
+    def __init__(self, resources: ResourceManager, *, seed: int, virtual: bool = True, name: str = "rollart-sim"):
+        self.resources, self.seed = resources, seed
+        self.log_dir = ""  # in-process workers log to this process's handlers
+        #: The simulation's loop and time (``sim_clock()`` reads simulated seconds).
+        self.sim_clock = SimClock(virtual, name=name)
+        self.clusters: dict[str, ClusterBase] = {}
+        self.pipelines: dict[str, Any] = {}
+        self.endpoints: dict[str, Endpoint] = {}
+
+    def clock(self) -> float:
+        return self.sim_clock.now()
+
+    def cluster(
+        self,
+        name: str,
+        worker_cls: type[Worker],
+        *,
+        pool: str,
+        replicas: int = 1,
+        fallback: list[str] | None = None,
+        slots: float = 1.0,
+        endpoints: dict[str, Endpoint] | None = None,
+        affinity: dict[str, str] | None = None,
+        threaded: bool | None = None,
+        **init_kwargs: Any,
+    ) -> LocalCluster:
+        if name in self.clusters:
+            log.info("replacing cluster %s", name)
+            self.close_cluster(name)
+        c = LocalCluster(
+            self.resources,
+            name,
+            worker_cls,
+            clock=self.sim_clock,
+            replicas=replicas,
+            pool=pool,
+            fallback=fallback,
+            slots=slots,
+            init_kwargs=init_kwargs,
+            endpoints=endpoints or {},
+            registry=self.endpoints,
+            affinity=affinity,
+            threaded=threaded,
+        )
+        self.clusters[name] = c
+        return c
+
+    def close_cluster(self, name: str) -> None:
+        c = self.clusters.pop(name, None)
+        if c is not None:
+            c.close()
+
+    def weight_transport(self, weights: Any, name: str) -> WeightTransport | None:
+        """Only ``"direct"`` (None): sim trainers hand over a ``{"version": v}`` stand-in."""
+        if weights in (None, "direct"):
+            return None
+        raise ConfigError(
+            f"weights={weights!r}: a SimSession only supports weights='direct' (sim weights are a "
+            "version number; use rn.Session.local() to exercise object_store / mooncake transports)"
+        )
+
+    def deploy_reward(self, task: str, fn: Any, **serve_options: Any) -> Endpoint:
+        raise ConfigError(NO_SERVE)
+
+    def close(self, after_pipelines: Closers = ()) -> None:
+        """Close pipelines and clusters, cancel what still runs on the loop, stop the loop thread."""
+        close_all(self, after_pipelines)
+        self.sim_clock.close()
