@@ -9,6 +9,7 @@ from typing import Any as _Any
 
 from rollart_nb import errors
 from rollart_nb.algo.grpo import GRPO
+from rollart_nb.config import PipelineConfig, RolloutConfig
 from rollart_nb.errors import RollartError
 from rollart_nb.resources.manager import Binding
 from rollart_nb.resources.pools import Pool
@@ -61,9 +62,11 @@ __all__ = [
     "GRPO",
     "HardwareProfile",
     "PROFILES",
+    "PipelineConfig",
     "Pool",
     "PromptCurriculum",
     "RollartError",
+    "RolloutConfig",
     "Session",
     "Status",
     "Trajectory",

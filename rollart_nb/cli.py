@@ -1,4 +1,5 @@
-"""``rollart-nb`` command line: ``demo`` (the main job), ``bench`` (what-if experiments) and
+"""``rollart-nb`` command line: ``demo`` (the main job), ``train`` (a run from a YAML config with
+``name=value`` overrides), ``bench`` (what-if experiments) and
 ``env-server`` (serve an env class over HTTP, see :mod:`rollart_nb.envs.server`).
 
 Bad flag values end in a usage error (exit status 2) before anything starts. A
@@ -68,7 +69,7 @@ def _number(lo: float, hi: float = math.inf, *, above: bool = False) -> Callable
 
 
 def _task_list(text: str) -> tuple[str, ...]:
-    from rollart_nb.demo import TASKS
+    from rollart_nb.train import BUILTIN_ENVS as TASKS
 
     names = tuple(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
     unknown = [t for t in names if t not in TASKS]
@@ -96,7 +97,7 @@ def _parse_weights(text: str) -> dict[str, float]:
 
 
 def _weights(text: str) -> dict[str, float]:
-    from rollart_nb.demo import TASKS
+    from rollart_nb.train import BUILTIN_ENVS as TASKS
 
     try:
         weights = _parse_weights(text)
@@ -124,73 +125,84 @@ def _json_object(text: str) -> dict[str, Any]:
 
 
 # -- demo ------------------------------------------------------------------------------------
-# flag dest -> DemoConfig field (the flags' defaults are DemoConfig's: one place defines them)
+# flag dest -> TrainConfig setting (the flags' defaults are demo.yaml's: one place defines them)
 _DEMO_FIELDS = {
     "steps": "steps",
     "minutes": "minutes",
-    "mode": "mode",
-    "alpha": "alpha",
+    "mode": "pipeline.mode",
+    "alpha": "pipeline.alpha",
     "generator": "generator",
-    "batch_size": "batch_size",
-    "group_size": "group_size",
+    "batch_size": "pipeline.batch_size",
+    "group_size": "algo.group_size",
     "envs_per_task": "envs_per_task",
-    "lr": "lr",
-    "entropy": "entropy_coef",
-    "kl": "kl_coef",
-    "loss_agg": "loss_agg",
-    "math_reward": "math_reward",
-    "math_curriculum": "math_curriculum",
-    "tasks": "tasks",
-    "weights": "task_weights",
-    "validate_every": "validate_every",
+    "lr": "algo.lr",
+    "entropy": "algo.entropy_coef",
+    "kl": "algo.kl_coef",
+    "loss_agg": "algo.loss_agg",
+    "math_reward": "tasks.math.reward",
+    "math_curriculum": "tasks.math.curriculum",
+    "validate_every": "pipeline.validate_every",
     "seed": "seed",
     "out": "out",
 }
 
 
+def _add_overrides(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="NAME=VALUE",
+        help="settings by dotted name, applied last, e.g. algo.lr=5e-4 pipeline.rollout.max_turns=8 "
+        "(rollart-nb train --list-options lists them)",
+    )
+    parser.add_argument("--quiet", action="store_true", help="print only the RESULT line")
+
+
 def _add_demo(sub: argparse._SubParsersAction) -> None:
     from rollart_nb.algo.grpo import LOSS_AGGS
     from rollart_nb.control.modes import MODES
-    from rollart_nb.demo import MATH_REWARDS, DemoConfig
+    from rollart_nb.train import BUILTIN_ENVS, BUILTIN_REWARDS, GENERATORS, demo_config
 
-    c = DemoConfig()
+    c = demo_config()
+    math_task = c.tasks.get("math")
     d = sub.add_parser(
         "demo",
         help="train a tiny model on FrozenLake + Arithmetic on Session.local()",
         description="The main job: GRPO on a tiny locally built model, FrozenLake and Arithmetic, "
-        "on Session.local(); prints a table per step, writes an HTML report and "
-        "ends with RESULT {json}.",
-        usage="%(prog)s [options]",
+        "on Session.local(); prints a table per step, writes steps.jsonl as it goes, an HTML report, "
+        "and ends with RESULT {json}. The same as `rollart-nb train` with the shipped "
+        "rollart_nb/configs/demo.yaml; the flags below are its commonest settings.",
+        usage="%(prog)s [options] [NAME=VALUE ...]",
         formatter_class=_Help,
     )
     d.add_argument("--steps", type=_whole(1), default=c.steps, help="training steps (the run also stops at --minutes)")
     d.add_argument("--minutes", type=_number(0, above=True), default=c.minutes, help="wall-clock budget for training")
-    d.add_argument("--mode", choices=list(MODES), default=c.mode, help="pipeline mode")
+    d.add_argument("--mode", choices=list(MODES), default=c.pipeline.mode, help="pipeline mode")
     d.add_argument(
-        "--alpha", type=_whole(0), default=c.alpha, help="staleness bound, per trajectory, in policy versions"
+        "--alpha", type=_whole(0), default=c.pipeline.alpha, help="staleness bound, per trajectory, in policy versions"
     )
-    d.add_argument("--generator", choices=["hf", "vllm"], default=c.generator, help="generation backend")
+    d.add_argument("--generator", choices=GENERATORS, default=c.generator, help="generation backend")
     d.add_argument(
         "--batch-size",
         type=_whole(1),
-        default=c.batch_size,
+        default=c.pipeline.batch_size,
         help="trajectories per training step (a multiple of --group-size)",
     )
-    d.add_argument("--group-size", type=_whole(1), default=c.group_size, help="GRPO group size")
+    d.add_argument("--group-size", type=_whole(1), default=c.algo.group_size, help="GRPO group size")
     d.add_argument("--envs-per-task", type=_whole(1), default=c.envs_per_task, help="concurrent envs per task")
-    d.add_argument("--lr", type=_number(0, above=True), default=c.lr, help="learning rate")
-    d.add_argument("--entropy", type=_number(0), default=c.entropy_coef, help="entropy bonus coefficient")
-    d.add_argument("--kl", type=_number(0), default=c.kl_coef, help="k3 KL coefficient to the warm start")
+    d.add_argument("--lr", type=_number(0, above=True), default=c.algo.lr, help="learning rate")
+    d.add_argument("--entropy", type=_number(0), default=c.algo.entropy_coef, help="entropy bonus coefficient")
+    d.add_argument("--kl", type=_number(0), default=c.algo.kl_coef, help="k3 KL coefficient to the warm start")
     d.add_argument(
         "--loss-agg",
         choices=LOSS_AGGS,
-        default=c.loss_agg,
+        default=c.algo.loss_agg,
         help="how token losses average over the batch (see GRPO.loss_agg)",
     )
     d.add_argument(
         "--math-reward",
-        choices=MATH_REWARDS,
-        default=c.math_reward,
+        choices=BUILTIN_REWARDS,
+        default=math_task.reward if math_task else None,
         help="math's training reward: partial credit by distance (close) or exact match; "
         "validation is exact match either way",
     )
@@ -198,7 +210,7 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
         "--math-curriculum",
         type=_number(0, 1),
         metavar="UNIFORM",
-        default=c.math_curriculum,
+        default=None,
         help="draw math's prompts by learnability (PromptCurriculum), this share uniformly "
         "(default: off, random prompts)",
     )
@@ -210,19 +222,20 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
         "--weights",
         type=_weights,
         help="share of each batch per task (default: "
-        + ",".join(f"{t}={w:g}" for t, w in (c.task_weights or {}).items())
+        + ",".join(f"{t}={tc.weight:g}" for t, tc in c.tasks.items())
         + ")",
     )
     d.add_argument(
         "--validate-every",
         type=_whole(0),
-        default=c.validate_every,
+        default=c.pipeline.validate_every,
         help="steps between greedy validations (0: only before and after training)",
     )
     d.add_argument("--seed", type=_whole(0), default=c.seed, help="seed everything derives from")
-    d.add_argument("--out", default=c.out, help="directory for report.html, curves.svg and steps.jsonl")
-    d.add_argument("--quiet", action="store_true", help="print only the RESULT line")
+    d.add_argument("--out", default=c.out, help="directory for report.html, curves.svg, steps.jsonl and config.yaml")
+    _add_overrides(d)
     d.set_defaults(fn=_demo, check=_check_demo, error=d.error)
+    assert set(c.tasks) == set(BUILTIN_ENVS)  # --tasks and --weights choose among them
 
 
 def _check_demo(args: argparse.Namespace) -> str | None:
@@ -231,13 +244,79 @@ def _check_demo(args: argparse.Namespace) -> str | None:
     return None
 
 
-def _demo(args: argparse.Namespace) -> int:
-    from rollart_nb.demo import DemoConfig, run_demo
+def demo_train_config(args: argparse.Namespace) -> Any:
+    """The :class:`~rollart_nb.train.TrainConfig` that ``rollart-nb demo`` flags describe."""
+    import dataclasses
 
-    given = {field: getattr(args, dest) for dest, field in _DEMO_FIELDS.items() if getattr(args, dest) is not None}
+    from rollart_nb.config import apply_overrides
+    from rollart_nb.train import demo_config
+
+    cfg = demo_config()
+    cfg = dataclasses.replace(cfg, tasks={t: tc for t, tc in cfg.tasks.items() if t in args.tasks})
+    given: dict[str, Any] = {}
+    for dest, name in _DEMO_FIELDS.items():
+        value = getattr(args, dest)
+        if value is not None and (not name.startswith("tasks.") or name.split(".")[1] in cfg.tasks):
+            given[name] = value
     if args.no_std:
-        given["scale_by_std"] = False
-    result = run_demo(DemoConfig(**given), quiet=args.quiet)
+        given["algo.scale_by_std"] = False
+    for t, w in (args.weights or {}).items():
+        if t in cfg.tasks:
+            given[f"tasks.{t}.weight"] = w
+    cfg = apply_overrides(cfg, given)
+    return apply_overrides(cfg, args.overrides) if args.overrides else cfg
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from rollart_nb.train import run_train
+
+    result = run_train(demo_train_config(args), quiet=args.quiet)
+    print("RESULT " + json.dumps(result), flush=True)
+    return 0
+
+
+# -- train -----------------------------------------------------------------------------------
+def _add_train(sub: argparse._SubParsersAction) -> None:
+    t = sub.add_parser(
+        "train",
+        help="a training run from a YAML config with NAME=VALUE overrides",
+        description="Run a TrainConfig (model, tasks, algo, pipeline, budget) on Session.local(): "
+        "CONFIG is a YAML file (settings it leaves out take their defaults), then each NAME=VALUE "
+        "override (values are YAML: 8, 5e-4, true, null, [a, b]). Writes steps.jsonl as it goes, "
+        "config.yaml, report.html and curves.svg to `out`, and ends with RESULT {json}. "
+        "Example: rollart-nb train rollart_nb/configs/demo.yaml algo.lr=5e-4 pipeline.alpha=1",
+        usage="%(prog)s [CONFIG.yaml] [NAME=VALUE ...] [options]",
+        formatter_class=_Help,
+    )
+    t.add_argument("config", nargs="?", help="a YAML file (default: every setting at its default)")
+    _add_overrides(t)
+    t.add_argument("--list-options", action="store_true", help="list every setting with its default and exit")
+    t.add_argument("--print-config", action="store_true", help="print the resulting config as YAML and exit")
+    t.set_defaults(fn=_train, check=_check_train, error=t.error)
+
+
+def _check_train(args: argparse.Namespace) -> str | None:
+    if args.config is not None and "=" in args.config and not os.path.exists(args.config):
+        args.overrides.insert(0, args.config)  # no file, only overrides
+        args.config = None
+    return None
+
+
+def _train(args: argparse.Namespace) -> int:
+    from rollart_nb.config import describe, dump, load
+    from rollart_nb.train import TrainConfig, run_train
+
+    if args.list_options:
+        for name, kind, default, doc in describe(TrainConfig):
+            print(f"{name} ({kind}, default {json.dumps(default, default=str)})")
+            if doc:
+                print("    " + " ".join(doc.split()))
+        return 0
+    cfg = load(TrainConfig, args.config, args.overrides)
+    if args.print_config:
+        print(dump(cfg), end="")
+        return 0
+    result = run_train(cfg, quiet=args.quiet)
     print("RESULT " + json.dumps(result), flush=True)
     return 0
 
@@ -357,11 +436,12 @@ def build_parser() -> argparse.ArgumentParser:
         prog="rollart-nb",
         formatter_class=_Help,
         description="rollart_nb from a shell: the main job (demo), what-if experiments on a "
-        "simulated cluster (bench), and an env served over HTTP (env-server).",
+        "simulated cluster (bench), a run from a YAML config (train), and an env served over HTTP (env-server).",
     )
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     _add_demo(sub)
+    _add_train(sub)
     _add_bench(sub)
     _add_env_server(sub)
     return p

@@ -11,10 +11,15 @@ attached.
 from __future__ import annotations
 
 import abc
+import dataclasses
 import inspect
 import logging
+import os
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Self, TypeVar
 
+from rollart_nb._checks import is_whole
+from rollart_nb.config import PipelineConfig, field_docs
+from rollart_nb.control.env_manager import RolloutConfig
 from rollart_nb.control.tasks import TaskSet
 from rollart_nb.errors import ConfigError, StateError
 from rollart_nb.resources.manager import Binding
@@ -22,12 +27,24 @@ from rollart_nb.serverless.client import Endpoint
 from rollart_nb.workers.worker import Worker
 
 if TYPE_CHECKING:
+    from rollart_nb.control.pipeline import Pipeline
     from rollart_nb.runtime import Runtime
     from rollart_nb.workers.cluster import ClusterBase
 
 __all__ = ["SessionBase"]
 
 log = logging.getLogger(__name__)
+
+
+class _Unset:
+    """A keyword left out: its value comes from the config (the signature shows that default)."""
+
+    def __repr__(self) -> str:
+        return "<from config>"
+
+
+UNSET: Any = _Unset()
+_SETTINGS = frozenset(f.name for f in dataclasses.fields(PipelineConfig))
 
 R = TypeVar("R", bound="Runtime")
 
@@ -256,15 +273,38 @@ class SessionBase(abc.ABC, Generic[R]):
         gen: Any,
         tasks: TaskSet,
         *,
+        config: PipelineConfig | None = None,
         algo: Any = None,
-        batch_size: int = 32,
-        alpha: int = 1,
-        mode: str = "rollart",
         name: str = "pipeline",
         resume_from: Any = None,
-        **kwargs: Any,
-    ) -> Any:
+        group_size: int | None = None,
+        batch_size: int = UNSET,
+        alpha: int = UNSET,
+        mode: str = UNSET,
+        redundancy: int = UNSET,
+        seed: int | None = UNSET,
+        rollout: RolloutConfig = UNSET,
+        validate_every: int = UNSET,
+        validation_seeds: dict[str, list[int]] | None = UNSET,
+        pd: bool = UNSET,
+        max_inflight: int = UNSET,
+        dispatch: str = UNSET,
+        step_timeout_s: float | None = UNSET,
+        weights: Any = UNSET,
+        hw_affinity: bool = UNSET,
+        run_dir: str | os.PathLike[str] | None = UNSET,
+        autosave_every: int = UNSET,
+        keep_checkpoints: int = UNSET,
+        max_worker_restarts: int = UNSET,
+        health_every_s: float = UNSET,
+        trackers: Any = UNSET,
+    ) -> Pipeline:
         """Build the asynchronous RL pipeline (see :class:`~rollart_nb.control.Pipeline`).
+
+        Its loop's settings are a :class:`~rollart_nb.config.PipelineConfig`: pass one as
+        ``config``, or any of its fields as keywords of the same name (listed below with their
+        defaults), or both: keywords override ``config``. ``pipe.config`` is what is in force.
+        Every setting is checked before anything changes; all problems come in one ConfigError.
 
         Args:
             train: the ActorTrain cluster (e.g. TorchTrainer, SimTrainer).
@@ -272,46 +312,45 @@ class SessionBase(abc.ABC, Generic[R]):
             tasks: from :meth:`tasks`. A reward registered (:meth:`reward`) for a task that neither
                 ``tasks`` nor an earlier pipeline of this session has raises ConfigError (a typo);
                 that registration is dropped, so fixing the name and calling again works.
-            algo: e.g. ``rn.GRPO(group_size=8)``; its ``group_size`` sets the GRPO group size and
-                the trainer is configured with it.
-            batch_size: trajectories per training step (a multiple of the group size).
-            alpha: per-trajectory staleness bound.
-            mode: "sync", "sync+", "one-off", "areal" or "rollart".
+            config: the loop's settings (default: ``PipelineConfig()``; with ``resume_from``, the
+                saved pipeline's).
+            algo: e.g. ``rn.GRPO(group_size=8)``; the trainer is configured with it, and its
+                ``group_size`` is the GRPO group size.
             name: re-using a name closes the previous pipeline of that name first.
             resume_from: a directory written by ``pipe.save(path)``, or a run folder (its newest
-                complete autosave), in this or an earlier session: the trainer is restored from it (model, optimizer, version, RNG) before
-                ``algo`` is applied, generators serve the saved version from the start, step
-                numbers continue, and the scheduler draws fresh env seeds (unless ``seed`` is
-                given). ``tasks`` must have the saved task names; rewards are not saved (set them
-                with :meth:`reward` first; a changed reward source warns).
-            **kwargs: ``redundancy``, ``rollout`` (RolloutConfig), ``validate_every``, ``pd``,
-                ``run_dir`` (``steps.jsonl`` appended per step), ``autosave_every=N`` (a checkpoint
-                in ``run_dir/checkpoints/`` every N steps and when paused or closed; ``run_dir``
-                defaults to ``runs/<name>``), ``keep_checkpoints`` (3), ``max_worker_restarts``
-                (3: automatic replacements of a dead generator or restores of a dead trainer per
-                worker slot; a trainer is restored only from an autosave), ``health_every_s`` (5.0:
-                how often a step waiting for its batch probes the workers), ``trackers`` (names
-                "tensorboard", "wandb", "mlflow", or tracker objects; see :mod:`rollart_nb.trackers`), ...
+                complete autosave), in this or an earlier session: the trainer is restored from it
+                (model, optimizer, version, RNG) before ``algo`` is applied, generators serve the
+                saved version from the start, step numbers continue, the saved config applies
+                (unless ``config`` or keywords change it), and the scheduler draws fresh env seeds
+                (unless ``seed`` is given). ``tasks`` must have the saved task names; rewards are
+                not saved (set them with :meth:`reward` first; a changed reward source warns).
+            group_size: the GRPO group size without an ``algo`` (default 8, or the saved one with
+                ``resume_from``); with one, it must match ``algo.group_size``.
+            **settings: the fields of :class:`~rollart_nb.config.PipelineConfig`:
 
         Example:
+            >>> pipe = sess.pipeline(train, gen, tasks, algo=rn.GRPO(group_size=8), batch_size=64,
+            ...                      alpha=2, rollout=rn.RolloutConfig(max_turns=8))  # doctest: +SKIP
             >>> pipe.save("ckpt/run1")                          # doctest: +SKIP
             >>> # later, in a new session with the same model and tasks:
             >>> pipe = sess.pipeline(train, gen, tasks, algo=rn.GRPO(group_size=8),
             ...                      resume_from="ckpt/run1")       # doctest: +SKIP
         """
+        import dataclasses
         import difflib
 
+        from rollart_nb.config import from_dict
         from rollart_nb.control.checkpoint import latest_reward_sources, resolve_checkpoint
-        from rollart_nb.control.env_manager import RolloutConfig
-        from rollart_nb.control.modes import mode as get_mode
         from rollart_nb.control.pipeline import Pipeline
-        from rollart_nb.control.scheduler import SchedulerConfig
 
         self._check()
+        where = f"sess.pipeline(name={name!r})"
+        given = {k: v for k, v in locals().items() if k in _SETTINGS and v is not UNSET}
+        if config is not None and not isinstance(config, PipelineConfig):
+            raise ConfigError(f"config={config!r:.80} must be a PipelineConfig", where=where)
         if not isinstance(tasks, TaskSet):
             raise ConfigError(
-                f"tasks={tasks!r:.80} must be a TaskSet; build it with sess.tasks({{name: env}})",
-                where=f"sess.pipeline(name={name!r})",
+                f"tasks={tasks!r:.80} must be a TaskSet; build it with sess.tasks({{name: env}})", where=where
             )
         # A reward for a task that neither this TaskSet nor an earlier pipeline of this session has
         # is a typo, or belongs to a pipeline not built yet: it would be silently ignored, so refuse
@@ -331,48 +370,58 @@ class SessionBase(abc.ABC, Generic[R]):
                     f"one of these names, e.g. sess.reward({(close or known)[0]!r}, fn), then call "
                     "sess.pipeline(...) again"
                 )
-            raise ConfigError(p, where=f"sess.pipeline(name={name!r})")
-        # The loop's own settings, checked before anything changes (a same-named pipeline is
-        # closed below): the values Pipeline would use, its defaults read from its signature.
-        defaults = {k: v.default for k, v in inspect.signature(Pipeline.__init__).parameters.items()}
-        SchedulerConfig(
-            batch_size=batch_size,
-            alpha=alpha,
-            mode=get_mode(mode),
-            group_size=kwargs.get("group_size", algo.group_size if algo is not None else defaults["group_size"]),
-            redundancy=kwargs.get("redundancy", defaults["redundancy"]),
-            rollout=kwargs.get("rollout") or RolloutConfig(),
-        )
-        used.update(tasks.envs)
+            raise ConfigError(p, where=where)
         resume = None
         if resume_from is not None:  # check everything before anything changes
             resume = resolve_checkpoint(resume_from)
             resume.check_tasks(tasks)
+        base = config
+        if base is None and resume is not None and isinstance(resume.config.get("pipeline"), dict):
+            base = from_dict(PipelineConfig, resume.config["pipeline"], where=f"the config saved in {resume.path}")
+        # The loop's own settings, checked before anything changes (a same-named pipeline is closed below)
+        problems: list[str] = []
+        cfg = base or PipelineConfig()
+        try:
+            cfg = dataclasses.replace(cfg, **given)
+        except ConfigError as e:
+            problems += e.problems
+        saved_groups = resume.config.get("group_size", 8) if resume is not None else 8
+        groups = algo.group_size if algo is not None else group_size if group_size is not None else saved_groups
+        if algo is not None and group_size is not None and group_size != algo.group_size:
+            problems.append(f"group_size={group_size} differs from algo.group_size={algo.group_size}; give one of them")
+        elif not is_whole(groups) or groups < 1:
+            problems.append(f"group_size={groups!r} must be a whole number >= 1")
+        batch = given.get("batch_size", cfg.batch_size)
+        if is_whole(batch) and batch >= 1 and is_whole(groups) and groups >= 1 and batch % groups:
+            problems.append(f"batch_size={batch} must be a multiple of the group size {groups}")
+        if problems:
+            raise ConfigError(problems, where=where)
+        used.update(tasks.envs)
+        scheduler_seed = None
+        if resume is not None:
             log.warning(
                 "resuming pipeline %s from %s: step %d, version %d", name, resume.path, resume.steps, resume.version
             )
+            if "seed" not in given:  # fresh env seeds, not the saved run's again
+                scheduler_seed = resume.resume_seed
         if name in self.runtime.pipelines:
             log.info("replacing pipeline %s", name)
             self.runtime.pipelines[name].close()
         if resume is not None:
             train.load_checkpoint(resume.trainer_dir)
-            if kwargs.get("seed") is None:
-                kwargs["seed"] = resume.resume_seed
         if algo is not None:
-            kwargs.setdefault("group_size", algo.group_size)
             train.configure(algo)
         pipe = Pipeline(
             self.runtime,
             train,
             gen,
             tasks,
-            batch_size=batch_size,
-            alpha=alpha,
-            mode=mode,
+            config=cfg,
+            group_size=groups,
             name=name,
             rewards=self._rewards,
             resume=resume,
-            **kwargs,
+            scheduler_seed=scheduler_seed,
         )
         pipe.algo = algo
         self.runtime.pipelines[name] = pipe
@@ -431,3 +480,28 @@ def _close_launcher(lau: Any) -> None:
         lau.close()
     except Exception as e:  # one launcher that fails to stop must not keep the others running
         log.warning("stopping %r: %s", lau, e)
+
+
+def _document_settings(fn: Any) -> None:
+    """``fn``'s signature shows each PipelineConfig keyword's real default (not the sentinel),
+    and its docstring lists every setting with its field docstring, so ``help()`` and tab
+    completion show them all from the one place they are defined."""
+    defaults = PipelineConfig()
+    sig = inspect.signature(fn)
+    params = [
+        p.replace(default=getattr(defaults, p.name)) if p.default is UNSET else p for p in sig.parameters.values()
+    ]
+    missing = _SETTINGS - set(sig.parameters)
+    if missing:  # a field added to PipelineConfig needs its keyword here
+        raise TypeError(f"{fn.__qualname__} lacks keywords for PipelineConfig fields {sorted(missing)}")
+    fn.__signature__ = sig.replace(parameters=params)
+    docs = field_docs(PipelineConfig)
+    lines = []
+    for f in dataclasses.fields(PipelineConfig):
+        text = " ".join(docs.get(f.name, "").split())
+        lines.append(f"                ``{f.name}`` ({getattr(defaults, f.name)!r}): {text}")
+    marker = "            **settings: the fields of :class:`~rollart_nb.config.PipelineConfig`:\n"
+    fn.__doc__ = (fn.__doc__ or "").replace(marker, marker + "\n".join(lines) + "\n")
+
+
+_document_settings(SessionBase.pipeline)

@@ -1,5 +1,5 @@
 """``rollart-nb`` argument handling, in process: versions, help, defaults, usage errors and the
-exit status of errors raised by a run. Nothing here starts Ray: ``run_demo`` and
+exit status of errors raised by a run. Nothing here starts Ray: ``run_train`` and
 ``run_experiments`` are replaced where a test reaches them."""
 
 import argparse
@@ -10,11 +10,11 @@ import pytest
 
 import rollart_nb
 import rollart_nb.bench
-import rollart_nb.demo
+import rollart_nb.train
 from rollart_nb.bench import EXPERIMENTS
 from rollart_nb.cli import build_parser, main
-from rollart_nb.demo import DemoConfig
 from rollart_nb.errors import ConfigError, StateError
+from rollart_nb.train import TrainConfig, demo_config
 
 
 @pytest.fixture
@@ -24,20 +24,20 @@ def no_runs(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a usage error must not start a run")
 
-    monkeypatch.setattr(rollart_nb.demo, "run_demo", refuse)
+    monkeypatch.setattr(rollart_nb.train, "run_train", refuse)
     monkeypatch.setattr(rollart_nb.bench, "run_experiments", refuse)
 
 
 @pytest.fixture
 def fake_demo(monkeypatch):
-    """Records the DemoConfig and ``quiet`` that ``rollart-nb demo`` passes to run_demo."""
+    """Records the TrainConfig and ``quiet`` that ``rollart-nb demo`` / ``train`` pass to run_train."""
     calls = []
 
     def run_demo(cfg, *, quiet=False):
         calls.append((cfg, quiet))
         return {"first": {"math": 0.1}, "last": {"math": 0.2}, "wall_s": 1.0}
 
-    monkeypatch.setattr(rollart_nb.demo, "run_demo", run_demo)
+    monkeypatch.setattr(rollart_nb.train, "run_train", run_demo)
     return calls
 
 
@@ -62,7 +62,7 @@ def _option_blocks(help_text: str) -> dict[str, str]:
     return blocks
 
 
-@pytest.mark.parametrize("cmd", ["demo", "bench", "env-server"])
+@pytest.mark.parametrize("cmd", ["demo", "train", "bench", "env-server"])
 def test_every_flag_has_help_that_shows_its_default(cmd, capsys):
     commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     sub = commands.choices[cmd]
@@ -79,11 +79,11 @@ def test_every_flag_has_help_that_shows_its_default(cmd, capsys):
 def test_demo_help_shows_demo_config_defaults(capsys):
     assert main(["demo", "--help"]) == 0
     blocks = {k: " ".join(v.split()) for k, v in _option_blocks(capsys.readouterr().out).items()}
-    c = DemoConfig()
+    c = demo_config()
     assert f"(default: {c.steps})" in blocks["--steps"]
     assert f"(default: {c.minutes})" in blocks["--minutes"]
-    assert f"(default: {c.alpha})" in blocks["--alpha"]
-    assert f"(default: {c.lr})" in blocks["--lr"]
+    assert f"(default: {c.pipeline.alpha})" in blocks["--alpha"]
+    assert f"(default: {c.algo.lr})" in blocks["--lr"]
     assert "(default: frozenlake,math)" in blocks["--tasks"]
     assert "(default: frozenlake=1,math=3)" in blocks["--weights"]
     assert "None" not in " ".join(blocks.values())
@@ -92,7 +92,7 @@ def test_demo_help_shows_demo_config_defaults(capsys):
 def test_demo_without_flags_runs_the_default_config(fake_demo, capsys):
     assert main(["demo"]) == 0
     ((cfg, quiet),) = fake_demo
-    assert cfg == DemoConfig() and quiet is False
+    assert cfg == demo_config() and quiet is False
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert json.loads(last.removeprefix("RESULT ")) == {"first": {"math": 0.1}, "last": {"math": 0.2}, "wall_s": 1.0}
 
@@ -140,10 +140,64 @@ def test_demo_flags_reach_the_config(fake_demo):
     )
     ((cfg, quiet),) = fake_demo
     assert quiet is True
-    assert (cfg.steps, cfg.minutes, cfg.mode, cfg.alpha, cfg.batch_size, cfg.group_size) == (3, 0.5, "areal", 0, 16, 4)
-    assert (cfg.entropy_coef, cfg.kl_coef, cfg.tasks, cfg.task_weights) == (0.01, 0.0, ("math",), {"math": 2.0})
-    assert (cfg.scale_by_std, cfg.math_curriculum, cfg.math_reward) == (False, 0.25, "exact")
-    assert (cfg.validate_every, cfg.seed, cfg.out) == (0, 7, "somewhere")
+    p, a, math_task = cfg.pipeline, cfg.algo, cfg.tasks["math"]
+    assert (cfg.steps, cfg.minutes, p.mode, p.alpha, p.batch_size, a.group_size) == (3, 0.5, "areal", 0, 16, 4)
+    assert (a.entropy_coef, a.kl_coef, list(cfg.tasks), math_task.weight) == (0.01, 0.0, ["math"], 2.0)
+    assert (a.scale_by_std, math_task.curriculum, math_task.reward) == (False, 0.25, "exact")
+    assert (p.validate_every, cfg.seed, cfg.out) == (0, 7, "somewhere")
+    # the rest is demo.yaml's
+    assert (p.rollout.max_new_tokens, a.micro_batch_tokens) == (4, 1024)
+
+
+def test_demo_overrides_come_after_the_flags(fake_demo):
+    assert main(["demo", "--alpha", "0", "pipeline.alpha=3", "pipeline.rollout.max_turns=8", "algo.lr=5e-4"]) == 0
+    ((cfg, _),) = fake_demo
+    assert (cfg.pipeline.alpha, cfg.pipeline.rollout.max_turns, cfg.algo.lr) == (3, 8, 5e-4)
+
+
+def test_train_loads_a_yaml_file_applies_overrides_and_prints_it(tmp_path, fake_demo, capsys):
+    f = tmp_path / "run.yaml"
+    f.write_text("name: exp\nsteps: 7\npipeline:\n  alpha: 2\n  rollout: {max_turns: 4}\nalgo: {group_size: 4}\n")
+    assert main(["train", str(f), "algo.lr=5e-4", "pipeline.batch_size=8", "--print-config"]) == 0
+    printed = capsys.readouterr().out
+    from rollart_nb.config import load
+
+    back = tmp_path / "printed.yaml"
+    back.write_text(printed)
+    cfg = load(TrainConfig, back)
+    assert (cfg.name, cfg.steps, cfg.pipeline.alpha, cfg.pipeline.rollout.max_turns) == ("exp", 7, 2, 4)
+    assert (cfg.algo.lr, cfg.algo.group_size, cfg.pipeline.batch_size) == (5e-4, 4, 8)
+    assert cfg.pipeline.rollout.max_new_tokens == TrainConfig().pipeline.rollout.max_new_tokens  # a default
+    assert not fake_demo  # --print-config runs nothing
+    assert main(["train", str(f), "algo.lr=5e-4", "pipeline.batch_size=8", "--quiet"]) == 0
+    ((run_cfg, quiet),) = fake_demo
+    assert run_cfg == cfg and quiet is True
+
+
+def test_train_with_only_overrides_and_the_option_list(fake_demo, capsys):
+    assert main(["train", "steps=2", "tasks={math: {env: math}}"]) == 0
+    ((cfg, _),) = fake_demo
+    assert cfg.steps == 2 and list(cfg.tasks) == ["math"]
+    assert main(["train", "--list-options"]) == 0
+    out = capsys.readouterr().out
+    for name in ("pipeline.alpha (int, default 1)", "pipeline.rollout.max_turns (int, default 16)", "algo.lr (float"):
+        assert name in out
+    assert "Per-trajectory staleness bound" in out and "Turns per trajectory" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["train", "no/such/file.yaml"], "config file 'no/such/file.yaml' does not exist"),
+        (["train", "pipeline.alpah=2"], "pipeline.alpah is not a setting; did you mean pipeline.alpha?"),
+        (["train", "algo.lr=-1", "model.size=xl"], "2 problems"),
+        (["train", "pipeline.batch_size=12"], "must be a multiple of algo.group_size=8"),
+    ],
+)
+def test_train_config_errors_are_one_line_with_status_2(argv, says, no_runs, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and says in err and err.count("\n") == 1, err
 
 
 @pytest.mark.parametrize(
@@ -195,7 +249,7 @@ def test_an_error_of_the_run_prints_one_line_and_its_status(error, status, monke
     def run_demo(cfg, *, quiet=False):
         raise error
 
-    monkeypatch.setattr(rollart_nb.demo, "run_demo", run_demo)
+    monkeypatch.setattr(rollart_nb.train, "run_train", run_demo)
     assert main(["demo", "--steps", "1"]) == status
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err
@@ -209,7 +263,7 @@ def test_an_unexpected_exception_keeps_its_traceback(monkeypatch):
     def run_demo(cfg, *, quiet=False):
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(rollart_nb.demo, "run_demo", run_demo)
+    monkeypatch.setattr(rollart_nb.train, "run_train", run_demo)
     with pytest.raises(RuntimeError, match="a bug"):
         main(["demo"])
 

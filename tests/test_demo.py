@@ -20,11 +20,20 @@ def test_demo_runs_steps_writes_its_report_and_ends_with_result(tmp_path):
     lines = p.stdout.strip().splitlines()
     assert lines[-1].startswith("RESULT ")
     result = json.loads(lines[-1][len("RESULT ") :])
-    assert set(result) == {"first", "last", "wall_s"} and result["wall_s"] > 0
-    assert set(result["first"]) == set(result["last"]) == {"math"}
+    assert {"first", "last", "tasks", "steps", "trained_tokens", "aborted_fraction", "wall_s"} <= set(result)
+    assert result["wall_s"] > 0 and result["steps"] == 3 and result["interrupted"] is False
+    assert set(result["first"]) == set(result["last"]) == set(result["tasks"]) == {"math"}
     assert 0.0 <= result["first"]["math"] <= 1.0
+    math_row = result["tasks"]["math"]
+    assert math_row["base"] == result["first"]["math"] and math_row["last"] == result["last"]["math"]
+    assert math_row["best"] >= math_row["last5_mean"] - 1e-9 and result["trained_tokens"] > 0
     steps = [json.loads(ln) for ln in (tmp_path / "steps.jsonl").read_text().splitlines()]
     assert [s["step"] for s in steps] == [0, 1, 2]
+    from rollart_nb.config import load
+    from rollart_nb.train import TrainConfig
+
+    saved = load(TrainConfig, tmp_path / "config.yaml")  # what ran, as a loadable config
+    assert list(saved.tasks) == ["math"] and saved.steps == 3 and saved.algo.scale_by_std is False
     assert (tmp_path / "report.html").read_text().count("plotly") > 0
     svg = (tmp_path / "curves.svg").read_text()  # the curves alone, static: validation line per task
     assert svg.startswith("<svg") and "math validation" in svg and svg.count("<polyline") == 2
@@ -50,12 +59,55 @@ def test_weights_flag_parses_task_shares_and_rejects_junk():
             _parse_weights(bad)
 
 
-def test_demo_config_rejects_a_curriculum_share_outside_0_1():
+def test_task_config_rejects_a_curriculum_share_outside_0_1():
     import pytest
 
-    from rollart_nb.demo import DemoConfig
     from rollart_nb.errors import ConfigError
+    from rollart_nb.train import TaskConfig
 
-    with pytest.raises(ConfigError, match="math_curriculum"):
-        DemoConfig(math_curriculum=1.5)
-    assert DemoConfig(math_curriculum=0.25).math_curriculum == 0.25
+    with pytest.raises(ConfigError, match="curriculum"):
+        TaskConfig(curriculum=1.5)
+    assert TaskConfig(curriculum=0.25).curriculum == 0.25
+
+
+def test_ctrl_c_keeps_the_steps_done_and_still_prints_the_result(tmp_path):
+    """Ctrl-C (SIGINT) after the first steps: the step in progress finishes, steps.jsonl and the
+    report hold every step done, and the RESULT says it was interrupted."""
+    import signal
+    import time
+
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            CLI,
+            "demo",
+            "--steps",
+            "200",
+            "--tasks",
+            "math",
+            "--validate-every",
+            "0",
+            "--out",
+            str(tmp_path),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    steps = tmp_path / "steps.jsonl"
+    deadline = time.monotonic() + 400
+    while time.monotonic() < deadline and proc.poll() is None:
+        if steps.exists() and len(steps.read_text().splitlines()) >= 2:
+            break
+        time.sleep(0.2)
+    assert proc.poll() is None, proc.stderr.read()[-3000:]
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    assert "interrupted: finishing the current step" in out
+    result = json.loads(out.strip().splitlines()[-1].removeprefix("RESULT "))
+    assert result["interrupted"] is True and 2 <= result["steps"] < 200
+    written = [json.loads(ln) for ln in steps.read_text().splitlines()]
+    assert [s["step"] for s in written] == list(range(result["steps"]))
+    assert (tmp_path / "report.html").exists() and (tmp_path / "config.yaml").exists()

@@ -20,84 +20,17 @@ import copy
 import logging
 import time
 import zlib
-from dataclasses import dataclass
 from typing import Any
 
-from rollart_nb.envs.base import DEFAULT_MAX_REPLACEMENTS, BlockingPool, env_name, env_reset, env_step
-from rollart_nb.errors import ConfigError, EnvError, GenerationError
+from rollart_nb.config import RolloutConfig
+from rollart_nb.envs.base import BlockingPool, env_name, env_reset, env_step
+from rollart_nb.errors import EnvError, GenerationError
 from rollart_nb.protocols import GenerationRequest, Tokenizer
 from rollart_nb.trajectory import Status, Trajectory, Turn
 
 __all__ = ["EnvManager", "RolloutConfig", "TurnBarrier", "request_seed"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class RolloutConfig:
-    """How EnvManagers talk to envs and the model.
-
-    Attributes:
-        max_turns: turns per trajectory unless the env says less (``env.max_turns``).
-        max_new_tokens: response budget per turn.
-        max_context: tokens of history after which the trajectory is truncated.
-        temperature: sampling temperature (0: greedy).
-        env_timeout_s: an env ``reset``/``step`` slower than this fails the trajectory; a sync
-            call still running then is abandoned and the env replaced. None: wait forever (a
-            hung env then holds its EnvManager for good).
-        max_abandoned_threads: hung sync env calls whose threads are replaced by new ones (the
-            env thread pool's cap is one thread per env plus this). At the cap the pool stops
-            growing, says so in the log and in ``stats()["env"]["at_cap"]``, and env calls wait
-            for a thread.
-        user_tag / assistant_tag: chat markers around observations and responses.
-
-    Validation (all problems at once, as :class:`~rollart_nb.errors.ConfigError`): ``max_turns``,
-    ``max_new_tokens`` whole numbers >= 1, ``max_context >= max_new_tokens``, ``temperature`` a
-    finite number >= 0, ``env_timeout_s`` a finite number > 0 or None, ``max_abandoned_threads``
-    a whole number >= 0, tags strings.
-
-    Example:
-        >>> RolloutConfig(max_turns=1, temperature=0).max_new_tokens
-        32
-    """
-
-    max_turns: int = 16
-    max_new_tokens: int = 32
-    max_context: int = 4096
-    temperature: float = 1.0
-    env_timeout_s: float | None = 60.0
-    max_abandoned_threads: int = DEFAULT_MAX_REPLACEMENTS
-    user_tag: str = "<|user|>"
-    assistant_tag: str = "<|assistant|>"
-
-    def __post_init__(self) -> None:
-        from rollart_nb._checks import is_number as _number
-        from rollart_nb._checks import is_whole as _whole
-
-        p = []
-        for name, low in (("max_turns", 1), ("max_new_tokens", 1), ("max_abandoned_threads", 0)):
-            value = getattr(self, name)
-            if not _whole(value) or value < low:
-                p.append(f"{name}={value!r} must be a whole number >= {low}")
-        if _whole(self.max_new_tokens) and self.max_new_tokens >= 1:
-            if not _whole(self.max_context) or self.max_context < self.max_new_tokens:
-                p.append(
-                    f"max_context={self.max_context!r} must be a whole number >= max_new_tokens="
-                    f"{self.max_new_tokens} (a turn's response has to fit in the context)"
-                )
-        elif not _whole(self.max_context) or self.max_context < 1:
-            p.append(f"max_context={self.max_context!r} must be a whole number >= 1")
-        if not _number(self.temperature) or self.temperature < 0:
-            p.append(f"temperature={self.temperature!r} must be a finite number >= 0 (0: greedy)")
-        if self.env_timeout_s is not None and (not _number(self.env_timeout_s) or self.env_timeout_s <= 0):
-            p.append(
-                f"env_timeout_s={self.env_timeout_s!r} must be a finite number of seconds > 0, or None to wait forever"
-            )
-        for name in ("user_tag", "assistant_tag"):
-            if not isinstance(getattr(self, name), str):
-                p.append(f"{name}={getattr(self, name)!r} must be a string")
-        if p:
-            raise ConfigError(p, where="RolloutConfig")
 
 
 class TurnBarrier:

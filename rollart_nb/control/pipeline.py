@@ -38,16 +38,15 @@ import shutil
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 
+from rollart_nb.config import PipelineConfig, portable
 from rollart_nb.control.checkpoint import PipelineCheckpoint, latest_reward_sources, write_checkpoint
-from rollart_nb.control.env_manager import RolloutConfig
-from rollart_nb.control.modes import Mode
 from rollart_nb.control.modes import mode as get_mode
 from rollart_nb.control.report import StepReport, env_fault_deltas
 from rollart_nb.control.rollout_worker import RolloutWorker
 from rollart_nb.control.scheduler import SchedulerConfig
-from rollart_nb.errors import ConfigError, StateError, WorkerDiedError
+from rollart_nb.errors import StateError, WorkerDiedError
 from rollart_nb.trajectory import Trajectory, TrajectoryList
 from rollart_nb.views import view
 from rollart_nb.workers.routing import shape_affinity
@@ -82,77 +81,51 @@ class Pipeline:
         gen: ClusterBase,
         tasks: TaskSet,
         *,
+        config: PipelineConfig | None = None,
         group_size: int = 8,
-        batch_size: int = 32,
-        alpha: int = 1,
-        mode: str | Mode = "rollart",
-        redundancy: int = 0,
-        rollout: RolloutConfig | None = None,
-        seed: int | None = None,
         name: str = "pipeline",
-        validate_every: int = 0,
-        validation_seeds: dict[str, list[int]] | None = None,
-        pd: bool = False,
-        max_inflight: int = 256,
-        dispatch: str = "direct",
         rewards: dict[str, dict[str, Any]] | None = None,
-        step_timeout_s: float | None = None,
-        weights: Any = "direct",
-        hw_affinity: bool = True,
         resume: PipelineCheckpoint | None = None,
-        run_dir: str | os.PathLike[str] | None = None,
-        autosave_every: int = 0,
-        keep_checkpoints: int = 3,
-        max_worker_restarts: int = 3,
-        health_every_s: float = 5.0,
-        trackers: Any = None,
+        scheduler_seed: int | None = None,
     ) -> None:
-        problems = []
-        if not isinstance(max_worker_restarts, int) or isinstance(max_worker_restarts, bool) or max_worker_restarts < 0:
-            problems.append(f"max_worker_restarts={max_worker_restarts!r} must be a whole number >= 0")
-        if not isinstance(health_every_s, int | float) or not health_every_s > 0:
-            problems.append(f"health_every_s={health_every_s!r} must be a number of seconds > 0")
-        if not isinstance(autosave_every, int) or isinstance(autosave_every, bool) or autosave_every < 0:
-            problems.append(f"autosave_every={autosave_every!r} must be a whole number of steps >= 0 (0: off)")
-        if not isinstance(keep_checkpoints, int) or isinstance(keep_checkpoints, bool) or keep_checkpoints < 1:
-            problems.append(f"keep_checkpoints={keep_checkpoints!r} must be >= 1")
-        if problems:
-            raise ConfigError(problems, where=f"pipeline {name!r}")
-        if autosave_every and run_dir is None:
+        c = self.config = config if config is not None else PipelineConfig()
+        run_dir: str | os.PathLike[str] | None = c.run_dir
+        if c.autosave_every and run_dir is None:
             run_dir = Path("runs") / name
         self.run_dir = Path(run_dir).absolute() if run_dir is not None else None
-        self.autosave_every, self.keep_checkpoints = autosave_every, keep_checkpoints
+        self.autosave_every, self.keep_checkpoints = c.autosave_every, c.keep_checkpoints
         self.last_autosave: str | None = None
         if self.run_dir is not None:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             log.info(
                 "pipeline %s writes steps.jsonl%s to %s",
                 name,
-                f" and a checkpoint every {autosave_every} steps" if autosave_every else "",
+                f" and a checkpoint every {c.autosave_every} steps" if c.autosave_every else "",
                 self.run_dir,
             )
-        self.mode = get_mode(mode)
+        self.mode = get_mode(c.mode)
         # step timing: the runtime's clock (a SimSession's virtual time, else wall time)
         self._clock = runtime.clock
         self.runtime, self.train, self.gen, self.tasks, self.name = runtime, train, gen, tasks, name
         self.cfg = SchedulerConfig(
-            batch_size=batch_size,
+            batch_size=c.batch_size,
             group_size=group_size,
-            alpha=alpha,
+            alpha=c.alpha,
             mode=self.mode,
-            redundancy=redundancy,
-            seed=runtime.seed if seed is None else seed,
+            redundancy=c.redundancy,
+            seed=scheduler_seed if scheduler_seed is not None else runtime.seed if c.seed is None else c.seed,
             task_weights=tasks.weights,
-            rollout=rollout or RolloutConfig(),
+            rollout=c.rollout,
             curricula=tasks.curricula or None,
         )
-        self.validate_every = validate_every
+        self.validate_every = c.validate_every
         self.state = "idle"
-        self.validation_seeds = validation_seeds or tasks.validation_seeds()
+        self.validation_seeds = c.validation_seeds or tasks.validation_seeds()
         self.last_validation: dict[str, dict[str, Any]] = {}
-        self.step_timeout_s = step_timeout_s
+        self._validation_carry_s = 0.0  # validation seconds since the last step (see tokens/s)
+        self.step_timeout_s = c.step_timeout_s
         # failover: what the rollout routes to and which trainer holds the state, to notice restarts
-        self.max_worker_restarts, self.health_every_s = max_worker_restarts, float(health_every_s)
+        self.max_worker_restarts, self.health_every_s = c.max_worker_restarts, float(c.health_every_s)
         self.algo: Any = None  # set by sess.pipeline: a restored trainer is configured with it again
         self.events: list[dict[str, Any]] = []  # replacements and restores, oldest first
         self._new_events: list[dict[str, Any]] = []  # since the last StepReport
@@ -164,7 +137,7 @@ class Pipeline:
         from rollart_nb.trackers import resolve_trackers
 
         # experiment trackers (TensorBoard, W&B, MLflow, ...): each StepReport goes to each of them
-        self.trackers = resolve_trackers(trackers, run_dir=self.run_dir, name=name)
+        self.trackers = resolve_trackers(list(c.trackers) or None, run_dir=self.run_dir, name=name)
         self._tracking_started = False  # trackers get the run's config before its first step
         # task -> preferred hardware: the generator's @hw_mapping, else the env's shape hint
         self.affinity = (
@@ -172,7 +145,7 @@ class Pipeline:
                 t: gen.affinity("generate", t) or shape_affinity(getattr(env, "shape", None))
                 for t, env in tasks.envs.items()
             }
-            if hw_affinity
+            if c.hw_affinity
             else {}
         )
         targets = [(h.actor, h.binding.worker, h.binding.hardware, h.binding.pool) for h in gen.workers]
@@ -186,16 +159,16 @@ class Pipeline:
             targets=targets,
             task_affinity=self.affinity,
             config=self.cfg,
-            pd=pd,
-            max_inflight=max_inflight,
-            dispatch=dispatch,
+            pd=c.pd,
+            max_inflight=c.max_inflight,
+            dispatch=c.dispatch,
         )
         for task, spec in (rewards or {}).items():
             self.rollout.set_reward(task, **spec)
         self.E = self.rollout.start()
         self.version = 0
         self._served_state: Any = None  # object ref of the served weights (the direct path): replacements load it
-        self.transport = runtime.weight_transport(weights, name)
+        self.transport = runtime.weight_transport(c.weights, name)
         trained = int(train.version())
         if self.transport is not None:  # trainer publishes, generators pull in the background
             train.set_transport(self.transport)
@@ -481,7 +454,10 @@ class Pipeline:
         rep.step_s = self._clock() - t0
         rep.batch_size = len(batch)
         rep.tokens = sum(t.num_tokens for t in batch)
-        rep.throughput = rep.tokens / rep.step_s if rep.step_s > 0 else 0.0
+        # Trajectories keep generating while a validation runs, so this batch's tokens took this
+        # step's time plus the validations since the last step: without them tok/s jumps after each.
+        span, self._validation_carry_s = rep.step_s + self._validation_carry_s, 0.0
+        rep.throughput = rep.tokens / span if span > 0 else 0.0
         by_task: dict[str, list[float]] = collections.defaultdict(list)
         for t in batch:
             by_task[t.task].append(t.reward)
@@ -498,7 +474,9 @@ class Pipeline:
         for task, reason in stats.get("failures", []):
             rep.failures.setdefault(task, []).append(reason)
         if self.validate_every and (rep.step + 1) % self.validate_every == 0:
+            tv = self._clock()
             rep.validation = self.validate()
+            rep.phases["validation"] = self._clock() - tv  # after step_s: not part of the step's time
         rep.events, self._new_events = self._new_events, []
         self.reports.append(rep)
         self._record(rep)
@@ -532,11 +510,8 @@ class Pipeline:
         algo = self.algo
         return {
             "pipeline": self.name,
-            "mode": self.mode.name,
-            "alpha": self.cfg.alpha,
-            "batch_size": self.cfg.batch_size,
+            **portable(self.config),
             "group_size": self.cfg.group_size,
-            "redundancy": self.cfg.redundancy,
             "seed": self.cfg.seed,
             "tasks": sorted(self.tasks.envs),
             "generators": len(self.gen.workers),
@@ -595,6 +570,16 @@ class Pipeline:
     async def astep(self) -> StepReport:
         """``await pipe.astep()``: :meth:`step` without blocking a running event loop (Jupyter)."""
         return await asyncio.to_thread(self.step)
+
+    @overload
+    def run(
+        self, steps: int, *, background: Literal[False] = False, progress: bool = True, on_step: Any = None
+    ) -> list[StepReport]: ...
+
+    @overload
+    def run(
+        self, steps: int, *, background: Literal[True], progress: bool = True, on_step: Any = None
+    ) -> threading.Thread: ...
 
     def run(
         self, steps: int, *, background: bool = False, progress: bool = True, on_step: Any = None
@@ -700,6 +685,7 @@ class Pipeline:
                 "batch_size": self.cfg.batch_size,
                 "group_size": self.cfg.group_size,
                 "served_version": self.version,
+                "pipeline": portable(self.config),
             },
         )
 
@@ -730,10 +716,12 @@ class Pipeline:
         :attr:`last_validation`."""
         self._check_open()
         out = {}
+        t0 = self._clock()
         for task in tasks or list(self.tasks.envs):
             res = self.rollout.evaluate(task, self.validation_seeds[task])
             self.last_validation[task] = res
             out[task] = res["score"]
+        self._validation_carry_s += self._clock() - t0
         return out
 
     def trajectories(

@@ -31,11 +31,13 @@ class StepReport:
         mode: pipeline mode name.
         step_s: wall time of the whole step.
         phases: seconds per phase (see :data:`PHASES`); ``train`` counts only the time the
-            step waited for training (0 when fully overlapped).
+            step waited for training (0 when fully overlapped). A step that validated also has
+            ``validation``: seconds of the validation run after the step (not in ``step_s``).
         train_s: how long the train step itself ran (overlapped or not).
         batch_size: trajectories trained on.
         tokens: prompt + response tokens in the batch.
-        throughput: tokens / step_s (the paper's metric).
+        throughput: tokens / step_s (the paper's metric); after a validation, tokens / (step_s
+            plus the validation's seconds), since the batch kept generating meanwhile.
         reward: mean reward per task in the batch.
         validation: validation score per task, when a validation ran this step.
         staleness: version gap (policy version - trajectory start version) -> count, for the batch.

@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from rollart_nb.config import PipelineConfig
 from rollart_nb.control.buffer import SampleBuffer, split_quota
 from rollart_nb.control.curriculum import curriculum_problems
 from rollart_nb.control.env_manager import EnvManager, RolloutConfig, TurnBarrier
@@ -48,6 +49,9 @@ _TRAJ_ID = re.compile(r"trajectory [0-9a-f]+")
 
 def _env_number(name: str) -> int:
     return int(name.rsplit("#", 1)[1])
+
+
+_DEFAULTS = PipelineConfig()  # the loop's defaults are defined once, in PipelineConfig
 
 
 @dataclass(frozen=True)
@@ -73,9 +77,9 @@ class SchedulerConfig:
 
     batch_size: int
     group_size: int
-    alpha: int = 1
-    mode: Mode = field(default_factory=lambda: Mode("rollart"))
-    redundancy: int = 0
+    alpha: int = _DEFAULTS.alpha
+    mode: Mode = field(default_factory=lambda: Mode(_DEFAULTS.mode))
+    redundancy: int = _DEFAULTS.redundancy
     seed: int = 0
     task_weights: dict[str, float] | None = None
     max_group_failures: int = 16

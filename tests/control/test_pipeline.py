@@ -145,9 +145,9 @@ def test_slow_env_latency_does_not_block_other_tasks(parts):
 
 def test_bad_pipeline_config_is_clear(parts):
     sess, gen, train, tasks = parts
-    with pytest.raises(ConfigError, match="batch_size=6 must be a positive multiple of group_size=4"):
+    with pytest.raises(ConfigError, match="batch_size=6 must be a multiple of the group size 4"):
         sess.pipeline(train, gen, tasks, batch_size=6, group_size=4, name="bad")
-    with pytest.raises(ConfigError, match="unknown mode 'async'"):
+    with pytest.raises(ConfigError, match="mode='async' must be one of sync, sync.*, rollart"):
         sess.pipeline(train, gen, tasks, mode="async", name="bad")
     with pytest.raises(ConfigError, match="is not an env"):
         sess.tasks({"x": object()})

@@ -128,3 +128,29 @@ def test_sim_pipeline_saves_and_resumes(tmp_path):
         with pytest.warns(UserWarning, match=r"different rewards for \['math'\]"):
             pipe = sess.pipeline(fresh, gen, tasks, batch_size=8, group_size=4, mode="sync", name="c", resume_from=path)
         assert pipe.version == 2 and pipe.step().reward["math"] == 1.0
+
+
+def test_a_resumed_pipeline_has_the_saved_config(tmp_path):
+    """pipe.save stores the pipeline's config; resume_from starts from it (group size included),
+    and keywords given with resume_from change only what they name."""
+    spec = rn.models.spec("qwen3-0.6b")
+    with rn.Session.local(POOLS, serverless=False) as sess:
+        gen = sess.cluster("actor_gen", SimGenerator, pool="H20", model=spec, time_scale=1e-4, mean_response_tokens=8)
+        train = sess.cluster("actor_train", SimTrainer, pool="H800", model=spec, time_scale=1e-4)
+        tasks = sess.tasks({"math": Arithmetic()}, envs_per_task=8)
+        cfg = rn.PipelineConfig(
+            batch_size=8, alpha=3, mode="sync", validate_every=7, rollout=rn.RolloutConfig(max_turns=2)
+        )
+        pipe = sess.pipeline(train, gen, tasks, group_size=4, config=cfg, health_every_s=2.5, name="a")
+        saved = pipe.config
+        assert saved == cfg.replace(health_every_s=2.5)
+        pipe.run(1, progress=False)
+        path = pipe.save(tmp_path / "ckpt")
+        pipe.close()
+        pipe = sess.pipeline(train, gen, tasks, resume_from=path, name="b")
+        assert pipe.config == saved and pipe.cfg.group_size == 4
+        assert pipe.step().step == 1
+        pipe.close()
+        pipe = sess.pipeline(train, gen, tasks, resume_from=path, alpha=0, name="c")
+        assert pipe.config == saved.replace(alpha=0)
+        pipe.close()

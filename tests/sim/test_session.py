@@ -8,6 +8,7 @@ import threading
 
 import pytest
 
+import rollart_nb as rn
 from rollart_nb import Worker, hw_mapping, register
 from rollart_nb.control.env_manager import RolloutConfig
 from rollart_nb.control.pipeline import Pipeline
@@ -232,3 +233,38 @@ def test_session_sim_alias_saves_and_resumes_in_simulated_time(tmp_path):
         )
         assert pipe.version == 2 and gen.version() == [2, 2]
         assert pipe.step().version == 3
+
+
+def test_pipeline_takes_a_config_and_keywords_override_it(sess):
+    """``config=`` and keywords of the same names: keywords win, ``pipe.config`` is what is in
+    force and what the scheduler uses; bad values come back together and change nothing."""
+    ts = 2e-4
+    m = spec("qwen3-0.6b")
+    gen = sess.cluster("actor_gen", SimGenerator, pool="H800", model=m, time_scale=ts)
+    train = sess.cluster("actor_train", SimTrainer, pool="H800", model=m, time_scale=ts)
+    tasks = sess.tasks({"math": SimEnv(workload("gem-math"), time_scale=ts)}, envs_per_task=8)
+    cfg = rn.PipelineConfig(batch_size=8, alpha=2, mode="sync", rollout=RolloutConfig(max_turns=3))
+    pipe = sess.pipeline(train, gen, tasks, group_size=4, config=cfg, alpha=0, name="cfg")
+    assert pipe.config == cfg.replace(alpha=0)
+    assert (pipe.cfg.alpha, pipe.cfg.batch_size, pipe.cfg.rollout.max_turns, pipe.mode.name) == (0, 8, 3, "sync")
+    assert pipe.run_config()["rollout"]["max_turns"] == 3  # trackers see the whole config
+    with pytest.raises(ConfigError) as e:
+        sess.pipeline(train, gen, tasks, group_size=4, batch_size=6, alpha=-1, mode="rolart", name="cfg")
+    assert len(e.value.problems) == 3 and "did you mean 'rollart'" in str(e.value)
+    assert pipe.state != "closed" and sess.runtime.pipelines["cfg"] is pipe  # left as it was
+    with pytest.raises(ConfigError, match="batch_size=6 must be a multiple of the group size 4"):
+        sess.pipeline(train, gen, tasks, group_size=4, batch_size=6, name="cfg")
+    with pytest.raises(ConfigError, match="must be a PipelineConfig"):
+        sess.pipeline(train, gen, tasks, config={"alpha": 1}, name="cfg")
+    pipe.close()
+
+
+def test_help_shows_every_pipeline_setting_with_its_default():
+    import dataclasses
+
+    params = inspect.signature(rn.Session.pipeline).parameters
+    defaults = rn.PipelineConfig()
+    for f in dataclasses.fields(rn.PipelineConfig):
+        assert params[f.name].default == getattr(defaults, f.name), f.name
+        assert f"``{f.name}`` (" in rn.Session.pipeline.__doc__
+    assert SimSession.pipeline is rn.Session.pipeline  # the simulated session shares the method

@@ -1,0 +1,405 @@
+"""``rollart-nb train``: a whole run from one typed config (YAML plus dotted overrides).
+
+:class:`TrainConfig` holds everything: the locally built model, the tasks and their rewards, the
+algorithm (:class:`~rollart_nb.algo.GRPO`), the loop (:class:`~rollart_nb.config.PipelineConfig`)
+and the budget. :func:`run_train` runs it on ``Session.local()``: it prints a row per step,
+writes ``steps.jsonl`` (a line per step, as the run goes), the HTML report and ``config.yaml``
+into ``out``, and returns the RESULT. Ctrl-C stops after the step in progress and still writes
+the report and returns the RESULT (``"interrupted": true``).
+
+``rollart-nb demo`` is ``rollart-nb train`` with the shipped ``rollart_nb/configs/demo.yaml``.
+
+Example:
+    >>> from rollart_nb.train import TrainConfig, demo_config
+    >>> demo_config(["pipeline.alpha=1"]).pipeline.alpha
+    1
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import signal
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rollart_nb._checks import is_number, is_whole
+from rollart_nb.algo.grpo import GRPO
+from rollart_nb.config import PipelineConfig, dump, load
+from rollart_nb.errors import ConfigError
+
+__all__ = ["BUILTIN_ENVS", "DEMO_YAML", "ModelConfig", "TaskConfig", "TrainConfig", "demo_config", "run_train"]
+
+DEMO_YAML = Path(__file__).parent / "configs" / "demo.yaml"
+BUILTIN_ENVS = ("frozenlake", "math")  # env names a TaskConfig may use besides "module:Class"
+BUILTIN_REWARDS = ("close", "exact")  # rewards.close_answer / rewards.exact_answer
+SIZES = ("s", "m")
+GENERATORS = ("hf", "vllm")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The model, built here (no downloads): a tiny Qwen-style model over the tasks' vocabulary."""
+
+    size: str = "s"
+    """Tiny model size: "s" or "m"."""
+    warm_steps: int = 60
+    """Steps of the format-only warm start (random content in the tasks' answer formats; 0: none)."""
+
+    def __post_init__(self) -> None:
+        p = []
+        if self.size not in SIZES:
+            p.append(f"size={self.size!r} must be one of {', '.join(SIZES)}")
+        if not is_whole(self.warm_steps) or self.warm_steps < 0:
+            p.append(f"warm_steps={self.warm_steps!r} must be a whole number >= 0")
+        if p:
+            raise ConfigError(p, where="model config")
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    """One task of the run."""
+
+    env: str = "math"
+    """The env: "frozenlake", "math" (Arithmetic) or "package.module:EnvClass"."""
+    options: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments for the env's constructor."""
+    weight: float = 1.0
+    """Share of each batch's groups (relative to the other tasks' weights)."""
+    reward: str | None = None
+    """Training reward: None (the env's own), "close" (partial credit by distance), "exact" (exact
+    match) or "package.module:function"."""
+    validate_with: str | None = None
+    """Reward that scores validation, with a training ``reward`` set (same choices); None: the
+    training reward."""
+    curriculum: float | None = None
+    """Draw prompts by learnability (PromptCurriculum) with this uniform share; None: random seeds."""
+
+    def __post_init__(self) -> None:
+        p = []
+        if not isinstance(self.env, str) or (self.env not in BUILTIN_ENVS and ":" not in self.env):
+            p.append(f"env={self.env!r} must be one of {', '.join(BUILTIN_ENVS)} or 'package.module:EnvClass'")
+        if not isinstance(self.options, dict):
+            p.append(f"options={self.options!r:.60} must be a mapping of constructor arguments")
+        if not (is_number(self.weight) and math.isfinite(self.weight) and self.weight >= 0):
+            p.append(f"weight={self.weight!r} must be a finite number >= 0")
+        for name in ("reward", "validate_with"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, str) or (v not in BUILTIN_REWARDS and ":" not in v)):
+                p.append(f"{name}={v!r} must be None, {', '.join(map(repr, BUILTIN_REWARDS))} or 'module:function'")
+        if self.curriculum is not None and not (is_number(self.curriculum) and 0 <= self.curriculum <= 1):
+            p.append(f"curriculum={self.curriculum!r} (the uniform share) must be in [0, 1] or None")
+        if p:
+            raise ConfigError(p, where="task config")
+
+
+def _default_tasks() -> dict[str, TaskConfig]:
+    return {"frozenlake": TaskConfig(env="frozenlake"), "math": TaskConfig(env="math")}
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """A whole training run: ``rollart-nb train run.yaml key=value ...``.
+
+    Example:
+        >>> cfg = TrainConfig(steps=5)
+        >>> cfg.algo.group_size, cfg.pipeline.batch_size
+        (8, 32)
+    """
+
+    name: str = "train"
+    """Pipeline name (and the default output folder ``runs/<name>``)."""
+    seed: int = 0
+    """Everything derives from it: model init, warm start, sampling, env seeds."""
+    steps: int = 1000
+    """Training steps at most (the run also stops after ``minutes``)."""
+    minutes: float = 5.0
+    """Wall-clock budget for the training steps."""
+    out: str | None = None
+    """Folder for steps.jsonl, report.html, curves.svg and config.yaml; None: ``runs/<name>``."""
+    generator: str = "hf"
+    """Generation backend: "hf" (transformers) or "vllm"."""
+    envs_per_task: int = 16
+    """Concurrent env instances per task."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The model."""
+    tasks: dict[str, TaskConfig] = field(default_factory=_default_tasks)
+    """Task name -> its env, reward, weight and curriculum."""
+    algo: GRPO = field(default_factory=GRPO)
+    """The algorithm (GRPO settings)."""
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    """The loop (batch size, alpha, mode, rollout, validation, checkpoints, trackers)."""
+
+    def __post_init__(self) -> None:
+        p = []
+        if not isinstance(self.name, str) or not self.name:
+            p.append(f"name={self.name!r} must be a non-empty string")
+        if not is_whole(self.seed) or self.seed < 0:
+            p.append(f"seed={self.seed!r} must be a whole number >= 0")
+        if not is_whole(self.steps) or self.steps < 1:
+            p.append(f"steps={self.steps!r} must be a whole number >= 1")
+        if not (is_number(self.minutes) and self.minutes > 0):
+            p.append(f"minutes={self.minutes!r} must be a number > 0")
+        if self.generator not in GENERATORS:
+            p.append(f"generator={self.generator!r} must be one of {', '.join(GENERATORS)}")
+        if not is_whole(self.envs_per_task) or self.envs_per_task < 1:
+            p.append(f"envs_per_task={self.envs_per_task!r} must be a whole number >= 1")
+        for name, cls in (("model", ModelConfig), ("algo", GRPO), ("pipeline", PipelineConfig)):
+            if not isinstance(getattr(self, name), cls):
+                p.append(f"{name} must be a {cls.__name__}, not {getattr(self, name)!r:.60}")
+        if p:
+            raise ConfigError(p, where="train config")
+        if not isinstance(self.tasks, dict) or not self.tasks:
+            p.append("tasks must name at least one task")
+        elif not all(isinstance(t, TaskConfig) for t in self.tasks.values()):
+            p.append("tasks must map task names to TaskConfig")
+        elif not any(t.weight > 0 for t in self.tasks.values()):
+            p.append("tasks: at least one task needs a weight > 0")
+        if is_whole(self.pipeline.batch_size) and self.pipeline.batch_size % self.algo.group_size:
+            p.append(
+                f"pipeline.batch_size={self.pipeline.batch_size} must be a multiple of "
+                f"algo.group_size={self.algo.group_size}"
+            )
+        if p:
+            raise ConfigError(p, where="train config")
+
+    @property
+    def out_dir(self) -> Path:
+        return Path(self.out) if self.out else Path("runs") / self.name
+
+
+def demo_config(overrides: Sequence[str] = ()) -> TrainConfig:
+    """The main job's config: ``rollart_nb/configs/demo.yaml`` with ``overrides`` applied."""
+    return load(TrainConfig, DEMO_YAML, overrides)
+
+
+# -- building the run's parts ------------------------------------------------------------------------
+def _import(spec: str, what: str) -> Any:
+    module, _, attr = spec.partition(":")
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as e:
+        raise ConfigError(f"{what} {spec!r} cannot be imported: {e}") from None
+
+
+def _make_env(tc: TaskConfig) -> Any:
+    from rollart_nb.envs import Arithmetic, FrozenLake
+
+    cls = {"frozenlake": FrozenLake, "math": Arithmetic}.get(tc.env) or _import(tc.env, "env")
+    try:
+        return cls(**tc.options)
+    except TypeError as e:
+        raise ConfigError(f"env {tc.env!r} does not take options {tc.options}: {e}") from None
+
+
+def _reward(spec: str | None) -> Callable[..., Any] | None:
+    from rollart_nb.rewards import close_answer, exact_answer
+
+    if spec is None:
+        return None
+    return {"close": close_answer, "exact": exact_answer}.get(spec) or _import(spec, "reward")
+
+
+# -- the run ---------------------------------------------------------------------------------------
+HEADER = (
+    f"{'step':>4} {'v':>3} {'wall':>7} {'step_s':>6} {'wait':>6} {'susp':>5} {'upd':>5} {'train':>5} "
+    f"{'tok/s':>8}  {'reward':<26} {'validation':<26} {'abrt':>4} {'fail':>4}"
+)
+
+
+def _row(rep: Any, t0: float) -> str:
+    rw = " ".join(f"{k}={v:.2f}" for k, v in rep.reward.items())
+    val = " ".join(f"{k}={v:.2f}" for k, v in rep.validation.items())
+    ph = rep.phases
+    return (
+        f"{rep.step:>4} {rep.version:>3} {time.monotonic() - t0:>7.1f} {rep.step_s:>6.2f} "
+        f"{ph.get('rollout_wait', 0):>6.2f} {ph.get('suspend', 0):>5.2f} {ph.get('update', 0):>5.2f} "
+        f"{ph.get('train', 0):>5.2f} {rep.throughput:>8.0f}  {rw:<26} {val:<26} "
+        f"{rep.counts.get('aborted_stale', 0):>4} {rep.counts.get('failed', 0):>4}"
+    )
+
+
+def _clean(d: dict[str, float]) -> dict[str, float | None]:
+    return {k: (None if v is None or math.isnan(v) else round(v, 4)) for k, v in d.items()}
+
+
+def summary(first: dict[str, float], history: list[dict[str, float]], reports: list[Any]) -> dict[str, Any]:
+    """Per task: ``base`` (before training), ``best`` and ``last5_mean`` over the validations
+    during and after training, ``last``; and what the run cost."""
+    tasks: dict[str, dict[str, float | None]] = {}
+    for t, base in first.items():
+        scores = [v[t] for v in history if t in v and not math.isnan(v[t])]
+        tail = scores[-5:]
+        tasks[t] = _clean(
+            {
+                "base": base,
+                "best": max(scores) if scores else math.nan,
+                "last5_mean": sum(tail) / len(tail) if tail else math.nan,
+                "last": scores[-1] if scores else math.nan,
+            }
+        )
+    completed = sum(r.counts.get("completed", 0) for r in reports)
+    aborted = sum(r.counts.get("aborted_stale", 0) for r in reports)
+    failed = sum(r.counts.get("failed", 0) for r in reports)
+    ended = completed + aborted + failed
+    return {
+        "tasks": tasks,
+        "steps": len(reports),
+        "trained_tokens": int(sum(r.tokens for r in reports)),
+        "aborted_fraction": round(aborted / ended, 4) if ended else 0.0,
+        "failed": failed,
+    }
+
+
+class _Interrupt:
+    """While active, the first Ctrl-C only asks the loop to stop after the step in progress."""
+
+    def __init__(self, say: Callable[..., None]) -> None:
+        self.hit = False
+        self._say = say
+        self._old: Any = None
+
+    def __enter__(self) -> _Interrupt:
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            self._old = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def _handle(self, *_: Any) -> None:
+        if self.hit:  # a second Ctrl-C: stop now
+            raise KeyboardInterrupt
+        self.hit = True
+        self._say("\ninterrupted: finishing the current step, then the report (Ctrl-C again to stop now)")
+
+    def __exit__(self, *exc: object) -> None:
+        if self._old is not None:
+            signal.signal(signal.SIGINT, self._old)
+
+
+def run_train(cfg: TrainConfig, *, quiet: bool = False) -> dict[str, Any]:
+    """Run ``cfg`` on ``Session.local()``. Returns the RESULT: ``first`` / ``last`` validation per
+    task, ``tasks`` (``base``, ``best``, ``last5_mean``, ``last``), ``steps``, ``trained_tokens``,
+    ``aborted_fraction``, ``failed``, ``wall_s`` and ``interrupted``."""
+    import dataclasses
+
+    import rollart_nb as rn
+    from rollart_nb.models import tiny_qwen
+    from rollart_nb.workers.roles import HFGenerator, TorchTrainer, VLLMGenerator
+
+    t_start = time.monotonic()
+    say: Callable[..., None] = (lambda *a, **k: None) if quiet else (lambda *a, **k: print(*a, flush=True, **k))
+    out = cfg.out_dir
+    out.mkdir(parents=True, exist_ok=True)
+    dump(cfg, out / "config.yaml")
+    envs = {name: _make_env(tc) for name, tc in cfg.tasks.items()}
+    vocab = sorted({w for e in envs.values() for w in getattr(e, "vocab", ())})
+    say(f"building tiny-qwen-{cfg.model.size} and a format-only warm start ({cfg.model.warm_steps} steps) ...")
+    base = tiny_qwen(task_vocab=vocab, size=cfg.model.size, seed=cfg.seed)
+    model = base
+    if cfg.model.warm_steps:
+        model = _warm_start(base, envs, cfg, quiet=quiet)
+    sess = rn.Session.local(seed=cfg.seed)
+    interrupted = False
+    reports: list[Any] = []
+    history: list[dict[str, float]] = []
+    first: dict[str, float] = {}
+    last: dict[str, float] = {}
+    try:
+        say(repr(sess))
+        gen_cls = VLLMGenerator if cfg.generator == "vllm" else HFGenerator
+        gen = sess.cluster("actor_gen", gen_cls, pool="H20", model=model, seed=cfg.seed)
+        train = sess.cluster("actor_train", TorchTrainer, pool="H800", model=model, algo=cfg.algo, seed=cfg.seed)
+        for b in sess.bindings():
+            say(f"  {b.worker:<22} -> {b.pool:<6} ({b.hardware}{', fell back: ' + b.reason if b.fell_back else ''})")
+        weights = {t: tc.weight for t, tc in cfg.tasks.items()}
+        curriculum = {
+            t: rn.PromptCurriculum(envs[t].validation_seeds(), uniform=tc.curriculum)
+            for t, tc in cfg.tasks.items()
+            if tc.curriculum is not None
+        }
+        tasks = sess.tasks(envs, envs_per_task=cfg.envs_per_task, weights=weights, curriculum=curriculum or None)
+        for t, tc in cfg.tasks.items():
+            fn = _reward(tc.reward)
+            if fn is not None:
+                sess.reward(t, fn, validate_with=_reward(tc.validate_with))
+        pipeline_cfg = cfg.pipeline
+        if pipeline_cfg.seed is None:
+            pipeline_cfg = dataclasses.replace(pipeline_cfg, seed=cfg.seed)
+        pipe = sess.pipeline(train, gen, tasks, algo=cfg.algo, name=cfg.name, config=pipeline_cfg)
+        first = pipe.validate()
+        history.append(first)
+        say(f"validation before training: {first}")
+        say(HEADER)
+        t0 = time.monotonic()
+        with (out / "steps.jsonl").open("w") as steps_file, _Interrupt(say) as stop:
+            for _ in range(cfg.steps):
+                if stop.hit or time.monotonic() - t0 > cfg.minutes * 60:
+                    break
+                rep = pipe.step()
+                reports.append(rep)
+                steps_file.write(json.dumps(rep.to_dict(), default=str) + "\n")
+                steps_file.flush()
+                if rep.validation:
+                    history.append(dict(rep.validation))
+                    _write_report(out, reports, first, history[-1], cfg)
+                say(_row(rep, t0))
+            interrupted = stop.hit
+            if not stop.hit:
+                last = pipe.validate()
+                history.append(last)
+                say(f"validation after training: {last}")
+                for task, res in pipe.last_validation.items():  # a collapse onto one answer shows here
+                    top = ", ".join(f"{a!r} x{n}" for a, n in res["top_actions"])
+                    say(f"  {task}: {res['distinct_actions']} distinct final actions over {res['n']}; commonest: {top}")
+            else:
+                last = history[-1]
+        _write_report(out, reports, first, last, cfg)
+        say(f"report: {out / 'report.html'} (curves alone: {out / 'curves.svg'}; steps: {out / 'steps.jsonl'})")
+        pipe.close()
+    except KeyboardInterrupt:  # a second Ctrl-C: what was written stays, the RESULT still comes
+        interrupted = True
+        last = history[-1] if history else {}
+        if reports:
+            _write_report(out, reports, first, last, cfg)
+    finally:
+        sess.close()
+    result: dict[str, Any] = {"first": _clean(first), "last": _clean(last)}
+    result.update(summary(first, history[1:], reports))
+    result["wall_s"] = round(time.monotonic() - t_start, 1)
+    result["interrupted"] = interrupted
+    return result
+
+
+def _warm_start(base: Any, envs: dict[str, Any], cfg: TrainConfig, *, quiet: bool) -> Any:
+    from rollart_nb.models.warmstart import format_warm_start
+
+    if quiet:
+        return format_warm_start(base, envs, steps=cfg.model.warm_steps, seed=cfg.seed)
+    from tqdm.auto import tqdm
+
+    with tqdm(total=cfg.model.warm_steps, desc="warm start", unit="step", leave=False) as bar:
+
+        def progress(step: int, loss: float) -> None:
+            bar.n = step + 1
+            bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
+            bar.refresh()
+
+        return format_warm_start(base, envs, steps=cfg.model.warm_steps, seed=cfg.seed, progress=progress)
+
+
+def _write_report(
+    out: Path, reports: list[Any], first: dict[str, float], last: dict[str, float], cfg: TrainConfig
+) -> None:
+    from rollart_nb.nb.figures import curves_svg, report_html
+
+    p = cfg.pipeline
+    title = f"rollart_nb {cfg.name} ({p.mode}, alpha={p.alpha}, seed {cfg.seed})"
+    (out / "report.html").write_text(report_html(reports, title=title, before=first, after=last))
+    (out / "curves.svg").write_text(
+        curves_svg(reports, before=first, after=last, title=f"{title}: greedy validation and batch reward")
+    )
