@@ -15,7 +15,8 @@ from rollart_nb.resources.manager import Binding
 from rollart_nb.resources.pools import Pool
 from rollart_nb.resources.profiles import PROFILES, HardwareProfile
 from rollart_nb.session import Session
-from rollart_nb.trajectory import Status, Trajectory, Turn
+from rollart_nb.trajectory import Status, Trajectory, TrajectoryList, Turn
+from rollart_nb.trajectory_groups import TrajectoryGroup
 from rollart_nb.workers.cluster import Cluster
 from rollart_nb.workers.decorators import hw_mapping, register, register_serverless
 from rollart_nb.workers.worker import Worker
@@ -70,6 +71,8 @@ __all__ = [
     "Session",
     "Status",
     "Trajectory",
+    "TrajectoryGroup",
+    "TrajectoryList",
     "Turn",
     "Worker",
     "errors",

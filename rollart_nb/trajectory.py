@@ -2,6 +2,11 @@
 
 Plain dataclasses (picklable, cheap to ship through Ray). Token ids are lists of ints,
 never tensors, so a trajectory serializes compactly (``to_dict`` / ``from_dict``).
+
+In a notebook, :class:`TrajectoryList` (what ``pipe.trajectories()`` returns) is the way in:
+``to_dataframe(level=...)`` for pandas, ``group(...)`` / ``groups()`` for GRPO groups with their
+advantages, and the viewer; a trajectory taken from it decodes its tokens with the pipeline's
+tokenizer when shown alone.
 """
 
 from __future__ import annotations
@@ -11,9 +16,14 @@ import uuid
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any, SupportsIndex, overload
 
 from rollart_nb.redact import redact
+from rollart_nb.trajectory_frames import TokenizerRef, frame, to_dataframe
+
+if TYPE_CHECKING:
+    from rollart_nb.algo.grpo import GRPO
+    from rollart_nb.trajectory_groups import TrajectoryGroup
 
 __all__ = ["Status", "Trajectory", "TrajectoryList", "Turn"]
 
@@ -162,20 +172,43 @@ class Trajectory:
             d["reward"] = math.nan
         return cls(**d)
 
+    # -- views -----------------------------------------------------------------------
+    @property
+    def tokenizer(self) -> Any:
+        """The tokenizer this trajectory's views decode with: that of the
+        :class:`TrajectoryList` it came from (its pipeline's model), else None (ids are shown)."""
+        ref = self.__dict__.get("_tokenizer_ref")
+        return ref.get() if ref is not None else None
+
+    def to_dataframe(self, level: str = "trajectory", tokenizer: Any = None) -> Any:
+        """This trajectory as a table (see :meth:`TrajectoryList.to_dataframe`)."""
+        return to_dataframe([self], level, tokenizer if tokenizer is not None else self.tokenizer)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The display tokenizer (and the pipeline behind it) stays on this process.
+        state = dict(self.__dict__)
+        state.pop("_tokenizer_ref", None)
+        return state
+
     def __repr__(self) -> str:
         r = "-" if math.isnan(self.reward) else f"{self.reward:.3g}"
+        last = self.turns[-1].action if self.turns else ""
+        if len(last) > 60:
+            last = last[:60] + "..."
+        action = f", last_action={last!r}" if last else ""
         return (
             f"Trajectory(id={self.id!r}, task={self.task!r}, status={self.status.value}, "
-            f"turns={len(self.turns)}, reward={r}, versions={self.start_version}..{self.max_version})"
+            f"turns={len(self.turns)}, reward={r}, versions={self.start_version}..{self.max_version}{action})"
         )
 
     def _repr_html_(self) -> str:
-        """In a notebook: status and reason, reward and its version, every turn (the viewer's detail pane)."""
+        """In a notebook: status and reason, reward and its version, every turn with its text and
+        the whole sequence's masks (the viewer's detail pane), decoded with :attr:`tokenizer`."""
         from rollart_nb.errors import ConfigError
         from rollart_nb.views import view
 
         try:
-            return view("trajectory_html", self)
+            return view("trajectory_html", self, self.tokenizer)
         except ConfigError:  # no notebook extra: the plain repr, escaped
             import html
 
@@ -186,15 +219,106 @@ class TrajectoryList(list):
     """A list of trajectories that shows itself as the TrajectoryViewer in a notebook.
 
     ``source`` (optional) is the Pipeline they came from and ``filters`` the query, so the
-    viewer can keep updating as new trajectories land.
+    viewer can keep updating as new trajectories land; text is decoded with ``tokenizer``, else
+    the tokenizer of the source's generation model. Its trajectories share that tokenizer, so
+    one shown alone (``tl[0]``) shows text too. Slices are TrajectoryLists of the same source.
+
+    Example:
+        >>> tl = pipe.trajectories(task="math")                    # doctest: +SKIP
+        >>> tl.to_dataframe(level="token").query("mask == 1")      # doctest: +SKIP
+        >>> tl.group(tl[0])                                        # doctest: +SKIP
     """
 
-    def __init__(self, items: Iterable[Trajectory] = (), source: Any = None, filters: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        items: Iterable[Trajectory] = (),
+        source: Any = None,
+        filters: dict[str, Any] | None = None,
+        *,
+        tokenizer: Any = None,
+    ):
         super().__init__(items)
         self.source, self.filters = source, dict(filters or {})
+        self._tokenizer_ref = TokenizerRef(source, tokenizer)
+        if source is not None or tokenizer is not None:
+            for t in self:
+                t.__dict__["_tokenizer_ref"] = self._tokenizer_ref
+
+    @property
+    def tokenizer(self) -> Any:
+        """The tokenizer views decode with (given, or loaded from the source's model); None: ids."""
+        return self._tokenizer_ref.get()
+
+    @overload
+    def __getitem__(self, i: SupportsIndex) -> Trajectory: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> TrajectoryList: ...
+
+    def __getitem__(self, i: SupportsIndex | slice) -> Trajectory | TrajectoryList:
+        if isinstance(i, slice):
+            return TrajectoryList(
+                super().__getitem__(i), self.source, self.filters, tokenizer=self._tokenizer_ref.tokenizer
+            )
+        return super().__getitem__(i)
 
     def to_dicts(self) -> list[dict[str, Any]]:
         return [t.to_dict() for t in self]
+
+    def to_dataframe(self, level: str = "trajectory", tokenizer: Any = None) -> Any:
+        """The trajectories as a ``pandas.DataFrame`` (the ``nb`` extra).
+
+        Args:
+            level: what a row is:
+
+                * ``"trajectory"`` (default): id, task, status, reason, reward (and its version),
+                  seed, group id, start/min/max version, version changes, turns, token counts
+                  (``tokens`` over all turns' prompts and responses; ``sequence_tokens`` of the
+                  whole sequence; prompt, response, trained), created/finished/duration and the
+                  generate/env seconds.
+                * ``"turn"``: trajectory id, turn index, the version that generated it, worker,
+                  prompt/response/trained token counts, observation and action, the decoded
+                  prompt and response text (None without a tokenizer), env reward, the turn's
+                  reward if any, mean logprob, start and generate/env seconds.
+                * ``"token"``: one row per token of the whole sequence, prompt side included:
+                  trajectory id, row, position, token id, decoded text, side ("prompt" or
+                  "response"), mask (1 where the trainer trains), logprob (NaN where none),
+                  turn and version. See :mod:`rollart_nb.trajectory_frames` for the sequence.
+            tokenizer: decodes text (default :attr:`tokenizer`).
+
+        Raises:
+            ConfigError: an unknown level, or pandas is not installed.
+        """
+        return to_dataframe(self, level, tokenizer if tokenizer is not None else self.tokenizer)
+
+    def groups(self, algo: GRPO | None = None) -> Any:
+        """Every GRPO group here, one row per member with its reward and advantage (a DataFrame;
+        see :mod:`rollart_nb.trajectory_groups`). ``algo``: the GRPO settings (default: the
+        source pipeline's, else GRPO's defaults)."""
+        from rollart_nb.trajectory_groups import GROUP_COLUMNS
+
+        return frame([row for g in self._groups(algo) for row in g.rows()], GROUP_COLUMNS)
+
+    def group(self, group: str | Trajectory, algo: GRPO | None = None) -> TrajectoryGroup:
+        """One GRPO group (by id, or the group of a trajectory): its members side by side with
+        rewards and advantages; shows as HTML in a notebook, ``.to_dataframe()`` for pandas.
+
+        Raises:
+            ConfigError: no trajectory here is in that group.
+        """
+        from rollart_nb.errors import ConfigError
+        from rollart_nb.trajectory_groups import group_key
+
+        key = group if isinstance(group, str) else group_key(group)
+        for g in self._groups(algo):
+            if g.group_id == key:
+                return g
+        raise ConfigError(f"no trajectory in this list is in group {key!r}; .groups() lists the groups here")
+
+    def _groups(self, algo: GRPO | None) -> list[TrajectoryGroup]:
+        from rollart_nb.trajectory_groups import algo_of, groups_of
+
+        return groups_of(self, algo or algo_of(self.source), self.tokenizer)
 
     def _ipython_display_(self) -> None:
         from IPython.display import display

@@ -1,15 +1,17 @@
-"""TrajectoryViewer: browse a pipeline's trajectories turn by turn, token by token.
+"""TrajectoryViewer: browse a pipeline's trajectories turn by turn, token by token, group by group.
 
 The HTML of one trajectory comes from pure functions (:func:`trajectory_html` and friends),
-usable without widgets: ``IPython.display.HTML(trajectory_html(traj))``. The widget adds
-filters, a selector, live refresh from the pipeline and export to JSONL / pandas.
+usable without widgets: ``IPython.display.HTML(trajectory_html(traj))``. Tokens are shown over
+the whole sequence the trainer sees (see :mod:`rollart_nb.trajectory_frames`): prompt-side
+tokens (observations, chat markers) in yellow, trained response tokens in blue, untrained ones
+in grey. The widget adds filters, a selector, a GRPO group pane (members side by side with
+rewards and advantages), live refresh from the pipeline and export to JSONL / pandas.
 """
 
 from __future__ import annotations
 
 import html
 import json
-import logging
 import math
 import threading
 from pathlib import Path
@@ -17,18 +19,21 @@ from typing import Any
 
 import ipywidgets as widgets
 
-from rollart_nb.trajectory import Status, Trajectory, Turn
+from rollart_nb.trajectory import Status, Trajectory, TrajectoryList, Turn
+from rollart_nb.trajectory_frames import SequenceToken, TokenDecoder, sequence_tokens, to_dataframe, tokenizer_of
+from rollart_nb.trajectory_groups import TrajectoryGroup, algo_of, group_html, group_key, groups_of
 
 __all__ = [
     "TokenDecoder",
     "TrajectoryViewer",
+    "group_html",
     "logprob_strip_html",
+    "sequence_html",
     "tokens_html",
     "trajectory_html",
     "trajectory_summary",
 ]
 
-log = logging.getLogger(__name__)
 _STATUS_COLORS = {
     "completed": "#2e7d32",
     "failed": "#c62828",
@@ -36,48 +41,38 @@ _STATUS_COLORS = {
     "cancelled": "#757575",
     "running": "#1565c0",
 }
-_TRAINED_BG, _MASKED_BG = "#d7ecff", "#eeeeee"
+_TRAINED_BG, _MASKED_BG, _PROMPT_BG = "#d7ecff", "#eeeeee", "#fff3cd"
 
 
-class TokenDecoder:
-    """Token id -> text for display, cached; falls back to ``#id`` without a tokenizer.
-
-    Args:
-        tokenizer: anything with ``decode(list[int]) -> str`` (an HF tokenizer, a SimTokenizer),
-            or None to show ids.
-    """
-
-    def __init__(self, tokenizer: Any = None) -> None:
-        self.tokenizer = tokenizer
-        self._cache: dict[int, str] = {}
-
-    def __call__(self, token_id: int) -> str:
-        if self.tokenizer is None:
-            return f"#{token_id}"
-        if token_id not in self._cache:
-            try:
-                self._cache[token_id] = self.tokenizer.decode([token_id])
-            except Exception:  # an id outside the vocabulary still shows
-                self._cache[token_id] = f"#{token_id}"
-        return self._cache[token_id]
+def _token_span(tid: int, side: str, m: int, lp: float, decode: TokenDecoder) -> str:
+    text = decode(tid).replace("\n", "\u21b5") or "\u2205"
+    bg = _PROMPT_BG if side == "prompt" else _TRAINED_BG if m else _MASKED_BG
+    return (
+        f'<span class="rn-tok rn-{side} rn-mask-{int(bool(m))}" title="id {tid} &middot; {side} &middot; '
+        f'mask {m} &middot; logprob {lp:.3f}" style="background:{bg};'
+        f'margin:0 1px;padding:0 2px;border-radius:2px;font-family:monospace">{html.escape(text)}</span>'
+    )
 
 
 def tokens_html(ids: list[int], loss_mask: list[int], logprobs: list[float], decode: TokenDecoder) -> str:
-    """One span per token: blue background where ``loss_mask`` is 1 (trained on), grey where 0.
-
-    Each span's tooltip gives the token id, mask and logprob.
-    """
-    out = []
-    for i, tid in enumerate(ids):
-        m = loss_mask[i] if i < len(loss_mask) else 0
-        lp = logprobs[i] if i < len(logprobs) else math.nan
-        text = decode(tid).replace("\n", "\u21b5") or "\u2205"
-        out.append(
-            f'<span class="rn-tok rn-mask-{int(bool(m))}" title="id {tid} &middot; mask {m} &middot; '
-            f'logprob {lp:.3f}" style="background:{_TRAINED_BG if m else _MASKED_BG};'
-            f'margin:0 1px;padding:0 2px;border-radius:2px;font-family:monospace">{html.escape(text)}</span>'
+    """One span per response token: blue background where ``loss_mask`` is 1 (trained on), grey
+    where 0. Each span's tooltip gives the token id, side, mask and logprob."""
+    return "".join(
+        _token_span(
+            tid,
+            "response",
+            loss_mask[i] if i < len(loss_mask) else 0,
+            logprobs[i] if i < len(logprobs) else math.nan,
+            decode,
         )
-    return "".join(out)
+        for i, tid in enumerate(ids)
+    )
+
+
+def sequence_html(tokens: list[SequenceToken], decode: TokenDecoder) -> str:
+    """One span per token of a whole sequence (or a part of one): yellow on the prompt side,
+    blue for trained response tokens, grey for untrained ones."""
+    return "".join(_token_span(s.token_id, s.side, s.mask, s.logprob, decode) for s in tokens)
 
 
 def logprob_strip_html(logprobs: list[float], *, floor: float = -10.0) -> str:
@@ -100,7 +95,15 @@ def trajectory_summary(t: Trajectory) -> str:
     return f"{t.id} · {t.task} · {t.status.value} · r={r} · v{t.start_version}..{vmax} · {len(t.turns)} turns"
 
 
-def _turn_html(i: int, turn: Turn, prev_version: int, decode: TokenDecoder, replica: str = "") -> str:
+def _turn_html(
+    i: int,
+    turn: Turn,
+    prev_version: int,
+    decode: TokenDecoder,
+    segment: list[SequenceToken],
+    replica: str = "",
+    max_prompt_tokens: int = 2048,
+) -> str:
     changed = turn.version != prev_version
     marker = (
         (
@@ -116,6 +119,11 @@ def _turn_html(i: int, turn: Turn, prev_version: int, decode: TokenDecoder, repl
         if k != "t" and isinstance(v, int | float) and not k.endswith("tokens")
     )
     extra = ", ".join(f"{k} {int(v)}" for k, v in turn.timings.items() if k.endswith("tokens"))
+    prompt = [s for s in segment if s.side == "prompt"]
+    response = [s for s in segment if s.side == "response"]
+    new = len(prompt) < len(turn.prompt_ids)  # one sequence: this turn adds only its new context
+    hidden = max(0, len(prompt) - max_prompt_tokens)  # the latest context matters most; a row per turn repeats it
+    cut = f"<small>&hellip; {hidden} earlier prompt token(s) not shown</small> " if hidden else ""
     return (
         f'<div class="rn-turn" style="border-left:3px solid {"#ef6c00" if changed else "#ccc"};'
         f'padding-left:6px;margin:6px 0">'
@@ -125,23 +133,33 @@ def _turn_html(i: int, turn: Turn, prev_version: int, decode: TokenDecoder, repl
         + f'<div><small>observation</small><pre style="margin:2px 0;white-space:pre-wrap">'
         f"{html.escape(turn.observation)}</pre></div>"
         f'<div><small>action</small><pre style="margin:2px 0;white-space:pre-wrap">{html.escape(turn.action)}</pre></div>'
-        f"<div><small>response tokens ({len(turn.response_ids)}, {sum(turn.loss_mask)} trained)</small><br>"
-        f"{tokens_html(turn.response_ids, turn.loss_mask, turn.logprobs, decode)}</div>"
+        f"<div><small>prompt side ({len(prompt)} token(s){', new in this turn' if new else ''}, not trained)"
+        f'</small><br>{cut}<span class="rn-prompt-side">{sequence_html(prompt[hidden:], decode)}</span></div>'
+        f"<div><small>response tokens ({len(response)}, {sum(s.mask for s in response)} trained)</small><br>"
+        f"{sequence_html(response, decode)}</div>"
         f"<div><small>logprobs</small>{logprob_strip_html(turn.logprobs)}</div>"
         f"<div><small>timings: {html.escape(timings or '-')}{'; ' + html.escape(extra) if extra else ''}"
         f"</small></div></div>"
     )
 
 
-def trajectory_html(t: Trajectory, tokenizer: Any = None, *, max_turns: int = 50) -> str:
+def trajectory_html(t: Trajectory, tokenizer: Any = None, *, max_turns: int = 50, max_prompt_tokens: int = 2048) -> str:
     """The whole trajectory: status and reason, reward and reward version, every turn.
 
     Args:
         t: the trajectory.
-        tokenizer: decodes token ids (a :class:`TokenDecoder` or a tokenizer); None shows ids.
+        tokenizer: decodes token ids (a :class:`TokenDecoder` or a tokenizer); default the
+            trajectory's own (:attr:`~rollart_nb.trajectory.Trajectory.tokenizer`: its list's
+            pipeline model's), else ids are shown.
         max_turns: render at most this many turns (the rest are counted).
+        max_prompt_tokens: per turn, render at most the last this many prompt-side tokens (the
+            rest are counted; ``to_dataframe(level="token")`` has them all).
     """
+    if tokenizer is None:
+        tokenizer = t.tokenizer
     decode = tokenizer if isinstance(tokenizer, TokenDecoder) else TokenDecoder(tokenizer)
+    seq = sequence_tokens(t)
+    rows = len({s.row for s in seq})
     color = _STATUS_COLORS.get(t.status.value, "#000")
     r = "not scored" if math.isnan(t.reward) else f"{t.reward:.4g}"
     rv = "-" if t.reward_version is None else f"v{t.reward_version}"
@@ -153,15 +171,29 @@ def trajectory_html(t: Trajectory, tokenizer: Any = None, *, max_turns: int = 50
         f"{reason}<br>reward <b>{r}</b> (reward fn {rv}) &middot; env return {t.env_return:g} &middot; "
         f"seed {t.seed} &middot; group {html.escape(t.group_id or '-')} &middot; started at policy "
         f"v{t.start_version}, {changes} version change(s) &middot; {len(t.turns)} turn(s), {t.num_tokens} tokens"
+        f'<br><span class="rn-sequence">sequence: {len(seq)} token(s) in {rows} row(s), '
+        f"{sum(1 for s in seq if s.side == 'prompt')} prompt side, {sum(s.mask for s in seq)} trained</span>"
+        f" &middot; {_LEGEND}{'' if decode.known else ' &middot; no tokenizer: token ids shown'}"
     )
     prev, body = t.start_version, []
     replicas = _replicas(t)
+    segments: dict[int, list[SequenceToken]] = {}
+    for s in seq:
+        segments.setdefault(s.turn, []).append(s)
     for i, turn in enumerate(t.turns[:max_turns]):
-        body.append(_turn_html(i, turn, prev, decode, replicas[i] if i < len(replicas) else ""))
+        replica = replicas[i] if i < len(replicas) else ""
+        body.append(_turn_html(i, turn, prev, decode, segments.get(i, []), replica, max_prompt_tokens))
         prev = turn.version
     if len(t.turns) > max_turns:
         body.append(f"<p>... {len(t.turns) - max_turns} more turn(s)</p>")
     return head + "".join(body) + "</div>"
+
+
+_LEGEND = (
+    f'<span style="background:{_PROMPT_BG};padding:0 3px">prompt side</span> '
+    f'<span style="background:{_TRAINED_BG};padding:0 3px">trained</span> '
+    f'<span style="background:{_MASKED_BG};padding:0 3px">response, not trained</span>'
+)
 
 
 def _replicas(t: Trajectory) -> list[str]:
@@ -177,7 +209,8 @@ _ANY = "any"
 
 
 class TrajectoryViewer(widgets.VBox):
-    """Browse trajectories: filters, a selector, one trajectory's turns in detail, export.
+    """Browse trajectories: filters, a selector, one trajectory's turns (or its GRPO group) in
+    detail, export.
 
     Built by ``pipe.trajectories(...)`` (shown in a notebook) or ``pipe.viewer(...)``.
 
@@ -185,14 +218,15 @@ class TrajectoryViewer(widgets.VBox):
         trajectories: a :class:`~rollart_nb.trajectory.TrajectoryList` (or any list of
             trajectories); when it has a ``source`` (the Pipeline), Refresh pulls new ones with
             its ``filters``.
-        tokenizer: decodes token ids in the loss-mask view; default: the source pipeline's
-            generation model's tokenizer when it can be loaded, else token ids are shown.
+        tokenizer: decodes token ids in the loss-mask view; default: the list's tokenizer (the
+            source pipeline's generation model's, when it can be loaded), else token ids are shown.
         live_s: refresh from the source every this many seconds while the Live box is ticked.
 
     Example:
         >>> v = pipe.viewer(task="math")                       # doctest: +SKIP
         >>> v.set_filters(status="failed"); v.select(0)        # doctest: +SKIP
-        >>> v.to_dataframe()                                   # doctest: +SKIP
+        >>> v.pane.value = "group"                             # doctest: +SKIP
+        >>> v.to_dataframe(level="token")                      # doctest: +SKIP
     """
 
     def __init__(self, trajectories: Any, tokenizer: Any = None, *, live_s: float = 2.0) -> None:
@@ -200,6 +234,8 @@ class TrajectoryViewer(widgets.VBox):
         self.query = dict(getattr(trajectories, "filters", {}) or {})
         self.items: list[Trajectory] = list(trajectories)
         self.live_s = live_s
+        if tokenizer is None and isinstance(trajectories, TrajectoryList):
+            tokenizer = trajectories.tokenizer
         self._tokenizer = tokenizer
         self._decoder: TokenDecoder | None = None
         self._timer: threading.Timer | None = None
@@ -216,6 +252,11 @@ class TrajectoryViewer(widgets.VBox):
         )
         self.version = widgets.Dropdown(description="version", layout=widgets.Layout(width="180px"))
         self.selector = widgets.Select(rows=8, layout=widgets.Layout(width="100%"))
+        self.pane = widgets.ToggleButtons(
+            options=["trajectory", "group"],
+            value="trajectory",
+            tooltips=["the selected trajectory, turn by turn", "its GRPO group side by side, with advantages"],
+        )
         self.detail = widgets.HTML()
         self.count = widgets.HTML()
         self.refresh_button = widgets.Button(description="Refresh", icon="refresh", disabled=self.source is None)
@@ -231,6 +272,7 @@ class TrajectoryViewer(widgets.VBox):
         for w in (self.task, self.status, self.min_reward, self.version):
             w.observe(lambda _c: self._apply(), names="value")
         self.selector.observe(lambda _c: self._show(), names="value")
+        self.pane.observe(lambda _c: self._show(), names="value")
         self.refresh_button.on_click(lambda _b: self.refresh())
         self.live.observe(self._on_live, names="value")
         self.export_button.on_click(lambda _b: self._export())
@@ -239,6 +281,7 @@ class TrajectoryViewer(widgets.VBox):
                 widgets.HBox([self.task, self.status, self.min_reward, self.version]),
                 widgets.HBox([self.refresh_button, self.live, self.export_path, self.export_button, self.count]),
                 self.selector,
+                self.pane,
                 self.detail,
             ]
         )
@@ -306,11 +349,27 @@ class TrajectoryViewer(widgets.VBox):
         self._apply()
         return sum(1 for t in fresh if t.id not in known)
 
-    def to_dataframe(self, which: str = "filtered") -> Any:
-        """One row per trajectory (``which``: "filtered", "all" or "selected"); needs pandas."""
-        import pandas as pd
+    @property
+    def group(self) -> TrajectoryGroup | None:
+        """The selected trajectory's GRPO group, advantages computed over every loaded
+        trajectory of it (None when nothing is selected)."""
+        t = self.selected
+        if t is None:
+            return None
+        key = group_key(t)
+        members = [u for u in self.items if group_key(u) == key]
+        return groups_of(members, algo_of(self.source), self._decode())[0]
 
-        return pd.DataFrame([_row(t) for t in self._which(which)])
+    def to_dataframe(self, which: str = "filtered", level: str = "trajectory") -> Any:
+        """The trajectories as a DataFrame; needs pandas.
+
+        Args:
+            which: "filtered", "all" or "selected".
+            level: "trajectory", "turn" or "token" (see
+                :meth:`~rollart_nb.trajectory.TrajectoryList.to_dataframe`), decoded with the
+                viewer's tokenizer.
+        """
+        return to_dataframe(self._which(which), level, self._decode())
 
     def to_jsonl(self, path: str | Path, which: str = "filtered") -> Path:
         """Write full trajectories (turns, token ids, masks, logprobs) as JSON lines."""
@@ -355,17 +414,16 @@ class TrajectoryViewer(widgets.VBox):
 
     def _show(self) -> None:
         t = self.selected
-        self.detail.value = trajectory_html(t, self._decode()) if t is not None else "<p>no trajectory matches</p>"
+        if t is None:
+            self.detail.value = "<p>no trajectory matches</p>"
+        elif self.pane.value == "group" and (g := self.group) is not None:
+            self.detail.value = group_html(g, self._decode())
+        else:
+            self.detail.value = trajectory_html(t, self._decode())
 
     def _decode(self) -> TokenDecoder:
         if self._decoder is None:
-            tok = self._tokenizer
-            if tok is None:
-                model = getattr(getattr(self.source, "gen", None), "model", None)
-                try:
-                    tok = model.load_tokenizer() if model is not None else None
-                except Exception as e:  # ids are still useful without text
-                    log.debug("no tokenizer for the viewer: %s", e)
+            tok = self._tokenizer if self._tokenizer is not None else tokenizer_of(self.source)
             self._decoder = TokenDecoder(tok)
         return self._decoder
 
@@ -404,27 +462,3 @@ def _parse_float(text: str) -> float | None:
         return float(text) if text.strip() and text.strip() != _ANY else None
     except ValueError:
         return None
-
-
-def _row(t: Trajectory) -> dict[str, Any]:
-    versions = t.versions
-    return {
-        "id": t.id,
-        "task": t.task,
-        "status": t.status.value,
-        "reason": t.reason,
-        "reward": t.reward,
-        "reward_version": t.reward_version,
-        "env_return": t.env_return,
-        "seed": t.seed,
-        "group_id": t.group_id,
-        "start_version": t.start_version,
-        "min_version": t.min_version,
-        "max_version": t.max_version,
-        "version_changes": sum(1 for a, b in zip([t.start_version, *versions], versions, strict=False) if a != b),
-        "turns": len(t.turns),
-        "tokens": t.num_tokens,
-        "trained_tokens": sum(sum(u.loss_mask) for u in t.turns),
-        "created_s": t.created_s,
-        "finished_s": t.finished_s,
-    }

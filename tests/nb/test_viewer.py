@@ -45,8 +45,13 @@ def test_selection_follows_filters_and_renders_the_trajectory(trajectories):
 
 def test_trajectory_html_masks_logprobs_and_failures(trajectories):
     out = trajectory_html(trajectories[3])
-    assert out.count('class="rn-tok rn-mask-1"') == 6 and out.count('class="rn-tok rn-mask-0"') == 3
-    assert "#10" in out  # no tokenizer: ids
+    assert out.count('class="rn-tok rn-response rn-mask-1"') == 6
+    assert out.count('class="rn-tok rn-response rn-mask-0"') == 3
+    # the turns' prompts do not extend each other: one row per turn, each with its whole prompt
+    assert out.count('class="rn-tok rn-prompt rn-mask-0"') == 9 and "18 token(s) in 3 row(s)" in out
+    assert "#10" in out and "no tokenizer: token ids shown" in out  # no tokenizer: ids
+    short = trajectory_html(trajectories[3], max_prompt_tokens=1)  # the latest context of each turn only
+    assert short.count("2 earlier prompt token(s) not shown") == 3 and short.count("rn-tok rn-prompt") == 3
     assert "aborted_stale" in out and "stale: started at v0" in out and "not scored" in out
     assert out.count("rn-logprobs") == 3 and "logprob -5.000" in out
     assert "generate 0.400s" in out and "reward fn v0" in out
@@ -117,6 +122,40 @@ def test_export_jsonl_and_dataframe(tmp_path, trajectories):
     assert (tmp_path / "button.jsonl").exists() and "written to" in v.count.value
 
 
+def test_whole_sequence_masks_when_turns_extend_each_other(synth):
+    t = synth["trajectory"](7, versions=(0, 1))
+    t.turns[1].prompt_ids = [1, 2, 3, 10, 11, 12, 4, 5]  # turn 0's prompt + response + a new observation
+    out = trajectory_html(t, WordTokenizer())
+    assert "11 token(s) in 1 row(s), 5 prompt side, 4 trained" in out
+    assert out.count("rn-tok rn-prompt") == 5 and out.count("rn-tok rn-response rn-mask-1") == 4
+    assert ">w4</span>" in out and "new in this turn" in out and "#4" not in out
+
+
+def test_the_group_pane_shows_the_selected_trajectorys_group(trajectories):
+    v = TrajectoryViewer(TrajectoryList(trajectories, tokenizer=WordTokenizer()))
+    v.select("traj001")
+    assert "rn-group" not in v.detail.value and "w10" in v.detail.value  # the list's tokenizer
+    v.pane.value = "group"
+    g = v.group
+    assert g.group_id == "g0" and [t.id for t in g.members] == ["traj000", "traj001"]
+    assert g.advantages == pytest.approx([1.0, -1.0], abs=1e-4)  # (r - mean) / (std + eps), rewards 1 and 0
+    assert 'class="rn-group"' in v.detail.value and v.detail.value.count('class="rn-member"') == 2
+    assert "+1.0000" in v.detail.value and "-1.0000" in v.detail.value
+    v.select("traj004")  # a group of one: no baseline, advantage 0
+    assert v.group.advantages == [0.0] and "+0.0000" in v.detail.value
+
+
+def test_viewer_dataframes_at_every_level(trajectories):
+    pytest.importorskip("pandas")
+    v = TrajectoryViewer(trajectories, tokenizer=WordTokenizer())
+    v.set_filters(task="math")
+    assert list(v.to_dataframe(level="turn")["trajectory_id"]) == ["traj000"] * 2 + ["traj001"] * 3 + ["traj004"] * 2
+    tokens = v.to_dataframe(which="selected", level="token")
+    assert set(tokens["trajectory_id"]) == {"traj004"} and len(tokens) == 12
+    assert list(tokens["text"][:6]) == ["w1", "w2", "w3", "w10", "w11", "w12"]
+    assert list(tokens["mask"][:6]) == [0, 0, 0, 1, 1, 0] and list(tokens["side"][:4]) == ["prompt"] * 3 + ["response"]
+
+
 def test_trajectory_list_displays_the_viewer(monkeypatch, trajectories):
     shown = []
     monkeypatch.setattr("IPython.display.display", lambda obj: shown.append(obj))
@@ -130,3 +169,5 @@ def test_a_trajectory_shows_itself_as_html(trajectories):
     out = failed._repr_html_()
     assert out == trajectory_html(failed)  # the viewer's detail pane, through the views registry
     assert failed.id in out and "EnvError: injected failure" in out
+    decoded = TrajectoryList(list(trajectories), tokenizer=WordTokenizer())[2]._repr_html_()
+    assert decoded == trajectory_html(failed, WordTokenizer()) and ">w10</span>" in decoded and "#10" not in decoded
