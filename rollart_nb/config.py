@@ -181,6 +181,10 @@ class PipelineConfig:
     """How often a step waiting for its batch probes the workers for deaths."""
     trackers: tuple[Any, ...] = ()
     """Experiment trackers: "tensorboard", "wandb", "mlflow" or tracker objects."""
+    tracker_sample_every: int = 10
+    """Every N steps, trackers also get a table of a few of the step's trajectories (0: never)."""
+    tracker_sample_size: int = 4
+    """Trajectories in that table (spread over the batch, so over its tasks)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.rollout, Mapping):  # a nested mapping (YAML) becomes its dataclass
@@ -217,6 +221,8 @@ class PipelineConfig:
         whole("autosave_every", 0, " (0: off)")
         whole("keep_checkpoints", 1)
         whole("max_worker_restarts", 0)
+        whole("tracker_sample_every", 0, " (0: never)")
+        whole("tracker_sample_size", 1)
         seconds("step_timeout_s", optional=True)
         seconds("health_every_s", optional=False)
         from rollart_nb.control.modes import MODES, Mode

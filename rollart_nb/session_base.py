@@ -298,6 +298,8 @@ class SessionBase(abc.ABC, Generic[R]):
         max_worker_restarts: int = UNSET,
         health_every_s: float = UNSET,
         trackers: Any = UNSET,
+        tracker_sample_every: int = UNSET,
+        tracker_sample_size: int = UNSET,
     ) -> Pipeline:
         """Build the asynchronous RL pipeline (see :class:`~rollart_nb.control.Pipeline`).
 

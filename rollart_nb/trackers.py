@@ -27,7 +27,16 @@ from rollart_nb.redact import MASK, redact
 if TYPE_CHECKING:
     from rollart_nb.control.report import StepReport
 
-__all__ = ["MLflowTracker", "TensorBoardTracker", "Tracker", "WandbTracker", "resolve_trackers", "step_scalars"]
+__all__ = [
+    "SAMPLE_COLUMNS",
+    "MLflowTracker",
+    "TensorBoardTracker",
+    "Tracker",
+    "WandbTracker",
+    "resolve_trackers",
+    "sample_rows",
+    "step_scalars",
+]
 
 _EXTRA = "pip install 'rollart_nb[trackers]'"
 # Config keys whose values are never sent to a tracker (the values become "***").
@@ -48,8 +57,62 @@ class Tracker:
     def log_step(self, report: StepReport) -> None:
         """Called after every step."""
 
+    def log_samples(self, step: int, rows: list[dict[str, Any]]) -> None:
+        """Called every ``tracker_sample_every`` steps with a few trajectories of the step's
+        batch as table rows (:data:`SAMPLE_COLUMNS`; text redacted)."""
+
     def close(self) -> None:
         """Called when the pipeline closes."""
+
+
+SAMPLE_COLUMNS = (
+    "id",
+    "task",
+    "status",
+    "reward",
+    "min_version",
+    "max_version",
+    "turns",
+    "tokens",
+    "prompt",
+    "response",
+)
+"""The columns of a trajectory sample: ``prompt`` is the first observation, ``response`` the last
+turn's decoded response."""
+
+
+def sample_rows(trajectories: list[Any], k: int) -> list[dict[str, Any]]:
+    """Up to ``k`` of ``trajectories``, spread over the list (so over its tasks), as table rows
+    with redacted text."""
+    if k <= 0 or not trajectories:
+        return []
+    stride = max(1, len(trajectories) // k)
+    rows = []
+    for t in trajectories[::stride][:k]:
+        turns = list(getattr(t, "turns", []))
+        rows.append(
+            {
+                "id": str(t.id),
+                "task": str(t.task),
+                "status": str(getattr(t.status, "value", t.status)),
+                "reward": float(t.reward) if t.reward == t.reward else None,  # NaN (unscored): None
+                "min_version": int(t.min_version),
+                "max_version": int(t.max_version),
+                "turns": len(turns),
+                "tokens": int(t.num_tokens),
+                "prompt": redact(str(turns[0].observation))[:2000] if turns else "",
+                "response": redact(str(turns[-1].action))[:2000] if turns else "",
+            }
+        )
+    return rows
+
+
+def _markdown_table(rows: list[dict[str, Any]]) -> str:
+    def cell(v: Any) -> str:
+        return str(v).replace("|", "&#124;").replace("\n", " ")
+
+    head = "| " + " | ".join(SAMPLE_COLUMNS) + " |\n|" + "---|" * len(SAMPLE_COLUMNS) + "\n"
+    return head + "".join("| " + " | ".join(cell(r[c]) for c in SAMPLE_COLUMNS) + " |\n" for r in rows)
 
 
 def step_scalars(report: StepReport) -> dict[str, float]:
@@ -68,6 +131,10 @@ def step_scalars(report: StepReport) -> dict[str, float]:
     out.update({f"train/{k}": v for k, v in report.train.items()})
     out.update({f"weights/{k}": v for k, v in report.weights.items()})
     out["failover/events"] = float(len(report.events))
+    n = sum(report.staleness.values())
+    if n:  # version gaps of the trained batch (policy version - trajectory start version)
+        out["staleness/mean"] = sum(int(g) * c for g, c in report.staleness.items()) / n
+        out["staleness/max"] = float(max(int(g) for g in report.staleness))
     return {k: float(v) for k, v in out.items() if isinstance(v, int | float)}
 
 
@@ -152,6 +219,11 @@ class TensorBoardTracker(Tracker):
             w.add_text("failover", "\n\n".join(_event_text(e) for e in report.events), global_step=report.step)
         w.flush()
 
+    def log_samples(self, step: int, rows: list[dict[str, Any]]) -> None:
+        w = self._open()
+        w.add_text("samples", _markdown_table(rows), global_step=step)
+        w.flush()
+
     def close(self) -> None:
         if self._writer is not None:
             self._writer.close()
@@ -231,6 +303,12 @@ class WandbTracker(Tracker):
         if self.run is None or self._ended:
             raise StateError(f"{self!r} is not running: call start(config) first, once")
         self.run.log(step_scalars(report), step=report.step)
+
+    def log_samples(self, step: int, rows: list[dict[str, Any]]) -> None:
+        if self.run is None or self._ended:
+            raise StateError(f"{self!r} is not running: call start(config) first, once")
+        table = self._wandb.Table(columns=list(SAMPLE_COLUMNS), data=[[r[c] for c in SAMPLE_COLUMNS] for r in rows])
+        self.run.log({"samples": table}, step=step)
 
     def close(self) -> None:
         if self.run is not None and not self._ended:
@@ -325,6 +403,12 @@ class MLflowTracker(Tracker):
             self.client.log_batch(self.run_id, metrics=metrics[i : i + 1000])
         if report.events:
             self.client.log_dict(self.run_id, _redact_tree(report.events), f"failover/step_{report.step:06d}.json")
+
+    def log_samples(self, step: int, rows: list[dict[str, Any]]) -> None:
+        if self.run_id is None or self._ended:
+            raise StateError(f"{self!r} is not running: call start(config) first, once")
+        table = {c: [r[c] for r in rows] for c in SAMPLE_COLUMNS}  # MLflow's table layout (columns)
+        self.client.log_dict(self.run_id, table, f"samples/step_{step:06d}.json")
 
     def close(self) -> None:
         if self.run_id is not None and not self._ended:

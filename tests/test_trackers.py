@@ -18,12 +18,15 @@ import pytest
 from rollart_nb.control.report import StepReport
 from rollart_nb.errors import ConfigError, StateError
 from rollart_nb.trackers import (
+    SAMPLE_COLUMNS,
     MLflowTracker,
     TensorBoardTracker,
     WandbTracker,
     resolve_trackers,
+    sample_rows,
     step_scalars,
 )
+from rollart_nb.trajectory import Status, Trajectory, Turn
 
 SECRETS = ("sk-config-secret-123", "hunter2pass", "tok-in-reason-456", "zz-env-secret-789")
 CONFIG = {
@@ -68,20 +71,49 @@ def _reports() -> list[StepReport]:
                 train={"loss": 1.5 - 0.25 * s, "grad_norm": 0.3},
                 weights={"push_s": 0.05},
                 validation={"math": 0.4} if s == 1 else {},
+                staleness={0: 6, 1: 2 + s},
                 events=[EVENT] if s == 1 else [],
             )
         )
     return out
 
 
+def _samples() -> list[dict]:
+    """Table rows of two of four trajectories (one per task), a secret in a response."""
+    trajs = []
+    for i, task in enumerate(["math", "math", "code", "code"]):
+        turn = Turn(observation=f"What is {i} + 1?", action=f"{i + 1} token={SECRETS[2]}", version=1, response_ids=[5])
+        trajs.append(
+            Trajectory(task=task, id=f"t{i}", turns=[turn], start_version=1, status=Status.COMPLETED, reward=i)
+        )
+    return sample_rows(trajs, 2)
+
+
 def _feed(tracker) -> list[StepReport]:
-    """What the pipeline does with a tracker: start with the run config, each step, close."""
+    """What the pipeline does with a tracker: start with the run config, each step (with a table
+    of trajectories after step 1), close."""
     reports = _reports()
     tracker.start(CONFIG)
     for r in reports:
         tracker.log_step(r)
+        if r.step == 1:
+            tracker.log_samples(r.step, _samples())
     tracker.close()
     return reports
+
+
+def test_sample_rows_spread_over_the_batch_and_redact_text():
+    rows = _samples()
+    assert [(r["id"], r["task"], r["reward"]) for r in rows] == [("t0", "math", 0.0), ("t2", "code", 2.0)]
+    assert list(rows[0]) == list(SAMPLE_COLUMNS)
+    assert rows[1]["prompt"] == "What is 2 + 1?" and rows[1]["response"] == "3 token=***"
+    assert (rows[0]["min_version"], rows[0]["max_version"], rows[0]["turns"], rows[0]["status"]) == (
+        1,
+        1,
+        1,
+        "completed",
+    )
+    assert sample_rows([], 4) == [] and sample_rows(list(range(3)), 0) == []
 
 
 def _expected(reports: list[StepReport], key: str) -> list[tuple[int, float]]:
@@ -99,6 +131,7 @@ KEYS = (
     "weights/push_s",
     "step/tokens_per_s",
     "failover/events",
+    "staleness/mean",
 )
 
 
@@ -184,6 +217,10 @@ def test_tensorboard_scalars_config_and_failover_read_back(tmp_path, env):
     assert config.step == 0 and "| mode | async |" in text and "| api_key | *** |" in text
     (failover,) = ea.Tensors("failover/text_summary")
     assert failover.step == 1 and "generator_replaced" in failover.tensor_proto.string_val[0].decode()
+    (samples,) = ea.Tensors("samples/text_summary")
+    table = samples.tensor_proto.string_val[0].decode()
+    assert samples.step == 1 and table.startswith("| id | task | status | reward |")
+    assert "| t2 | code | completed | 2.0 |" in table and "3 token=*** |" in table
     _no_secret_under(tmp_path)
 
 
@@ -254,9 +291,20 @@ def test_wandb_offline_run_holds_the_history_and_config(tmp_path, wandb_env):
         if rec.WhichOneof("record_type") == "history":
             row = {i.key or ".".join(i.nested_key): json.loads(i.value_json) for i in rec.history.item}
             for k, v in row.items():
-                history.setdefault(k, []).append((row["_step"], float(v)))
+                if isinstance(v, int | float):  # the samples table is a file reference
+                    history.setdefault(k, []).append((row["_step"], float(v)))
     for key in KEYS:
         assert _same(history[key], _expected(reports, key)), key
+    tables = [  # a table is logged as its fields under "samples." (a reference to the table's file)
+        {k: json.loads(i.value_json) for i in rec.history.item if (k := i.key or ".".join(i.nested_key))}
+        for rec in records
+        if rec.WhichOneof("record_type") == "history"
+    ]
+    (logged,) = [row for row in tables if "samples._type" in row]
+    assert logged["_step"] == 1 and logged["samples._type"] == "table-file" and logged["samples.nrows"] == 2
+    (table_file,) = run_dir.glob("files/media/table/samples_*.table.json")
+    table = json.loads(table_file.read_text())
+    assert table["columns"] == list(SAMPLE_COLUMNS) and [row[0] for row in table["data"]] == ["t0", "t2"]
     (run,) = [r.run for r in records if r.WhichOneof("record_type") == "run"]
     config = {u.key: json.loads(u.value_json) for u in run.config.update}
     assert run.display_name == "exp" and run.project == "rollart_nb"
@@ -305,6 +353,10 @@ def test_mlflow_metrics_params_and_failover_read_back(tmp_path, env):
     assert art.path == "failover/step_000001.json"
     (event,) = json.loads(Path(client.download_artifacts(t.run_id, art.path, str(tmp_path / "dl"))).read_text())
     assert event["kind"] == "generator_replaced" and event["worker"] == "actor_gen-1"
+    (art,) = client.list_artifacts(t.run_id, "samples")
+    table = json.loads(Path(client.download_artifacts(t.run_id, art.path, str(tmp_path / "dl"))).read_text())
+    assert art.path == "samples/step_000001.json" and list(table) == list(SAMPLE_COLUMNS)
+    assert table["id"] == ["t0", "t2"] and table["reward"] == [0.0, 2.0]
     with pytest.raises(StateError, match="not running"):
         t.log_step(reports[0])
     _no_secret_under(tmp_path)

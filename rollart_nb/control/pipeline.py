@@ -47,6 +47,7 @@ from rollart_nb.control.report import StepReport, env_fault_deltas
 from rollart_nb.control.rollout_worker import RolloutWorker
 from rollart_nb.control.scheduler import SchedulerConfig
 from rollart_nb.errors import StateError, WorkerDiedError
+from rollart_nb.trackers import resolve_trackers, sample_rows
 from rollart_nb.trajectory import Trajectory, TrajectoryList
 from rollart_nb.views import view
 from rollart_nb.workers.routing import shape_affinity
@@ -134,7 +135,6 @@ class Pipeline:
         self._trainer_actors = [h.actor for h in train.workers]
         # workers in separate processes can die (Ray actors); in-process ones (a SimSession) cannot
         self._failover = hasattr(gen, "restart_worker") and hasattr(train, "restart_worker")
-        from rollart_nb.trackers import resolve_trackers
 
         # experiment trackers (TensorBoard, W&B, MLflow, ...): each StepReport goes to each of them
         self.trackers = resolve_trackers(list(c.trackers) or None, run_dir=self.run_dir, name=name)
@@ -480,13 +480,16 @@ class Pipeline:
         rep.events, self._new_events = self._new_events, []
         self.reports.append(rep)
         self._record(rep)
-        self._track(rep)
+        self._track(rep, batch)
         return rep
 
-    def _track(self, rep: StepReport) -> None:
-        """Send the step to every tracker; a tracker that fails is reported once, never fatal."""
+    def _track(self, rep: StepReport, batch: list[Trajectory]) -> None:
+        """Send the step (and, every ``tracker_sample_every`` steps, a sample of its batch) to
+        every tracker; a tracker that fails is reported once, never fatal."""
         if not self.trackers:
             return
+        every = self.config.tracker_sample_every
+        rows = sample_rows(batch, self.config.tracker_sample_size) if every and (rep.step + 1) % every == 0 else []
         if not self._tracking_started:
             self._tracking_started = True
             config = self.run_config()
@@ -501,6 +504,8 @@ class Pipeline:
                 continue
             try:
                 t.log_step(rep)
+                if rows and hasattr(t, "log_samples"):
+                    t.log_samples(rep.step, rows)
             except Exception as e:  # a tracker's outage must not stop training
                 log.warning("tracker %r failed at step %d (%s); it gets no more steps", t, rep.step, e)
                 t.failed = True

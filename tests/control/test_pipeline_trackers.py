@@ -15,7 +15,10 @@ from rollart_nb.workers.roles import SimGenerator, SimTrainer
 
 class Recorder(Tracker):
     def __init__(self) -> None:
-        self.config, self.steps, self.closed = None, [], False
+        self.config, self.steps, self.samples, self.closed = None, [], [], False
+
+    def log_samples(self, step, rows):
+        self.samples.append((step, rows))
 
     def start(self, config):
         self.config = config
@@ -50,13 +53,27 @@ def test_every_step_reaches_each_tracker_and_a_failing_one_is_dropped(sess, capl
     with pytest.raises(ConfigError, match="not a tracker"):
         sess.pipeline(train, gen, tasks, batch_size=8, group_size=4, name="tr", trackers=[object()])
     pipe = sess.pipeline(
-        train, gen, tasks, algo=rn.GRPO(group_size=4), batch_size=8, mode="sync", name="tr", trackers=[rec, broken]
+        train,
+        gen,
+        tasks,
+        algo=rn.GRPO(group_size=4),
+        batch_size=8,
+        mode="sync",
+        name="tr",
+        trackers=[rec, broken],
+        tracker_sample_every=2,
+        tracker_sample_size=3,
     )
     with caplog.at_level(logging.WARNING, logger="rollart_nb.control.pipeline"):
         pipe.run(3, progress=False)
     assert [s for s, _ in rec.steps] == [0, 1, 2]
     assert rec.steps[-1][1]["step/version"] == 3.0 and "reward/math" in rec.steps[-1][1]
     assert rec.config["mode"] == "sync" and rec.config["batch_size"] == 8 and rec.config["algo"] == "GRPO"
+    assert rec.config["rollout"]["max_turns"] == pipe.config.rollout.max_turns  # the whole config
+    # a table of the batch every 2nd step: trajectories of this step, from the batch trained on
+    ((step, rows),) = rec.samples
+    assert step == 1 and len(rows) == 3 and {r["task"] for r in rows} == {"math"}
+    assert all(r["status"] == "completed" and r["max_version"] <= 1 and r["response"] for r in rows)
     assert broken.calls == 1 and broken.failed  # dropped after its first failure, reported once
     assert sum("tracking server unreachable" in r.getMessage() for r in caplog.records) == 1
     pipe.close()
