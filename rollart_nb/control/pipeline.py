@@ -18,7 +18,8 @@ the newest autosave and the pipeline continues from that version. Each shows up 
 in the StepReport. ``max_worker_restarts`` bounds the replacements per worker slot.
 
 Modes change a few switches (:mod:`rollart_nb.control.modes`), not the loop. Lifecycle:
-``idle -> running -> paused -> closed``. :meth:`Pipeline.save` checkpoints the trainer and the
+``idle -> running -> paused -> closed``; a background run that raises leaves ``failed`` (its
+error in ``pipe.error``) until the next step or run. :meth:`Pipeline.save` checkpoints the trainer and the
 pipeline's counters; ``sess.pipeline(..., resume_from=path)`` continues from them in a new
 session (:mod:`rollart_nb.control.checkpoint`).
 
@@ -192,7 +193,7 @@ class Pipeline:
         """Run one iteration of the six-step protocol; returns its :class:`StepReport`."""
         self._check_open()
         with self._lock:
-            prev, self.state = self.state, "running"
+            prev, self.state = ("idle" if self.state == "failed" else self.state), "running"
             try:
                 try:
                     return self._step()
@@ -471,7 +472,9 @@ class Pipeline:
         rep.counts = {k: now[k] - self._counts.get(k, 0) for k in now if now[k] - self._counts.get(k, 0)}
         self._counts = now
         rep.env, self._env_faults = env_fault_deltas(stats.get("env", {}), self._env_faults), stats.get("env", {})
-        for task, reason in stats.get("failures", []):
+        # the rollout keeps its last few failure reasons: this step's are the newest of them
+        new_failed = rep.counts.get("failed", 0)
+        for task, reason in stats.get("failures", [])[-new_failed:] if new_failed else []:
             rep.failures.setdefault(task, []).append(reason)
         if self.validate_every and (rep.step + 1) % self.validate_every == 0:
             tv = self._clock()
@@ -631,11 +634,17 @@ class Pipeline:
             self.error = e
             if self._thread is None or threading.current_thread() is not self._thread:
                 raise
+            self.state = "failed"  # until the next step or run; pipe.error says why, pipe.wait() raises it
             log.exception("background run failed")
         finally:
             if bar is not None:
                 bar.close()
         return out
+
+    @property
+    def running(self) -> bool:
+        """True while a background run (``pipe.run(..., background=True)``) is in progress."""
+        return self._thread is not None and self._thread.is_alive()
 
     def pause(self) -> None:
         """Stop a background :meth:`run` after the step in progress."""

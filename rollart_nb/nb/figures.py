@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import html
 import math
+import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -17,14 +18,19 @@ from rollart_nb.trajectory import Trajectory
 __all__ = [
     "curves_svg",
     "env_faults_line",
+    "failed_aborted_figure",
     "failover_line",
+    "failure_rate",
     "failures_figure",
     "reward_figure",
+    "reason_kind",
     "report_html",
     "staleness_figure",
+    "step_failures",
     "step_time_figure",
     "swap_step",
     "throughput_figure",
+    "timeline_figure",
     "utilization_figure",
     "utilization_segments",
 ]
@@ -80,6 +86,17 @@ def reward_figure(
                         name=f"validation/{task}",
                     )
                 )
+    if reports:  # the mean averages what completed: the failure rate beside it says how much did not
+        fig.add_trace(
+            go.Scatter(
+                x=[r.step for r in reports],
+                y=[failure_rate(r) for r in reports],
+                mode="lines",
+                line={"dash": "dot", "color": "#d62728"},
+                name="failure rate",
+                yaxis="y2",
+            )
+        )
     for sw in swaps:
         step = swap_step(reports, sw)
         if step is not None:
@@ -91,13 +108,28 @@ def reward_figure(
                 annotation_position="top left",
             )
     fig.update_layout(
-        title="Reward per task",
+        title="Reward (mean of completed) · failure rate",
         xaxis_title="step",
         yaxis_title="reward",
-        height=320,
-        margin={"l": 40, "r": 10, "t": 40, "b": 40},
+        yaxis2={
+            "title": {"text": "failed"},
+            "overlaying": "y",
+            "side": "right",
+            "range": [0, 1],
+            "tickformat": ".0%",
+            "showgrid": False,
+        },
+        legend={"orientation": "h", "y": -0.25},
+        height=340,
+        margin={"l": 40, "r": 50 if reports else 10, "t": 40, "b": 40},
     )
     return fig
+
+
+def failure_rate(report: StepReport) -> float | None:
+    """Failed / (completed + failed) among the trajectories that ended during the step (None: none ended)."""
+    failed, done = int(report.counts.get("failed", 0)), int(report.counts.get("completed", 0))
+    return failed / (failed + done) if failed + done else None
 
 
 def _finite(v: float) -> float | None:
@@ -176,6 +208,93 @@ def failures_figure(reports: Sequence[StepReport]) -> Any:
         xaxis_title="step",
         yaxis_title="count",
         height=300,
+        margin={"l": 40, "r": 10, "t": 40, "b": 40},
+    )
+    return fig
+
+
+_TRAJ_ID = re.compile(r"trajectory [0-9a-f]{4,}")
+_ENV_NO = re.compile(r"env #\d+")
+_EXC_NAME = re.compile(r"\b[A-Z]\w*(?:Error|Exception|Timeout|Exit)\b")
+_STAGE = re.compile(r"^(\w+): ")
+
+
+def reason_kind(reason: str, limit: int = 60) -> str:
+    """A failure reason without its trajectory ids and env numbers, cut to its last exception, e.g.
+    ``"reward: reward f v1 for task 'math' (trajectory 3fa2) failed after 2 attempt(s): ValueError: bad"``
+    -> ``"reward: ValueError: bad"``: reasons that differ only by trajectory group together."""
+    r = _ENV_NO.sub("env #…", _TRAJ_ID.sub("trajectory …", " ".join(str(reason).split())))
+    last = max(_EXC_NAME.finditer(r), key=lambda m: m.start(), default=None)
+    if last is not None and last.start() > 0:
+        stage = _STAGE.match(r)
+        r = (f"{stage.group(1)}: " if stage else "") + r[last.start() :]
+    return r if len(r) <= limit else r[: limit - 1] + "…"
+
+
+def step_failures(reports: Sequence[StepReport]) -> list[tuple[list[tuple[str, str]], int]]:
+    """Per report: the step's failures as ``(task, reason)`` pairs, and how many more
+    trajectories failed in it whose reason the report does not hold (the rollout keeps only its
+    most recent reasons)."""
+    out: list[tuple[list[tuple[str, str]], int]] = []
+    for r in reports:
+        failed = int(r.counts.get("failed", 0))
+        new = [(t, x) for t, xs in r.failures.items() for x in xs][-failed:] if failed else []
+        out.append((new, failed - len(new)))
+    return out
+
+
+_FAIL_COLORS = ("#d62728", "#ff7f0e", "#8c564b", "#e377c2", "#bcbd22", "#9467bd")
+
+
+def failed_aborted_figure(reports: Sequence[StepReport]) -> Any:
+    """Per step, stacked: trajectories aborted as stale, and trajectories failed by task and reason.
+
+    One bar trace per ``failed · task: reason`` (in order of first appearance, holding only the
+    steps where it occurred, so a live view appends to it), plus ``failed · reason not kept`` for
+    failures the report counts but names no reason for. Hover shows an example reason in full.
+    """
+    go = _go()
+    steps = [r.step for r in reports]
+    fig = go.Figure()
+    fig.add_trace(
+        go.Bar(
+            x=steps,
+            y=[int(r.counts.get("aborted_stale", 0)) for r in reports],
+            name="aborted (stale)",
+            marker_color="#bab0ac",
+        )
+    )
+    cats: dict[str, dict[str, list[Any]]] = {}
+    for r, (new, unnamed) in zip(reports, step_failures(reports), strict=True):
+        per: dict[str, list[str]] = {}
+        for task, reason in new:
+            per.setdefault(f"failed · {task}: {reason_kind(reason)}", []).append(reason)
+        if unnamed > 0:
+            per.setdefault("failed · reason not kept", []).extend([""] * unnamed)
+        for name, reasons in per.items():
+            c = cats.setdefault(name, {"x": [], "y": [], "text": []})
+            c["x"].append(r.step)
+            c["y"].append(len(reasons))
+            c["text"].append(html.escape(reasons[-1][:300]))
+    for i, (name, c) in enumerate(cats.items()):
+        fig.add_trace(
+            go.Bar(
+                x=c["x"],
+                y=c["y"],
+                name=name,
+                text=c["text"],
+                textposition="none",
+                hovertemplate="%{y} %{fullData.name}<br>%{text}<extra>step %{x}</extra>",
+                marker_color=_FAIL_COLORS[i % len(_FAIL_COLORS)],
+            )
+        )
+    fig.update_layout(
+        barmode="stack",
+        title="Failed and aborted per step",
+        xaxis_title="step",
+        yaxis_title="trajectories",
+        legend={"orientation": "h", "y": -0.25},
+        height=340,
         margin={"l": 40, "r": 10, "t": 40, "b": 40},
     )
     return fig
@@ -284,18 +403,40 @@ def utilization_figure(
     The x axis is seconds since the earliest segment shown; the title gives each row's busy
     fraction over the shown span (overlapping turns of a batching worker count once).
     """
-    go = _go()
     segs = utilization_segments(trajectories, reports, window_s=window_s)
+    return timeline_figure(segs, [e for r in reports for e in r.events])
+
+
+def timeline_figure(
+    segs: Sequence[dict[str, Any]],
+    events: Sequence[dict[str, Any]] = (),
+    *,
+    t0: float | None = None,
+    window_s: float | None = None,
+) -> Any:
+    """The utilization timeline of :func:`utilization_segments`' segments, drawn in the order given.
+
+    Args:
+        segs: segments (``row``, ``kind``, ``start``, ``end``, ``label``); a live view passes them
+            in the order it saw them, so that new ones are appended to the bars already drawn.
+        events: failover events (``kind``, ``worker``, ``at``): a mark on the worker's row.
+        t0: unix time of x = 0 (default: the earliest segment).
+        window_s: show only the last ``window_s`` seconds (the x axis range; busy fractions are
+            over that span). Default: everything.
+    """
+    go = _go()
     fig = go.Figure()
-    t0 = min((s["start"] for s in segs), default=0.0)
-    span = max((s["end"] for s in segs), default=0.0) - t0
+    if t0 is None:
+        t0 = min((s["start"] for s in segs), default=0.0)
+    latest = max((s["end"] for s in segs), default=t0)
+    lo = t0 if window_s is None else max(t0, latest - window_s)
     for kind, color in (("generate", "#4c78a8"), ("train", "#54a24b")):
         ks = [s for s in segs if s["kind"] == kind]
         fig.add_trace(
             go.Bar(
                 y=[s["row"] for s in ks],
-                x=[s["end"] - s["start"] for s in ks],
-                base=[s["start"] - t0 for s in ks],
+                x=[round(s["end"] - s["start"], 3) for s in ks],  # milliseconds: enough for a timeline, and
+                base=[round(s["start"] - t0, 3) for s in ks],  # a third of the bytes of full precision
                 orientation="h",
                 name=kind,
                 marker_color=color,
@@ -303,24 +444,26 @@ def utilization_figure(
                 hoverinfo="text+x",
             )
         )
-    events = [e for r in reports for e in r.events if segs and e.get("at", 0) >= t0]
-    if events:  # replacements and restores: a mark on the worker's row when it happened
+    shown = [e for e in events if segs and e.get("at", 0) >= t0]
+    if shown:  # replacements and restores: a mark on the worker's row when it happened
         fig.add_trace(
             go.Scatter(
-                y=[TRAIN_ROW if e["kind"] == "trainer_restored" else e["worker"] for e in events],
-                x=[e["at"] - t0 for e in events],
+                y=[TRAIN_ROW if e["kind"] == "trainer_restored" else e["worker"] for e in shown],
+                x=[e["at"] - t0 for e in shown],
                 mode="markers",
                 name="failover",
                 marker={"symbol": "x", "size": 12, "color": "#d62728"},
                 hovertext=[
                     f"{e['kind'].replace('_', ' ')}: {e['worker']} (v{e.get('version')}; "
                     f"{str(e.get('reason', ''))[:120]})"
-                    for e in events
+                    for e in shown
                 ],
                 hoverinfo="text",
             )
         )
-    busy = {row: _busy(segs, row) / span for row in sorted({s["row"] for s in segs})} if span > 0 else {}
+    span = latest - lo
+    clipped = [{**s, "start": max(s["start"], lo)} for s in segs if s["end"] > lo]
+    busy = {row: _busy(clipped, row) / span for row in sorted({s["row"] for s in segs})} if span > 0 else {}
     util = ", ".join(f"{row} {frac:.0%}" for row, frac in busy.items())
     fig.update_layout(
         title=f"Pool utilization ({util})" if util else "Pool utilization",
@@ -329,6 +472,8 @@ def utilization_figure(
         height=120 + 30 * max(1, len(busy)),
         margin={"l": 40, "r": 10, "t": 40, "b": 40},
     )
+    if window_s is not None and segs:
+        fig.update_xaxes(range=[lo - t0, latest - t0])
     return fig
 
 

@@ -116,6 +116,25 @@ def test_background_run_pause_and_astep(parts):
     pipe.close()
 
 
+def test_a_background_run_that_raises_leaves_the_failed_state_until_the_next_step(parts):
+    sess, gen, train, tasks = parts
+    pipe = sess.pipeline(train, gen, tasks, batch_size=8, group_size=4, name="bgfail")
+
+    def boom(rep):
+        raise ValueError(f"callback broke at step {rep.step}")
+
+    th = pipe.run(5, background=True, progress=False, on_step=boom)
+    assert pipe.running or not th.is_alive()
+    th.join(120)
+    assert not pipe.running and pipe.state == "failed" and isinstance(pipe.error, ValueError)
+    assert len(pipe.reports) == 1  # it stopped at the first failure
+    rep = pipe.step()  # a later step runs; the state is no longer failed
+    assert rep.step == 1 and pipe.state == "idle"
+    with pytest.raises(ValueError, match="callback broke at step 0"):
+        pipe.wait()
+    pipe.close()
+
+
 def test_validation_and_viewer_data(parts):
     sess, gen, train, tasks = parts
     pipe = sess.pipeline(train, gen, tasks, batch_size=8, group_size=4, name="val", validate_every=1)

@@ -1,4 +1,4 @@
-"""Synthetic StepReports and Trajectories for the notebook-layer tests (no Ray)."""
+"""Synthetic StepReports and Trajectories for the notebook-layer tests; a real Pipeline on a SimSession."""
 
 from __future__ import annotations
 
@@ -112,6 +112,7 @@ class FakePipeline:
         self.reports = list(reports)
         self.items = list(trajectories)
         self.state = "idle"
+        self.error = None
         self.calls: list[tuple] = []
         self.history = [{"task": "math", "version": 0, "created": 0.0}]
 
@@ -147,3 +148,21 @@ class FakePipeline:
 
     def wait(self, timeout=None):
         self.calls.append(("wait",))
+
+
+@pytest.fixture
+def sim_pipeline():
+    """A real Pipeline on an in-process SimSession (no Ray): steps take milliseconds."""
+    import rollart_nb as rn
+    from rollart_nb.models import spec
+    from rollart_nb.sim import SimEnv
+    from rollart_nb.workers import SimGenerator, SimTrainer
+
+    sess = rn.Session.sim({"H800": 2, "H20": 2, "cpu": 2}, seed=1)
+    m = spec("qwen3-0.6b")
+    gen = sess.cluster("actor_gen", SimGenerator, pool="H20", model=m)
+    train = sess.cluster("actor_train", SimTrainer, pool="H800", model=m)
+    tasks = sess.tasks({"math": SimEnv("gem-math"), "lake": SimEnv("frozenlake")}, envs_per_task=4)
+    pipe = sess.pipeline(train, gen, tasks, batch_size=8, group_size=4)
+    yield sess, pipe
+    sess.close()

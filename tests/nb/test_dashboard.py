@@ -1,5 +1,6 @@
-"""Dashboard outside a kernel: widgets build, updates copy figure data, redraws are throttled."""
+"""Dashboard outside a kernel: live from its own watcher thread, incremental, failures in the banner."""
 
+import json
 import threading
 import time
 
@@ -7,8 +8,13 @@ import pytest
 
 pytest.importorskip("plotly")
 pytest.importorskip("ipywidgets")
+pytest.importorskip("anywidget")
 
+from rollart_nb.nb import figures  # noqa: E402
 from rollart_nb.nb.dashboard import Dashboard  # noqa: E402
+from rollart_nb.nb.live import spec_of  # noqa: E402
+
+FIGS = {"reward", "failures", "step_time", "staleness", "throughput", "utilization"}
 
 
 @pytest.fixture
@@ -16,94 +22,119 @@ def pipe(synth, trajectories):
     return synth["fake_pipeline"](trajectories, [synth["report"](0), synth["report"](1)])
 
 
+def _until(cond, timeout=20.0, every=0.02):
+    """Poll ``cond`` while this thread stays busy (sleeping, like a cell in a time.sleep loop)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(every)
+    return cond()
+
+
+def _points(dash, fig="throughput"):
+    return len(dash.plots.sent[fig]["data"][0]["x"])
+
+
+def _capture(dash):
+    sent = []
+    orig = dash.plots.send
+
+    def send(msg):
+        sent.append(json.loads(json.dumps(msg)))
+        orig(msg)
+
+    dash.plots.send = send
+    return sent
+
+
+# -- with a fake pipeline: no watcher --------------------------------------------------------------
 def test_builds_widgets_and_draws_the_reports(pipe):
-    d = Dashboard(pipe, throttle_s=0.0)
-    assert set(d.figures) == set(d.views) == {"reward", "step_time", "staleness", "utilization", "throughput"}
-    names = {t.name: t for t in d.figures["reward"].data}
-    assert list(names["reward/math"].y) == pytest.approx([0.0, 0.1])
-    assert list(d.figures["throughput"].data[0].y) == [400.0, 401.0]
-    rows = set(d.figures["utilization"].data[0].y)
-    assert rows == {"actor_gen/0", "actor_gen/1"}
+    d = Dashboard(pipe, throttle_s=0.0, watch=False)
+    assert set(d.figures) == set(d.plots.sent) == set(d.plots.figures) == FIGS
+    names = {t["name"]: t for t in d.plots.sent["reward"]["data"]}
+    assert names["reward/math"]["y"] == pytest.approx([0.0, 0.1])
+    assert d.plots.sent["throughput"]["data"][0]["y"] == [400.0, 401.0]
+    assert set(d.plots.sent["utilization"]["data"][0]["y"]) == {"actor_gen/0", "actor_gen/1"}
     assert "2 step(s)" in d.status.value and "idle" in d.status.value
     assert "rollart-dashboard" in d._dom_classes
+    assert d.plots.lib is not None and "window.Plotly" in d.plots.lib._esm  # plotly.js, once per kernel
+    assert all(s["layout"]["autosize"] and "width" not in s["layout"] for s in d.plots.sent.values())
+    assert d.plots.wide == ["utilization"] and d.layout.width == "100%"
 
 
-def test_update_after_new_reports_shows_them(pipe, synth):
-    d = Dashboard(pipe, throttle_s=0.0)
-    step_time_out = d.views["step_time"].outputs
+def test_an_update_sends_only_the_new_points(pipe, synth):
+    d = Dashboard(pipe, throttle_s=0.0, watch=False)
+    sent = _capture(d)
     pipe.reports.append(synth["report"](2))
-    assert d.update(pipe.reports[-1]) is True
-    assert list(d.figures["throughput"].data[0].y) == [400.0, 401.0, 402.0]
-    (out,) = d.views["throughput"].outputs  # one plotly mime bundle per view, replaced
-    spec = out["data"]["application/vnd.plotly.v1+json"]
-    assert spec["data"][0]["y"] == [400.0, 401.0, 402.0] and spec["layout"]["title"]["text"] == "Throughput"
-    assert d.views["throughput"] in d.children[2].children
-    assert d.views["step_time"].outputs != step_time_out
+    assert d.update(force=True) is True
+    (msg,) = sent
+    ops = {(op["fig"], op["op"]) for op in msg["ops"]}
+    assert ("throughput", "extend") in ops and not any(op == "figure" for _f, op in ops)
+    (tp,) = [op for op in msg["ops"] if op["fig"] == "throughput"]
+    assert tp["points"] == {"x": [2], "y": [402.0]}
+    assert d.plots.sent["throughput"]["data"][0]["y"] == [400.0, 401.0, 402.0]
+    d.update(force=True)  # nothing new: nothing sent
+    assert len(sent) == 1
 
 
-def test_unchanged_figures_are_not_resent(pipe):
-    d = Dashboard(pipe, throttle_s=0.0)
-    before = {n: v.outputs for n, v in d.views.items()}
-    d.update(force=True)
-    assert all(d.views[n].outputs is before[n] for n in before)
-    pipe.history.append({"task": "math", "version": 1, "created": pipe.reports[1].started_at - 1})
-    d.update(force=True)
-    assert [s.x0 for s in d.figures["reward"].layout.shapes] == [0.5]
+def test_update_is_throttled_and_the_watcher_catches_up(pipe, synth):
+    d = Dashboard(pipe, throttle_s=0.3, poll_s=0.02)
+    try:
+        first = d.redraws
+        results = []
+        for i in range(10):  # a burst of steps inside one throttle interval
+            pipe.reports.append(synth["report"](2 + i))
+            results.append(d.update())
+        assert results.count(True) == 0 and d.redraws == first
+        assert _until(lambda: _points(d) == 12, timeout=5)  # the watcher draws the burst once it is due
+        assert d.redraws <= first + 2
+    finally:
+        d.close()
 
 
-def test_updates_are_throttled_with_one_trailing_redraw(pipe, synth):
-    d = Dashboard(pipe, throttle_s=0.3)
-    first = d.redraws
-    results = []
-    for i in range(10):  # a burst of steps inside one throttle interval
-        pipe.reports.append(synth["report"](2 + i))
-        results.append(d.update(pipe.reports[-1]))
-    assert results.count(True) <= 1
-    assert d.redraws <= first + 1
-    time.sleep(0.8)
-    assert d.redraws <= first + 2  # at most one trailing redraw for the whole burst
-    assert len(d.figures["throughput"].data[0].y) == 12  # ... and it shows the last step
-
-
-def test_run_starts_a_background_run_with_on_step(pipe):
-    d = Dashboard(pipe, throttle_s=0.0)
+def test_run_starts_a_background_run(pipe):
+    d = Dashboard(pipe, throttle_s=0.0, watch=False)
     assert d.run(3) is None
     (call,) = [c for c in pipe.calls if c[0] == "run"]
     assert call == ("run", 3, True, False)
-    assert len(d.figures["throughput"].data[0].y) == 5  # on_step redrew after the fake's steps
+    d.update(force=True)
+    assert _points(d) == 5
 
 
-def test_pause_waits_for_the_step_in_progress(pipe):
-    d = Dashboard(pipe, throttle_s=0.0)
+def test_pause_button_does_not_block_and_says_pausing(pipe):
+    d = Dashboard(pipe, throttle_s=0.0, watch=False)
     d.pause()
     assert [c[0] for c in pipe.calls if c[0] in ("pause", "wait")] == ["pause", "wait"]
     pipe.calls.clear()
-    d.pause_button.click()  # the button does not block the kernel: waits on a thread
-    deadline = time.time() + 5
-    while ("wait",) not in pipe.calls and time.time() < deadline:
-        time.sleep(0.01)
-    assert pipe.calls[:2] == [("pause",), ("wait",)]
+    pipe.state = "running"
+    d.pause_button.click()
+    assert pipe.calls == [("pause",)]
+    d.update(force=True)
+    assert "pausing after the step in progress" in d.status.value
 
 
 def test_step_button_runs_one_step_on_a_thread(pipe):
-    d = Dashboard(pipe, throttle_s=0.0)
+    d = Dashboard(pipe, throttle_s=0.0, watch=False)
     th = d.step(background=True)
     assert isinstance(th, threading.Thread)
     th.join(5)
-    assert len(pipe.reports) == 3 and len(d.figures["throughput"].data[0].y) == 3
-    rep = d.step()
-    assert rep.step == 3
+    assert len(pipe.reports) == 3 and _points(d) == 3
+    assert d.step().step == 3
 
 
-def test_a_failing_step_shows_in_the_status_line(pipe):
-    d = Dashboard(pipe, throttle_s=0.0)
+def test_a_failing_step_raises_the_banner(pipe):
+    d = Dashboard(pipe, throttle_s=0.0, watch=False)
 
     def boom():
-        raise RuntimeError("pipeline is closed")
+        raise RuntimeError("reward for trajectory 0badc0ffee raised ValueError")
 
     pipe.step = boom
     d.step(background=True).join(5)
-    assert "step failed: pipeline is closed" in d.status.value
+    assert "rollart-state'>failed: RuntimeError" in d.status.value
+    assert d.banner.layout.display == "block"
+    assert "reward for trajectory 0badc0ffee raised ValueError" in d.banner.value
+    assert "trajectory <code>0badc0ffee</code>" in d.banner.value
 
 
 def test_redraw_survives_a_pipeline_without_trajectories(pipe):
@@ -111,5 +142,104 @@ def test_redraw_survives_a_pipeline_without_trajectories(pipe):
         raise RuntimeError("closed")
 
     pipe.trajectories = closed
-    d = Dashboard(pipe, throttle_s=0.0)
-    assert len(d.figures["reward"].data) >= 2 and len(d.figures["utilization"].data[0].x) == 0
+    d = Dashboard(pipe, throttle_s=0.0, watch=False)
+    assert len(d.plots.sent["reward"]["data"]) >= 2 and d.plots.sent["utilization"]["data"][0]["x"] == []
+
+
+def test_the_watcher_never_raises_and_close_stops_it(pipe, caplog):
+    d = Dashboard(pipe, throttle_s=0.0, poll_s=0.01)
+    type(pipe).error = property(lambda self: 1 / 0)  # a broken pipeline: every look fails
+    try:
+        time.sleep(0.2)
+        assert d._watcher.is_alive()
+        assert sum("dashboard update failed" in r.message for r in caplog.records) == 1  # logged once
+    finally:
+        del type(pipe).error
+        d.close()
+    assert not d._watcher.is_alive()
+
+
+# -- with a real pipeline (SimSession: in-process, steps take milliseconds) -------------------------
+def test_the_watcher_follows_a_background_run_while_this_thread_is_busy(sim_pipeline):
+    sess, pipe = sim_pipeline
+    dash = pipe.dashboard(throttle_s=0.1, poll_s=0.02)
+    sent = _capture(dash)
+    seen = []
+    pipe.run(60, background=True, progress=False)  # not through the dashboard: no on_step
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and (len(pipe.reports) < 60 or _points(dash) < 60):
+        time.sleep(0.05)  # busy: this thread never calls the dashboard
+        seen.append(_points(dash))
+    assert _points(dash) == 60
+    assert len(set(seen)) >= 3, f"the plots should have moved during the run: {sorted(set(seen))}"
+    assert "60 step(s)" in dash.status.value
+    # incremental: no whole figure after the first draw; each extend carries only the new steps
+    assert sent and not any(op["op"] == "figure" for m in sent for op in m["ops"])
+    drawn = 0
+    for m in sent:
+        (tp,) = [op for op in m["ops"] if op["fig"] == "throughput"] or [None]
+        if tp is None:
+            continue
+        assert tp["op"] == "extend" and tp["points"]["x"] == list(range(drawn, drawn + len(tp["points"]["x"])))
+        drawn += len(tp["points"]["x"])
+        small = [op for op in m["ops"] if op["fig"] != "utilization"]
+        # about 100 bytes per op and new step: it grows with the steps since the last update, not with the run
+        assert len(json.dumps(small)) < 200 * len(small) * len(tp["points"]["x"])
+    assert drawn == 60
+    # what the browser holds (the first state plus every message) is the whole figure
+    reports = list(pipe.reports)
+    assert dash.plots.sent["step_time"] == spec_of(figures.step_time_figure(reports))
+    assert dash.plots.sent["reward"]["data"] == spec_of(figures.reward_figure(reports))["data"]
+    assert dash.plots.messages[0][0] == 0 and len(dash.plots.messages) == len(sent) + 1
+    dash.close()
+
+
+def test_a_failing_run_shows_failed_with_the_reason_and_the_failed_per_step_plot(sim_pipeline):
+    sess, pipe = sim_pipeline
+    dash = pipe.dashboard(throttle_s=0.05, poll_s=0.02)
+    pipe.run(3, progress=False)
+
+    def flaky(traj):  # about a third of math trajectories fail, the same ones every run
+        if int(traj.id, 16) % 3 == 0:
+            raise ValueError("flaky reward")
+        return 1.0
+
+    pipe.swap_reward("math", flaky)
+    pipe.run(4, background=True, progress=False)
+    assert _until(lambda: any("flaky reward" in t["name"] for t in dash.plots.sent["failures"]["data"]))
+    assert _until(lambda: "flaky reward" in dash.banner.value)
+    assert "trajectories failed in step" in dash.banner.value or "trajectory failed" in dash.banner.value
+    rate = [t for t in dash.plots.sent["reward"]["data"] if t["name"] == "failure rate"]
+    assert rate and any(y for y in rate[0]["y"] if y)
+    pipe.wait()
+
+    def broken(traj):
+        raise ValueError("broken reward")
+
+    pipe.swap_reward("math", broken)
+    pipe.run(5, background=True, progress=False)
+    assert _until(lambda: "rollart-state'>failed" in dash.status.value, timeout=60)
+    assert "failed: RolloutStalledError" in dash.status.value
+    assert dash.banner.layout.display == "block"
+    assert "Run failed" in dash.banner.value and "broken reward" in dash.banner.value
+    assert dash.failure is not None and dash.failure["trajectory"]
+    assert f"<code>{dash.failure['trajectory']}</code>" in dash.banner.value
+    with pytest.raises(Exception, match="broken reward"):
+        dash.wait()  # as pipe.wait(): re-raises ...
+    assert "Run failed" in dash.banner.value  # ... and the banner stays
+    sess.close()  # the closed state wins; the banner keeps the failure
+    assert _until(lambda: "rollart-state'>closed" in dash.status.value, timeout=10)
+    assert "Run failed" in dash.banner.value
+    assert _until(lambda: not dash._watcher.is_alive(), timeout=5)
+
+
+def test_status_says_closed_after_close_and_the_watcher_ends(sim_pipeline):
+    sess, pipe = sim_pipeline
+    dash = pipe.dashboard(throttle_s=0.05, poll_s=0.02)
+    pipe.run(2, background=True, progress=False)
+    assert _until(lambda: "running" in dash.status.value or _points(dash) == 2)
+    pipe.wait()
+    pipe.close()
+    assert _until(lambda: "rollart-state'>closed" in dash.status.value, timeout=10)
+    assert _until(lambda: not dash._watcher.is_alive(), timeout=5)
+    assert _points(dash) == 2 and dash.plots.figures == dash.plots.sent  # the whole state is in the model

@@ -18,7 +18,7 @@ def test_reward_figure_has_a_line_per_task_and_validation_where_run():
     reps = [make_report(0), make_report(1, validation={"math": 0.7}), make_report(2)]
     fig = figures.reward_figure(reps)
     by_name = {t.name: t for t in fig.data}
-    assert set(by_name) == {"reward/fl", "reward/math", "validation/math"}
+    assert set(by_name) == {"reward/fl", "reward/math", "validation/math", "failure rate"}
     assert list(by_name["reward/math"].y) == pytest.approx([0.0, 0.1, 0.2])
     assert list(by_name["validation/math"].x) == [1] and list(by_name["validation/math"].y) == [0.7]
 
@@ -175,3 +175,56 @@ def test_failover_events_are_marked_on_the_pool_timeline_and_summed_in_a_line():
     assert line == "failover: 1 generator(s) replaced (actor_gen/0), 1 trainer restore(s) (last to v2)"
     assert figures.failover_line([make_report(0)]) == ""
     assert not any(t.name == "failover" for t in figures.utilization_figure(trajs, [make_report(0)]).data)
+
+
+def test_reward_figure_shows_the_failure_rate_beside_the_mean():
+    reps = [make_report(0, counts={"completed": 6, "failed": 2}), make_report(1, counts={"aborted_stale": 3})]
+    rate = next(t for t in figures.reward_figure(reps).data if t.name == "failure rate")
+    assert list(rate.y) == [0.25, None] and rate.yaxis == "y2"  # none ended: no rate, not 0
+    assert figures.failure_rate(reps[0]) == 0.25
+
+
+def test_reason_kind_groups_reasons_that_differ_by_trajectory():
+    a = "reward: reward f v1 for task 'math' (trajectory 3fa2b1) failed after 2 attempt(s): ValueError: bad"
+    b = a.replace("3fa2b1", "77aa00")
+    assert figures.reason_kind(a) == figures.reason_kind(b) == "reward: ValueError: bad"
+    assert figures.reason_kind("env #3 crashed: EnvError: boom") == "EnvError: boom"
+    assert len(figures.reason_kind("x" * 500)) == 60
+
+
+def test_step_failures_pairs_each_step_with_its_reasons_and_counts_the_unnamed():
+    r0 = make_report(0, counts={"failed": 2}, failures={"math": ["e (trajectory aa11)", "e (trajectory aa12)"]})
+    # 3 failed, but the rollout kept only one reason of them
+    r1 = make_report(1, counts={"failed": 3}, failures={"math": ["f (trajectory aa13)"]})
+    r2 = make_report(2, counts={})
+    out = figures.step_failures([r0, r1, r2])
+    assert out[0] == ([("math", "e (trajectory aa11)"), ("math", "e (trajectory aa12)")], 0)
+    assert out[1] == ([("math", "f (trajectory aa13)")], 2)
+    assert out[2] == ([], 0)
+
+
+def test_failed_aborted_figure_stacks_aborts_and_failures_by_task_and_reason():
+    reason = "reward: reward f v1 for task 'math' (trajectory {}) failed after 1 attempt(s): ValueError: bad"
+    reps = [
+        make_report(0, counts={"aborted_stale": 2}),
+        make_report(1, counts={"failed": 2}, failures={"math": [reason.format("aa01"), reason.format("aa02")]}),
+        make_report(2, counts={"failed": 1, "aborted_stale": 1}, failures={"fl": ["env: EnvError: x"]}),
+    ]
+    fig = figures.failed_aborted_figure(reps)
+    assert fig.layout.barmode == "stack"
+    by = {t.name: t for t in fig.data}
+    assert list(by["aborted (stale)"].y) == [2, 0, 1]
+    bad = by["failed · math: reward: ValueError: bad"]
+    assert list(bad.x) == [1] and list(bad.y) == [2] and "aa02" in bad.text[0]
+    assert list(by["failed · fl: env: EnvError: x"].x) == [2]
+
+
+def test_timeline_figure_keeps_the_given_order_and_windows_by_axis_range():
+    segs = [
+        {"row": "g/0", "kind": "generate", "start": T0 + 5, "end": T0 + 6, "label": "b"},
+        {"row": "g/0", "kind": "generate", "start": T0, "end": T0 + 1, "label": "a"},
+    ]
+    fig = figures.timeline_figure(segs, t0=T0, window_s=2.0)
+    assert list(fig.data[0].base) == [5.0, 0.0] and list(fig.data[0].hovertext) == ["b", "a"]
+    assert list(fig.layout.xaxis.range) == [4.0, 6.0]
+    assert "g/0 50%" in fig.layout.title.text  # busy 1 s of the 2 s shown
