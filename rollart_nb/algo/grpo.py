@@ -13,9 +13,22 @@ from typing import Any
 
 from rollart_nb.errors import ConfigError
 
-__all__ = ["GRPO", "batch_advantages", "group_advantages", "grpo_loss", "loss_weights", "step_metrics"]
+__all__ = [
+    "GRPO",
+    "TRAIN_METRICS",
+    "batch_advantages",
+    "group_advantages",
+    "grpo_loss",
+    "loss_weights",
+    "mean_response_length",
+    "step_metrics",
+]
 
 LOSS_AGGS = ("token-mean", "seq-mean", "task-token-mean")
+
+TRAIN_METRICS = ("loss", "kl", "entropy", "grad_norm", "clip_frac", "response_length")
+"""Metrics every GRPO train step reports under these names (see :func:`step_metrics`); the
+dashboard's and the report's "training" plot draws them."""
 
 
 @dataclass(frozen=True)
@@ -131,12 +144,31 @@ def step_metrics(
     num_tokens: float,
     step_s: float,
     version: int,
+    response_length: float = math.nan,
 ) -> dict[str, float]:
     """A train step's metrics, as every GRPO backend reports them: ``sums`` (loss terms summed
     over micro-batches) plus the gradient norm, the batch's reward and advantage statistics,
-    its size and the step's time and new version."""
+    its size and the step's time and new version.
+
+    The names of :data:`TRAIN_METRICS` are always there:
+
+    * ``loss``: the loss minimised (policy gradient plus the KL and entropy terms);
+    * ``kl``: the k3 estimate of KL(policy || reference) (also as ``kl_ref``) when a reference
+      is kept (``kl_coef > 0``); otherwise ``approx_kl_old``, the k1 estimate of the KL from the
+      behaviour policy that generated the batch (0 on policy; it grows with staleness and epochs);
+    * ``entropy``: mean per-token entropy of the policy over the trained tokens;
+    * ``grad_norm``: global gradient norm before clipping;
+    * ``clip_frac``: share of trained tokens whose ratio was clipped, in [0, 1];
+    * ``response_length``: mean generated tokens per trajectory of the batch.
+
+    Token means are weighted as the loss is (``loss_agg``). A batch with no trained tokens
+    (every group flat) reports ``kl`` and ``entropy`` as NaN: nothing was measured.
+    """
+    sums.setdefault("entropy", math.nan)
+    sums.setdefault("kl", sums.get("kl_ref", sums.get("approx_kl_old", math.nan)))
     sums.update(
         grad_norm=grad_norm,
+        response_length=float(response_length),
         reward_mean=float(rewards.mean()),
         reward_std=float(rewards.std(unbiased=False)),
         adv_abs_mean=float(adv.abs().mean()),
@@ -147,6 +179,13 @@ def step_metrics(
         version=float(version),
     )
     return sums
+
+
+def mean_response_length(batch: Sequence[Any]) -> float:
+    """Mean generated tokens (every turn's ``response_ids``) per trajectory; NaN for no trajectories."""
+    if not batch:
+        return math.nan
+    return sum(len(turn.response_ids) for t in batch for turn in t.turns) / len(batch)
 
 
 def group_advantages(

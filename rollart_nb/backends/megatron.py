@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rollart_nb.algo.grpo import GRPO, batch_advantages, grpo_loss, loss_weights, step_metrics
+from rollart_nb.algo.grpo import GRPO, batch_advantages, grpo_loss, loss_weights, mean_response_length, step_metrics
 from rollart_nb.backends.torch_train import build_rows, micro_batches
 from rollart_nb.errors import ConfigError, StateError
 from rollart_nb.models.tiny import ModelRef, from_pretrained
@@ -240,7 +240,11 @@ class MegatronTrainBackend:
         ):
             part, sl = rows[lo:hi], slice(lo, hi)
             ids = self._ids(part)
-            new_lp, entropy = self._token_logprobs(self.model, ids, with_entropy=self.algo.entropy_coef > 0)
+            m = mask[sl, : ids.shape[1] - 1].to(self.device)
+            # The entropy is always measured; with no bonus, without grad (the update is unchanged).
+            new_lp, entropy = self._token_logprobs(
+                self.model, ids, with_entropy=self.algo.entropy_coef > 0, entropy_mask=m
+            )
             old = torch.full((len(part), ids.shape[1]), math.nan)
             for i, r in enumerate(part):
                 old[i, : len(r.ids)] = torch.tensor(r.old_logprobs)
@@ -254,7 +258,7 @@ class MegatronTrainBackend:
                 new_lp,
                 old,
                 row_adv[sl].to(self.device),
-                mask[sl, : new_lp.shape[1]].to(self.device),
+                m,
                 clip_eps=self.algo.clip_eps,
                 clip_eps_high=self.algo.clip_eps_high,
                 weights=weights[sl, : new_lp.shape[1]].to(self.device),
@@ -281,6 +285,7 @@ class MegatronTrainBackend:
             num_tokens=float(mask.sum()),
             step_s=time.perf_counter() - t0,
             version=self.version,
+            response_length=mean_response_length(batch),
         )
 
     def state_dict(self) -> dict[str, Any]:
@@ -478,8 +483,12 @@ class MegatronTrainBackend:
             ids[i, : len(r.ids)] = torch.tensor(r.ids)
         return ids.to(self.device)
 
-    def _token_logprobs(self, model: Any, ids: Any, with_entropy: bool = False) -> tuple[Any, Any]:
-        """Logprob of token t given tokens < t, t = 1..L-1: shape [B, L-1] (and entropy)."""
+    def _token_logprobs(
+        self, model: Any, ids: Any, with_entropy: bool = False, entropy_mask: Any = None
+    ) -> tuple[Any, Any]:
+        """Logprob of token t given tokens < t, t = 1..L-1: shape [B, L-1], and the per-token entropy
+        [B, L-1] or None: with ``with_entropy`` differentiable at every position (for an entropy
+        bonus), else with ``entropy_mask`` [B, L-1] at its positions only, without grad."""
         import torch
         from megatron.core import tensor_parallel
 
@@ -493,10 +502,38 @@ class MegatronTrainBackend:
             full = tensor_parallel.gather_from_tensor_model_parallel_region(logits)
             logp = torch.log_softmax(full, -1)
             entropy = -(logp.exp() * logp).sum(-1)
+        elif entropy_mask is not None:
+            entropy = self._entropy_at(logits, entropy_mask)
         # The vocab-parallel CE never materialises the full vocabulary on one rank; it edits its
         # input in place, hence the copy.
         lp = -tensor_parallel.vocab_parallel_cross_entropy(logits.clone(), ids[:, 1:])
         return lp, entropy
+
+    def _entropy_at(self, logits: Any, mask: Any, chunk_tokens: int = 1024) -> Any:
+        """Entropy [B, T] of vocab-parallel ``logits`` [B, T, V/tp] where ``mask`` [B, T] is set (0
+        elsewhere), without grad: each rank sums over its vocabulary slice and the sums are reduced
+        over TP, so no rank holds the whole vocabulary. Only trained tokens, a chunk at a time."""
+        import torch
+        import torch.distributed as dist
+        from megatron.core import parallel_state as ps
+
+        group = ps.get_tensor_model_parallel_group() if self.tp > 1 else None
+        out = torch.zeros(logits.shape[:2], dtype=logits.dtype, device=logits.device)
+        rows, cols = (mask > 0).nonzero(as_tuple=True)
+        with torch.no_grad():
+            for i in range(0, rows.numel(), chunk_tokens):
+                r, c = rows[i : i + chunk_tokens], cols[i : i + chunk_tokens]
+                x = logits[r, c].detach()
+                top = x.max(-1).values
+                if group is not None:
+                    dist.all_reduce(top, op=dist.ReduceOp.MAX, group=group)
+                shifted = x - top[:, None]
+                z = shifted.exp()
+                sums = torch.stack([z.sum(-1), (z * shifted).sum(-1)])  # S and sum z (x - max)
+                if group is not None:
+                    dist.all_reduce(sums, group=group)
+                out[r, c] = sums[0].log() - sums[1] / sums[0]  # H = log S - sum z (x - max) / S
+        return out
 
     def _clip_grads(self, max_norm: float) -> float:
         """Global grad norm over TP (replicated params counted once), then clip; returns the norm."""

@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from rollart_nb.algo.grpo import GRPO, batch_advantages, grpo_loss, loss_weights, step_metrics
+from rollart_nb.algo.grpo import GRPO, batch_advantages, grpo_loss, loss_weights, mean_response_length, step_metrics
 from rollart_nb.errors import ConfigError, StateError
 from rollart_nb.models.tiny import ModelRef, from_pretrained
 from rollart_nb.trajectory import Trajectory, Turn
@@ -133,13 +133,41 @@ def _pad_ids(seqs: list[list[int]], pad_id: int, device: torch.device) -> tuple[
     return ids.to(device), attn.to(device)
 
 
-def _token_logprobs(model: Any, ids: torch.Tensor, attn: torch.Tensor, with_entropy: bool = False):
-    """Logprob of token t given tokens < t, for t = 1..L-1: shape [B, L-1] (and entropy)."""
+def _token_logprobs(
+    model: Any,
+    ids: torch.Tensor,
+    attn: torch.Tensor,
+    with_entropy: bool = False,
+    entropy_mask: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Logprob of token t given tokens < t, for t = 1..L-1: shape [B, L-1], and the per-token
+    entropy of the next-token distribution, shape [B, L-1] or None.
+
+    Args:
+        with_entropy: the entropy at every position, differentiable (for an entropy bonus).
+        entropy_mask: shape [B, L-1]; without ``with_entropy``, the entropy at these positions only
+            (0 elsewhere) and without grad: a metric that leaves the gradient as it is.
+    """
     logits = model(input_ids=ids, attention_mask=attn, use_cache=False).logits[:, :-1].float()
     logp = torch.log_softmax(logits, -1)
     lp = logp.gather(-1, ids[:, 1:, None])[..., 0]
-    entropy = -(logp.exp() * logp).sum(-1) if with_entropy else None
-    return lp, entropy
+    if with_entropy:
+        return lp, -(logp.exp() * logp).sum(-1)
+    return lp, None if entropy_mask is None else _entropy_at(logp.detach(), entropy_mask)
+
+
+@torch.no_grad()
+def _entropy_at(logp: torch.Tensor, mask: torch.Tensor, chunk_tokens: int = 1024) -> torch.Tensor:
+    """Entropy of the distributions ``logp`` [B, T, V] at the positions where ``mask`` [B, T] is set
+    (0 elsewhere): shape [B, T]. Only trained tokens, ``chunk_tokens`` at a time, so the metric
+    costs one pass over their logits and little memory beyond the forward pass's."""
+    out = torch.zeros(logp.shape[:2], dtype=logp.dtype, device=logp.device)
+    rows, cols = (mask > 0).nonzero(as_tuple=True)
+    for i in range(0, rows.numel(), chunk_tokens):
+        r, c = rows[i : i + chunk_tokens], cols[i : i + chunk_tokens]
+        sel = logp[r, c]
+        out[r, c] = -(sel.exp() * sel).sum(-1)
+    return out
 
 
 class ReferencePolicy:
@@ -227,6 +255,11 @@ class TorchTrainBackend:
     def train_step(self, batch: list[Trajectory]) -> dict[str, float]:
         """One optimizer step on scored trajectories; bumps :attr:`version` by one.
 
+        Returns:
+            The step's metrics (:func:`~rollart_nb.algo.grpo.step_metrics`), among them ``loss``,
+            ``kl``, ``entropy``, ``grad_norm``, ``clip_frac`` and ``response_length``; with several
+            ``epochs``, the loss terms are the last epoch's.
+
         Raises:
             ConfigError: empty batch, unscored trajectories, or no trainable tokens.
         """
@@ -251,6 +284,8 @@ class TorchTrainBackend:
             "clip_frac": 0.0,
             "ratio_mean": 1.0,
             "approx_kl_old": 0.0,
+            "kl": math.nan,  # nothing trained: nothing measured
+            "entropy": math.nan,
         }
         grad_norm = 0.0
         if rows:
@@ -272,6 +307,7 @@ class TorchTrainBackend:
             num_tokens=sum(sum(r.mask) for r in rows),
             step_s=time.perf_counter() - t0,
             version=self.version,
+            response_length=mean_response_length(batch),
         )
 
     def _optimize(
@@ -295,8 +331,9 @@ class TorchTrainBackend:
         ):
             sl = slice(lo, hi)
             part = rows[lo:hi]
-            new_lp, entropy, ids, attn = self._forward(part, with_entropy=self.algo.entropy_coef > 0)
-            m = mask[sl, : new_lp.shape[1]].to(self.device)
+            m = mask[sl, : max(len(r.ids) for r in part) - 1].to(self.device)
+            # The entropy is always measured; with no bonus, without grad (the update is unchanged).
+            new_lp, entropy, ids, attn = self._forward(part, with_entropy=self.algo.entropy_coef > 0, entropy_mask=m)
             old = self._padded([r.old_logprobs for r in part], new_lp.shape[1] + 1, math.nan)[:, 1:]
             old = torch.where(torch.isnan(old), new_lp.detach(), old)
             ref_lp = None
@@ -414,7 +451,9 @@ class TorchTrainBackend:
             out[i, : len(s)] = torch.tensor(s, dtype=torch.float32)
         return out.to(self.device)
 
-    def _forward(self, rows: list[Row], *, with_entropy: bool) -> tuple[torch.Tensor, Any, Any, Any]:
+    def _forward(
+        self, rows: list[Row], *, with_entropy: bool, entropy_mask: torch.Tensor
+    ) -> tuple[torch.Tensor, Any, Any, Any]:
         ids, attn = _pad_ids([r.ids for r in rows], self.pad_id, self.device)
-        lp, entropy = _token_logprobs(self.model, ids, attn, with_entropy=with_entropy)
+        lp, entropy = _token_logprobs(self.model, ids, attn, with_entropy=with_entropy, entropy_mask=entropy_mask)
         return lp, entropy, ids, attn

@@ -34,14 +34,15 @@ __all__ = ["Dashboard"]
 
 log = logging.getLogger(__name__)
 
-_FIGURES = ("reward", "failures", "step_time", "staleness", "throughput", "utilization")
+_FIGURES = ("reward", "training", "failures", "step_time", "staleness", "throughput", "utilization")
 _TRAJ = re.compile(r"trajectory ([0-9a-f]{4,})")
 _RED, _AMBER = "#b00020", "#8a5a00"
 
 
 class Dashboard(widgets.VBox):
-    """Reward and failure rate, failed/aborted per step, step-time phases, staleness, throughput and
-    pool utilization of a Pipeline, live; a status line (the pipeline's state) and a banner for
+    """Reward and failure rate, the trainer's metrics (loss, KL, entropy, grad norm, clip fraction,
+    response length), failed/aborted per step, step-time phases, staleness, throughput and pool
+    utilization of a Pipeline, live; a status line (the pipeline's state) and a banner for
     failures.
 
     Built by ``pipe.dashboard()``. Works outside a kernel too (the widgets are plain objects until
@@ -99,7 +100,7 @@ class Dashboard(widgets.VBox):
 
         self.status = widgets.HTML()
         self.banner = widgets.HTML(layout=widgets.Layout(display="none", width="100%"))
-        self.plots = LivePlots(order=list(_FIGURES), wide=["utilization"])
+        self.plots = LivePlots(order=list(_FIGURES), wide=["training", "utilization"])
         self.pause_button = widgets.Button(description="Pause", icon="pause", tooltip="stop after the step in progress")
         self.resume_button = widgets.Button(
             description="Resume", icon="play", tooltip="run more steps in the background"
@@ -261,6 +262,7 @@ class Dashboard(widgets.VBox):
         segs = list(self._segments.values())
         built = {
             "reward": figures.reward_figure(reports, swaps=self._swaps),
+            "training": figures.training_figure(reports),
             "failures": figures.failed_aborted_figure(reports),
             "step_time": figures.step_time_figure(reports),
             "staleness": figures.staleness_figure(reports),

@@ -12,6 +12,7 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from rollart_nb.algo.grpo import TRAIN_METRICS
 from rollart_nb.control.report import ENV_FAULTS, PHASES, StepReport
 from rollart_nb.trajectory import Trajectory
 
@@ -31,6 +32,7 @@ __all__ = [
     "swap_step",
     "throughput_figure",
     "timeline_figure",
+    "training_figure",
     "utilization_figure",
     "utilization_segments",
 ]
@@ -123,6 +125,50 @@ def reward_figure(
         height=340,
         margin={"l": 40, "r": 50 if reports else 10, "t": 40, "b": 40},
     )
+    return fig
+
+
+_TRAIN_TITLES = {
+    "loss": "loss",
+    "entropy": "entropy (per token)",
+    "grad_norm": "grad norm",
+    "clip_frac": "clip fraction",
+    "response_length": "response length (tokens)",
+}
+
+
+def training_figure(reports: Sequence[StepReport]) -> Any:
+    """The trainer's metrics over steps (``StepReport.train``), one small plot each: loss, KL,
+    entropy, grad norm, clip fraction, response length (:data:`~rollart_nb.algo.grpo.TRAIN_METRICS`).
+
+    A step whose trainer did not report a metric (the sim trainer has no loss) leaves no point;
+    NaN leaves a gap. KL is titled by what it measures: to the reference policy when the steps
+    report ``kl_ref`` (``kl_coef > 0``), else the approximate KL from the behaviour policy.
+    Every metric has its trace from the start, so new steps only extend traces (live updates).
+    """
+    go = _go()
+    from plotly.subplots import make_subplots
+
+    kl_ref = any("kl_ref" in r.train for r in reports)
+    titles = dict(_TRAIN_TITLES, kl="KL to reference (k3)" if kl_ref else "KL from behaviour policy (approx.)")
+    fig = make_subplots(
+        rows=2, cols=3, subplot_titles=[titles[k] for k in TRAIN_METRICS], horizontal_spacing=0.08, vertical_spacing=0.2
+    )
+    for i, key in enumerate(TRAIN_METRICS):
+        pts = [(r.step, r.train[key]) for r in reports if key in r.train]
+        fig.add_trace(
+            go.Scatter(
+                x=[p[0] for p in pts],
+                y=[_finite(p[1]) for p in pts],
+                mode="lines+markers",
+                marker={"size": 4},
+                name=key,
+                line={"color": _TASK_COLORS[i % len(_TASK_COLORS)]},
+            ),
+            row=i // 3 + 1,
+            col=i % 3 + 1,
+        )
+    fig.update_layout(title="Training", showlegend=False, height=420, margin={"l": 40, "r": 10, "t": 60, "b": 40})
     return fig
 
 
@@ -601,7 +647,8 @@ def report_html(
     before: dict[str, float] | None = None,
     after: dict[str, float] | None = None,
 ) -> str:
-    """A standalone HTML report: validation before/after, learning curves, step times, a table."""
+    """A standalone HTML report: validation before/after, learning curves, the training metrics,
+    step times, a table."""
     parts = [f"<h1>{html.escape(title)}</h1>"]
     if before or after:
         tasks = sorted(set(before or {}) | set(after or {}))
@@ -620,6 +667,7 @@ def report_html(
         for i, fig in enumerate(
             [
                 reward_figure(reports),
+                training_figure(reports),
                 step_time_figure(reports),
                 staleness_figure(reports),
                 failures_figure(reports),

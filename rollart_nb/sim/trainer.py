@@ -3,7 +3,10 @@
 It consumes real trajectories (their token counts and rewards) and advances the policy
 version like a real trainer, but computes no gradients: a step sleeps
 ``train_time(tokens) * time_scale``. Its metrics are only numbers it actually knows (token
-counts, modelled time, the batch's rewards); it reports no loss, since it has none.
+counts, the mean response length, modelled time, the batch's rewards). Of the training metrics
+a GRPO trainer reports (:data:`~rollart_nb.algo.grpo.TRAIN_METRICS`) it has only
+``response_length``: it computes no loss, KL, entropy, gradient or clipping, and made-up curves
+would read as a real run's on the dashboard, so it leaves them out (the plot shows what is there).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from rollart_nb.algo.grpo import mean_response_length
 from rollart_nb.errors import ConfigError, StateError
 from rollart_nb.models.spec import ModelSpec
 from rollart_nb.resources.profiles import HardwareProfile
@@ -92,7 +96,8 @@ class SimTrainBackend:
         clock, else ``time.sleep``): call it off any event loop (:meth:`atrain_step` on one).
 
         Returns:
-            ``tokens``, ``trajectories``, ``modelled_s``, ``reward_mean`` (over scored
+            ``tokens``, ``trajectories``, ``response_length`` (mean generated tokens per
+            trajectory; NaN for an empty batch), ``modelled_s``, ``reward_mean`` (over scored
             trajectories; NaN if none), ``version`` (after the step).
         """
         tokens, modelled_s = self._price(batch)
@@ -118,6 +123,7 @@ class SimTrainBackend:
         return {
             "tokens": float(tokens),
             "trajectories": float(len(batch)),
+            "response_length": mean_response_length(batch),
             "modelled_s": modelled_s,
             "reward_mean": sum(rewards) / len(rewards) if rewards else math.nan,
             "version": float(self.version),

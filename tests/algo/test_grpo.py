@@ -146,3 +146,42 @@ def test_padding_with_garbage_logprobs_is_harmless():
     loss, _ = grpo_loss(new, old, torch.ones(1), torch.tensor([[1.0, 0.0]]))
     loss.backward()
     assert torch.isfinite(loss) and torch.isfinite(new.grad).all()
+
+
+def _metrics(sums, *, response_length=5.0):
+    from rollart_nb.algo.grpo import step_metrics
+
+    rewards = torch.tensor([1.0, 0.0])
+    return step_metrics(
+        sums,
+        grad_norm=0.5,
+        rewards=rewards,
+        adv=rewards - 0.5,
+        num_trajectories=2,
+        num_rows=2,
+        num_tokens=10,
+        step_s=0.1,
+        version=1,
+        response_length=response_length,
+    )
+
+
+def test_step_metrics_names_the_kl_it_has_under_kl():
+    from rollart_nb.algo.grpo import TRAIN_METRICS
+
+    with_ref = _metrics({"loss": 0.1, "clip_frac": 0.0, "approx_kl_old": 0.02, "kl_ref": 0.3, "entropy": 2.0})
+    assert with_ref["kl"] == 0.3 and set(TRAIN_METRICS) <= with_ref.keys()  # the reference's k3 when kept
+    behaviour = _metrics({"loss": 0.1, "clip_frac": 0.0, "approx_kl_old": 0.02, "entropy": 2.0})
+    assert behaviour["kl"] == 0.02 and behaviour["response_length"] == 5.0 and behaviour["grad_norm"] == 0.5
+    nothing = _metrics({"loss": 0.0, "clip_frac": 0.0})
+    assert math.isnan(nothing["kl"]) and math.isnan(nothing["entropy"])
+
+
+def test_mean_response_length_counts_generated_tokens_of_every_turn():
+    from rollart_nb.algo.grpo import mean_response_length
+
+    def traj(*lengths):
+        return types.SimpleNamespace(turns=[types.SimpleNamespace(response_ids=[0] * n) for n in lengths])
+
+    assert mean_response_length([traj(3, 4), traj(1), traj()]) == pytest.approx(8 / 3)
+    assert math.isnan(mean_response_length([]))

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from rollart_nb.algo import GRPO
-from rollart_nb.backends import HFBackend, TorchTrainBackend
+from rollart_nb.algo.grpo import TRAIN_METRICS
+from rollart_nb.backends import HFBackend, TorchTrainBackend, torch_train
 from rollart_nb.backends.torch_train import ReferencePolicy, build_rows, micro_batches
 from rollart_nb.errors import ConfigError, StateError
 from rollart_nb.models import format_history, tiny_qwen
@@ -153,6 +154,7 @@ def test_flat_groups_are_left_out_and_an_all_flat_batch_makes_no_step(ref, tok):
     before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
     m = trainer.train_step(flat)
     assert m["trained_rows"] == 0 and m["grad_norm"] == 0.0 and trainer.version == 2
+    assert math.isnan(m["kl"]) and math.isnan(m["entropy"])  # nothing trained: nothing measured
     after = trainer.model.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)  # momentum did not move the weights
 
@@ -331,3 +333,68 @@ def test_reference_logprobs_from_other_weights_change_the_kl_term(ref, tok, tmp_
     base, _, _ = _second_step(ref, tok)
     wrong, _, passes = _second_step(ref, tok, ReferencePolicy(other))
     assert passes == 0 and wrong["loss"] != pytest.approx(base["loss"], abs=1e-4)
+
+
+def _direct(model, batch):
+    """Per trained token, straight from the logits of an unpadded forward pass: (logprob, entropy)."""
+    lps, ents = [], []
+    with torch.no_grad():
+        for i, t in enumerate(batch):
+            for row in build_rows(t, i):
+                ids = torch.tensor([row.ids])
+                logp = torch.log_softmax(model(input_ids=ids).logits[0, :-1].float(), -1)
+                at = torch.tensor(row.mask[1:]) > 0
+                lps.append(logp.gather(-1, ids[0, 1:, None])[:, 0][at])
+                ents.append(-(logp.exp() * logp).sum(-1)[at])
+    return torch.cat(lps), torch.cat(ents)
+
+
+def test_training_metrics_match_direct_computations(ref, tok):
+    """loss, kl, entropy, grad_norm, clip_frac and response_length on a tiny batch, against the logits."""
+    batch = [two_turn(tok, 1.0, resp=("left", "up")), two_turn(tok, 0.0, resp=("down", "right"))]
+    for t in batch:  # a stale behaviour policy on the first turn: ratios far above 1 + eps there
+        t.turns[0].logprobs = [-20.0] * len(t.turns[0].response_ids)
+    trainer = TorchTrainBackend(ref, GRPO(group_size=2), seed=0)
+    new, entropy = _direct(trainer.model, batch)
+    m = trainer.train_step(batch)
+    assert set(TRAIN_METRICS) <= m.keys() and all(math.isfinite(m[k]) for k in TRAIN_METRICS)
+    assert m["entropy"] == pytest.approx(float(entropy.mean()), rel=1e-5)  # token mean over trained tokens
+    # clipped: the positive-advantage trajectory's first-turn tokens (ratio > 1.2 with A > 0) only
+    n0 = len(batch[0].turns[0].response_ids)
+    assert 0 <= m["clip_frac"] <= 1 and m["clip_frac"] == pytest.approx(n0 / new.numel())
+    stale = torch.cat(
+        [torch.tensor([1.0] * len(t.turns[0].response_ids) + [0.0] * len(t.turns[1].response_ids)) for t in batch]
+    )
+    old = torch.where(stale > 0, torch.full_like(new, -20.0), new)  # turns without logprobs: on policy
+    assert m["kl"] == m["approx_kl_old"] == pytest.approx(float((old - new).mean()), rel=1e-5)
+    assert m["response_length"] == sum(len(u.response_ids) for t in batch for u in t.turns) / 2
+    assert m["grad_norm"] > 0 and math.isfinite(m["loss"])
+
+
+def test_kl_metric_is_the_k3_estimate_to_the_reference(ref, tok):
+    batch = [two_turn(tok, 1.0, resp=("left", "up")), two_turn(tok, 0.0, resp=("down", "right"))]
+    trainer = TorchTrainBackend(ref, GRPO(group_size=2, kl_coef=0.1, lr=1e-2), seed=0)
+    assert trainer.train_step(batch)["kl"] == 0.0  # the policy is still the reference
+    new, _ = _direct(trainer.model, batch)
+    old_ref, _ = _direct(trainer.reference, batch)
+    m = trainer.train_step(batch)
+    d = old_ref - new
+    assert m["kl"] == m["kl_ref"] == pytest.approx(float((d.exp() - d - 1).mean()), rel=1e-4) and m["kl"] > 0
+
+
+def test_measuring_entropy_leaves_the_update_unchanged(ref, tok, monkeypatch):
+    """With entropy_coef=0 the entropy is a metric: weights after the step equal those of a step
+    whose entropy measurement is switched off, bit for bit."""
+    batch = [two_turn(tok, 1.0, resp=("left", "up")), two_turn(tok, 0.0, resp=("down", "right"))]
+    measured = TorchTrainBackend(ref, GRPO(group_size=2), seed=0)
+    m = measured.train_step(batch)
+    monkeypatch.setattr(torch_train, "_entropy_at", lambda logp, mask: torch.zeros(logp.shape[:2]))
+    unmeasured = TorchTrainBackend(ref, GRPO(group_size=2), seed=0)
+    u = unmeasured.train_step(batch)
+    assert m["entropy"] > 0 and u["entropy"] == 0.0
+    assert m["loss"] == u["loss"] and m["grad_norm"] == u["grad_norm"]
+    a, b = measured.model.state_dict(), unmeasured.model.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    # the bonus path (entropy_coef > 0) reports the same number, differentiably
+    bonus = TorchTrainBackend(ref, GRPO(group_size=2, entropy_coef=0.01), seed=0).train_step(batch)
+    assert bonus["entropy"] == pytest.approx(m["entropy"], rel=1e-6)

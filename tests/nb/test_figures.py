@@ -2,6 +2,7 @@
 
 import pytest
 
+from rollart_nb.algo.grpo import TRAIN_METRICS
 from rollart_nb.control.report import PHASES
 from rollart_nb.nb import figures
 
@@ -88,11 +89,46 @@ def test_empty_inputs_make_empty_figures():
     assert figures.utilization_figure([], []).layout.title.text == "Pool utilization"
     assert all(len(t.x) == 0 for t in figures.step_time_figure([]).data)
     assert len(figures.reward_figure([]).data) == 0
+    assert all(len(t.x) == 0 for t in figures.training_figure([]).data)
 
 
 def test_report_html_contains_charts_and_table():
     out = figures.report_html([make_report(0), make_report(1)], before={"math": 0.1}, after={"math": 0.4})
     assert "plotly" in out and "<h2>Steps</h2>" in out and "0.400" in out
+
+
+def _train(step, **kw):
+    m = {"loss": 0.5 - 0.1 * step, "kl": 0.01 * step, "entropy": 2.0 - 0.1 * step, "grad_norm": 1.0 + step}
+    m.update(clip_frac=0.1 * step, response_length=10.0 + step, pg_loss=0.0)
+    return {**m, **kw}
+
+
+def test_training_figure_plots_each_metric_over_steps():
+    reps = [make_report(i, train=_train(i)) for i in range(3)]
+    reps.append(make_report(3, train=_train(3, entropy=float("nan"))))  # NaN: a gap, valid JSON
+    reps.append(make_report(4))  # a step without train metrics (e.g. before the first overlapped step)
+    fig = figures.training_figure(reps)
+    by_name = {t.name: t for t in fig.data}
+    assert list(by_name) == list(TRAIN_METRICS)  # one trace each, in a fixed order: live updates extend them
+    for key, trace in by_name.items():
+        assert list(trace.x) == [0, 1, 2, 3]
+        want: list = [_train(i)[key] for i in range(4)]
+        if key == "entropy":
+            want[3] = None
+        assert list(trace.y) == [w if w is None else pytest.approx(w) for w in want]
+    titles = [a.text for a in fig.layout.annotations]
+    assert "KL from behaviour policy (approx.)" in titles and "clip fraction" in titles
+    ref = figures.training_figure([make_report(0, train=_train(0, kl_ref=0.0))])
+    assert "KL to reference (k3)" in [a.text for a in ref.layout.annotations]
+    # a trainer that reports only some metrics (the sim trainer: response length) draws those
+    sim = figures.training_figure([make_report(i, train={"response_length": 7.0}) for i in range(2)])
+    assert [len(t.x) for t in sim.data] == [0, 0, 0, 0, 0, 2]
+
+
+def test_report_html_includes_the_training_plot():
+    reps = [make_report(i, train=_train(i)) for i in range(2)]
+    out = figures.report_html(reps)
+    assert out.count("KL from behaviour policy") == 1 and "response length (tokens)" in out
 
 
 def test_curves_svg_draws_validation_and_reward_per_task_against_wall_seconds():
