@@ -7,6 +7,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from rollart_nb.algo.grpo import TRAIN_METRICS
+
 __all__ = ["ENV_FAULTS", "PHASES", "StepReport", "env_fault_deltas"]
 
 PHASES = ("rollout_wait", "suspend", "update", "resume", "train")
@@ -106,6 +108,10 @@ class StepReport:
         r["env_timeouts"] = self.env.get("timeouts", 0)
         r["replaced"] = sum(e["kind"] == "generator_replaced" for e in self.events)
         r["restored"] = sum(e["kind"] == "trainer_restored" for e in self.events)
+        for k in TRAIN_METRICS:  # what the train step measured (absent ones are left out)
+            v = self.train.get(k)
+            if isinstance(v, int | float):
+                r[k] = round(float(v), 4)
         return r
 
     def __repr__(self) -> str:
