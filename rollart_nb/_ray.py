@@ -521,6 +521,18 @@ def current_node_id() -> str:
     return ray().get_runtime_context().get_node_id()
 
 
+def in_worker_process() -> bool:
+    """True inside a Ray worker (an actor or task), False in a driver or without Ray."""
+    import sys
+
+    if "ray" not in sys.modules or not is_initialized():
+        return False
+    try:
+        return ray().get_runtime_context().worker.mode == ray().WORKER_MODE
+    except Exception:  # a Ray without this attribute: assume a driver (capture nothing)
+        return False
+
+
 # -- metadata (GCS key-value store) -----------------------------------------------------
 def kv_put(key: str, value: bytes) -> None:
     from ray.experimental import internal_kv

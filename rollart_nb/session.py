@@ -265,7 +265,9 @@ class Session(SessionBase[RayRuntime]):
 
         Args:
             name: role name ("actor_train", "actor_gen", "reward", "env", ...). Building the same
-                name again closes the old cluster first (re-running a cell is safe).
+                name again closes the old cluster first (re-running a cell is safe); while a pipeline
+                that is not closed uses it, StateError names the pipeline and nothing changes
+                (``pipe.close()`` first).
             worker_cls: a :class:`~rollart_nb.Worker` subclass.
             pool: preferred pool; default ``worker_cls.default_pool``.
             replicas: number of workers (>= 1).

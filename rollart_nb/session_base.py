@@ -17,6 +17,7 @@ import logging
 import os
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Self, TypeVar
 
+from rollart_nb import _ray
 from rollart_nb._checks import is_whole
 from rollart_nb.config import PipelineConfig, field_docs
 from rollart_nb.control.env_manager import RolloutConfig
@@ -28,6 +29,7 @@ from rollart_nb.workers.worker import Worker
 
 if TYPE_CHECKING:
     from rollart_nb.control.pipeline import Pipeline
+    from rollart_nb.logs import LogTail
     from rollart_nb.runtime import Runtime
     from rollart_nb.workers.cluster import ClusterBase
 
@@ -119,14 +121,37 @@ class SessionBase(abc.ABC, Generic[R]):
         pool = pool or str(getattr(worker_cls, "default_pool", "cpu"))
         self.runtime.resources.check_pool_name(pool)
         if name in self.clusters:
+            self._check_unused(name, f"rebuilding cluster {name!r} (sess.cluster({name!r}, ...))")
             log.info("replacing cluster %s", name)
             self.close_cluster(name)
         return pool, {n: Endpoint(n, u) for n, u in (endpoints or {}).items()}
 
     def close_cluster(self, name: str) -> None:
-        """Drop a cluster's workers and free its slots."""
+        """Drop a cluster's workers and free its slots.
+
+        Raises StateError, changing nothing, while a pipeline that is not closed uses the cluster
+        (its generator, trainer or rollout): close that pipeline first.
+        """
         if self._runtime is not None:
+            self._check_unused(name, f"sess.close_cluster({name!r})")
             self._runtime.close_cluster(name)
+
+    def _check_unused(self, name: str, what: str) -> None:
+        """Raise StateError if a live pipeline uses cluster ``name`` (``what`` would stop its workers)."""
+        c = self.clusters.get(name)
+        users = [
+            p.name
+            for p in self.runtime.pipelines.values()
+            if p.state != "closed" and any(x is c for x in (p.train, p.gen, p.rollout))
+        ]
+        if c is None or not users:
+            return
+        names = ", ".join(repr(u) for u in users)
+        raise StateError(
+            f"{what} would stop workers that pipeline {names} still uses; nothing was changed. Close the pipeline "
+            f"first (pipe.close(), or sess.runtime.pipelines[{users[0]!r}].close()), then run this again and build "
+            "the pipeline again with sess.pipeline(...) on the new cluster"
+        )
 
     # -- tasks, rewards, pipelines -----------------------------------------------------
     def tasks(
@@ -137,6 +162,7 @@ class SessionBase(abc.ABC, Generic[R]):
         curriculum: dict[str, Any] | None = None,
         *,
         launcher: dict[str, Any] | None = None,
+        check: bool = True,
     ) -> TaskSet:
         """Declare the tasks of a run.
 
@@ -154,6 +180,13 @@ class SessionBase(abc.ABC, Generic[R]):
                 launcher if needed and stops it on :meth:`close` (or when another launcher
                 replaces it for the same task). The env given in ``envs`` must be of the class
                 the launcher serves.
+            check: run :func:`rn.envs.check <rollart_nb.envs.check>` on each env first (a few
+                short episodes here, with the task's reward if one is registered), so a broken
+                env fails in this cell with its traceback; envs served by launchers or remote
+                are not checked.
+
+        Raises:
+            EnvError / RewardError: ``check`` found a problem (the message has file and line).
 
         Example:
             >>> math = rn.envs.Arithmetic()
@@ -164,11 +197,33 @@ class SessionBase(abc.ABC, Generic[R]):
         """
         self._check()
         envs, launchers = _place_on_launchers(dict(envs), dict(launcher or {}))
+        for env in envs.values():  # workers cannot import a script's or test file's env classes
+            for cls in {type(env), type(getattr(env, "unwrapped", env))}:
+                _ray.ship_by_value(cls)
+        if check:
+            from rollart_nb.envs.check import check as check_env
+            from rollart_nb.envs.check import checkable
+
+            for task, env in envs.items():
+                if task not in launchers and checkable(env):
+                    check_env(env, task=task, reward=self._rewards.get(task, {}).get("fn"))
         per = envs_per_task if isinstance(envs_per_task, dict) else dict.fromkeys(envs, envs_per_task)
         for task, lau in launchers.items():
             self._own_launcher(task, lau)
             envs[task].metadata()  # fetched once here, so every copy of the template carries it
         return TaskSet(envs, dict(per), weights, dict(curriculum or {}), launchers=launchers)
+
+    def logs(self, worker: str | None = None, last: int = 50) -> LogTail:
+        """The last ``last`` lines the session's workers logged or printed (envs and rewards in
+        the rollout worker included), merged by time; ``worker``: only one worker's, e.g.
+        ``"pipeline.rollout"``. A str whose repr is the text, so a cell shows it as is.
+
+        Example:
+            >>> sess.logs("rollout", last=20)                                # doctest: +SKIP
+        """
+        from rollart_nb.logs import read_logs
+
+        return read_logs(self.runtime.log_dir, worker, last)
 
     def _own_launcher(self, task: str, lau: Any) -> None:
         """Start ``lau`` if needed and stop it on close; a different launcher for ``task`` from

@@ -2,7 +2,8 @@
 
 ``reset``, then loop {history -> LLMProxy -> action -> ``env.step`` -> record turn} until
 terminated / truncated / max_turns / abort. An env that raises or hangs ends the trajectory
-as failed, with a reason naming the env, the call, the task and the manager, and the env is
+as failed, with a reason naming the env, the call, the task and the manager (and, when the
+env's code raised, its traceback trimmed to the user's frames), and the env is
 replaced by a fresh deep copy of its template (a hung object is never reused: its abandoned
 thread may still be inside it). Sync env methods run on the scheduler's
 :class:`~rollart_nb.envs.base.BlockingPool`, never on the loop's default executor, so
@@ -24,7 +25,8 @@ from typing import Any
 
 from rollart_nb.config import RolloutConfig
 from rollart_nb.envs.base import BlockingPool, env_name, env_reset, env_step
-from rollart_nb.errors import EnvError, GenerationError
+from rollart_nb.errors import EnvError, GenerationError, RollartError
+from rollart_nb.logs import user_traceback
 from rollart_nb.protocols import GenerationRequest, Tokenizer
 from rollart_nb.trajectory import Status, Trajectory, Turn
 
@@ -149,11 +151,12 @@ class EnvManager:
         except EnvError as e:
             if isinstance(e.__cause__, TimeoutError):
                 self.timeouts += 1
-            traj.finish(
-                Status.FAILED,
-                f"env: {e} [{self.name}, {self._call}, trajectory {traj.id}; env replaced]",
-                now=time.time(),
-            )
+            reason = f"env: {e} [{self.name}, {self._call}, trajectory {traj.id}; env replaced]"
+            cause = e.__cause__
+            if cause is not None and _user_bug(cause):  # the env's own code raised: say where
+                reason += "\n" + user_traceback(cause)
+                log.warning("%s failed: %s", self.name, reason)
+            traj.finish(Status.FAILED, reason, now=time.time())
             self._replace_env()
         except GenerationError as e:
             traj.finish(Status.FAILED, f"generation: {e} [{self.name}, trajectory {traj.id}]", now=time.time())
@@ -263,6 +266,11 @@ def _close_later(env: Any) -> None:
 
     _CLOSING.add(task)
     task.add_done_callback(done)
+
+
+def _user_bug(cause: BaseException | None) -> bool:
+    """An exception the user's code raised (not a timeout, not one of ours): worth a traceback."""
+    return isinstance(cause, Exception) and not isinstance(cause, TimeoutError | RollartError)
 
 
 def request_seed(traj: Trajectory, turn: int) -> int:

@@ -164,17 +164,28 @@ class Pipeline:
             max_inflight=c.max_inflight,
             dispatch=c.dispatch,
         )
+        # closed with this pipeline: a call on it afterwards points to the pipeline, not to sess.cluster
+        self.rollout.closed_fix = (
+            f"it was the rollout of pipeline {name!r}, closed with it: create a new pipeline with "
+            f"sess.pipeline(..., name={name!r})"
+        )
         for task, spec in (rewards or {}).items():
             self.rollout.set_reward(task, **spec)
-        self.E = self.rollout.start()
+        # Everything starts at the trainer's version (a reused or restored trainer's too): the
+        # rollout's first trajectories wait until the generators serve it, so none claims an older
+        # version than the one that generates it, and none is aborted as stale by the first update.
+        trained = int(train.version())
+        served = gen.version() if callable(getattr(gen, "version", None)) else []  # e.g. a previous pipeline's
+        served = served if isinstance(served, list) else [served]
+        serve = bool(trained) or resume is not None or any(int(v) != trained for v in served)
+        self.E = self.rollout.start(trained, not serve)
         self.version = 0
         self._served_state: Any = None  # object ref of the served weights (the direct path): replacements load it
         self.transport = runtime.weight_transport(c.weights, name)
-        trained = int(train.version())
         if self.transport is not None:  # trainer publishes, generators pull in the background
             train.set_transport(self.transport)
             gen.set_transport(self.transport)
-        if trained or resume is not None:  # a reused or restored trainer: serve its weights from the start
+        if serve:  # serve the trainer's weights, then launch the first trajectories
             self._update_weights(trained)
         self.first_step = resume.steps if resume is not None else 0  # step numbers go on after a resume
         self.resumed_from = resume

@@ -6,7 +6,8 @@ on the dispatcher's own :class:`~rollart_nb.envs.base.BlockingPool` (not the loo
 executor, which the control plane needs), so rollout keeps going; a sync call past its timeout
 is abandoned, counted, and its thread replaced. Swapping a task's reward bumps its version;
 every scored trajectory records the version that scored it. A reward that raises, times out or
-returns NaN/inf/non-number is retried, then reported as a :class:`RewardError`.
+returns NaN/inf/non-number is retried, then reported as a :class:`RewardError` (one that
+raised carries its traceback, trimmed to the user's frames).
 
 A task may also have a separate *validation* scorer (``validate_with``): greedy validation then
 measures e.g. exact match while training follows a shaped reward. It stays across reward swaps
@@ -25,6 +26,7 @@ from typing import Any
 from rollart_nb._checks import is_number, is_whole
 from rollart_nb.envs.base import DEFAULT_MAX_REPLACEMENTS, BlockingPool
 from rollart_nb.errors import ConfigError, RewardError
+from rollart_nb.logs import user_traceback
 from rollart_nb.redact import redact_url
 from rollart_nb.serverless.client import Endpoint, acall
 from rollart_nb.trajectory import Trajectory
@@ -213,8 +215,8 @@ class RewardDispatcher:
                 )
             except RewardError as e:
                 last = e
-            except Exception as e:  # the user's reward raised: keep its type and message
-                last = RewardError(f"{type(e).__name__}: {e}")
+            except Exception as e:  # the user's reward raised: keep its type, message and where
+                last = RewardError(f"{type(e).__name__}: {e}\n{user_traceback(e)}")
             if attempt < spec.retries:
                 await asyncio.sleep(0.05 * 2**attempt)
         self.failures += 1

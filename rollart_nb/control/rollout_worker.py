@@ -63,15 +63,26 @@ class RolloutWorker(Worker):
         return self.sched
 
     @register("one")
-    async def start(self) -> int:
-        """Build the proxy and scheduler inside the actor's event loop; returns E (env count)."""
+    async def start(self, version: int = 0, launch: bool = True) -> int:
+        """Build the proxy and scheduler inside the actor's event loop; returns E (env count).
+
+        Args:
+            version: the policy version the generators serve when the first trajectories start
+                (a reused or restored trainer's), so they claim the version that generates them.
+            launch: start trajectories now; ``False`` leaves that to the first :meth:`set_version`
+                (the pipeline's, once the generators serve ``version``).
+        """
         if self.sched is None:
             envs, model, targets, affinity, config, pd, max_inflight, dispatch = self._args
             proxy = LLMProxy(
                 [GenTarget(*t) for t in targets], affinity, max_inflight=max_inflight, pd=pd, dispatch=dispatch
             )
             self.sched = RolloutScheduler(envs, model.load_tokenizer(), proxy, self.rewards, config, id_salt=self.role)
-        self.sched.schedule()
+            # nothing runs or is buffered yet: starting at ``version`` aborts and evicts nothing
+            self.sched.version = version
+            self.sched.buffer.set_version(version)
+        if launch:
+            self.sched.schedule()
         return self.sched.E
 
     @register("one")

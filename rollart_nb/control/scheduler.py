@@ -14,6 +14,9 @@
 - **Env faults**: sync env calls run on one :class:`~rollart_nb.envs.base.BlockingPool` sized
   for the envs, apart from the loop's default executor; hung calls are abandoned and their
   threads replaced. ``stats()["env"]`` counts env restarts, timeouts and abandoned threads.
+- **Stalls**: a task whose recent trajectories all fail stops :meth:`wait_ready` with a
+  :class:`~rollart_nb.errors.RolloutStalledError`; when the failures are one user-code error
+  (same reason, with a traceback) and the task never succeeded, after ``group_size`` of them.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from rollart_nb import _ray
 from rollart_nb.config import PipelineConfig
 from rollart_nb.control.buffer import SampleBuffer, split_quota
 from rollart_nb.control.curriculum import curriculum_problems
@@ -36,6 +40,7 @@ from rollart_nb.control.modes import Mode
 from rollart_nb.control.reward import RewardDispatcher
 from rollart_nb.envs.base import BlockingPool
 from rollart_nb.errors import ConfigError, RewardError, RolloutStalledError
+from rollart_nb.logs import TRACEBACK_HEAD, capture_user_output
 from rollart_nb.trajectory import Status, Trajectory
 
 __all__ = ["GroupState", "RolloutScheduler", "SchedulerConfig"]
@@ -45,6 +50,11 @@ log = logging.getLogger(__name__)
 # Failure reasons name the env manager and trajectory; the stall message groups reasons without them.
 _ENV_INDEX = re.compile(r"env #\d+")
 _TRAJ_ID = re.compile(r"trajectory [0-9a-f]+")
+
+
+def _reason_key(reason: str) -> str:
+    """A failure reason without the ids that differ between trajectories of one error."""
+    return _TRAJ_ID.sub("trajectory …", _ENV_INDEX.sub("env #…", reason))
 
 
 def _env_number(name: str) -> int:
@@ -231,6 +241,11 @@ class RolloutScheduler:
         self._pending_reward: list[tuple[Trajectory, GroupState]] = []
         self._closed = False
         self.consecutive_failures: collections.Counter[str] = collections.Counter()  # per task
+        # per task: (reason without env/trajectory ids, failures in a row with it, the first one's reason)
+        self._same_failure: dict[str, tuple[str, int, str]] = {}
+        self.completed_by_task: collections.Counter[str] = collections.Counter()
+        if _ray.in_worker_process():  # a rollout actor: env/reward print and logging go to its log file
+            capture_user_output()
         self.launched = 0
         self.batches_taken = 0
         self.started_by_task: collections.Counter[str] = collections.Counter()
@@ -292,7 +307,10 @@ class RolloutScheduler:
             if not g.closed and g.budget > 0:
                 open_groups[g.task].append(g)
         plan: list[tuple[EnvManager, GroupState]] = []
+        broken = {t for t in self.tasks if self._is_broken(t)}  # wait_ready is about to stop the run
         for m in idle:
+            if m.task in broken:
+                continue
             q = open_groups[m.task]
             if not q and self._may_open_group(m.task, ahead):
                 q.append(self._open_group(m.task))
@@ -418,6 +436,8 @@ class RolloutScheduler:
             self.ended.append(traj)
         self._on_evicted(rejected)
         self.consecutive_failures[traj.task] = 0
+        self.completed_by_task[traj.task] += 1
+        self._same_failure.pop(traj.task, None)
         if len(g.buffered) >= self.cfg.group_size:
             self._cancel_surplus(g)
 
@@ -440,6 +460,12 @@ class RolloutScheduler:
         if traj.status is Status.FAILED:
             self.failure_reasons.append((traj.task, traj.reason))
             self.consecutive_failures[traj.task] += 1
+            key = _reason_key(traj.reason)
+            prev = self._same_failure.get(traj.task)
+            if prev is not None and prev[0] == key:
+                self._same_failure[traj.task] = (key, prev[1] + 1, prev[2])
+            else:
+                self._same_failure[traj.task] = (key, 1, traj.reason)
         if g is None or g.closed:
             return
         g.running.discard(traj.id)
@@ -544,6 +570,11 @@ class RolloutScheduler:
                 return
             except TimeoutError:
                 pass
+            broken = next((t for t, q in self._batch_quota.items() if q > 0 and self._is_broken(t)), None)
+            if broken is not None:
+                msg = self._broken_message(broken)
+                self._same_failure.pop(broken)  # the next wait_ready (after a fix, e.g. a new reward) tries again
+                raise RolloutStalledError(msg)
             stalled = self._stalled_task()
             if stalled is not None:
                 raise RolloutStalledError(self._stall_message(stalled))
@@ -576,6 +607,23 @@ class RolloutScheduler:
             + f"\nEnv faults so far: {env['restarts']} env restart(s), {env['timeouts']} env timeout(s); "
             + self.env_pool.describe()
             + ".\nFix the env/reward/generator, or give the task weight 0 in sess.tasks(..., weights=...)."
+        )
+
+    def _is_broken(self, task: str) -> bool:
+        """``task`` never completed a trajectory and its last ``group_size`` (at least 2)
+        trajectories failed with one error of user code (an env or reward bug, with traceback)."""
+        same = self._same_failure.get(task)
+        if same is None or self.completed_by_task[task]:
+            return False
+        return same[1] >= max(self.cfg.group_size, 2) and TRACEBACK_HEAD in same[2]
+
+    def _broken_message(self, task: str) -> str:
+        _, n, first = self._same_failure[task]
+        return (
+            f"the last {n} trajectories of task {task!r} all failed with the same error, and none of the task's "
+            f"trajectories succeeded: stopping early. The first of them:\n{first}\n"
+            "Fix the env or reward (rn.envs.check(env, reward=fn) reproduces it in this process), "
+            "or give the task weight 0 in sess.tasks(..., weights=...)."
         )
 
     def _stalled_task(self) -> str | None:

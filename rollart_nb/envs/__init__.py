@@ -5,6 +5,7 @@ Every env follows :class:`rollart_nb.protocols.Env` (``reset(seed) -> (obs, info
 rest of rollart_nb reads: ``vocab`` (words its text uses, for word-level tokenizers),
 ``max_turns``, ``shape`` (``"prefill"`` or ``"decode"``: which phase dominates) and
 ``validation_seeds()`` (seeds that enumerate distinct starts, for evaluation).
+:func:`check` drives an env (and a reward) here before a run uses it.
 
 An env MAY also define ``async areset(seed)`` / ``async astep(action)``
 (:class:`AsyncEnv`); the EnvManager calls :func:`env_reset` / :func:`env_step`, which use
@@ -19,6 +20,7 @@ from typing import Any as _Any
 
 from rollart_nb.envs.arithmetic import Arithmetic, parse_answer, parse_int
 from rollart_nb.envs.base import AsyncEnv, EnvWrapper, env_reset, env_step
+from rollart_nb.envs.check import EnvCheck, check
 from rollart_nb.envs.code import CodeProblem, CodeTask, extract_code
 from rollart_nb.envs.frozenlake import FrozenLake
 from rollart_nb.envs.gem import GEMEnv
@@ -32,6 +34,7 @@ __all__ = [
     "AsyncEnv",
     "CodeProblem",
     "CodeTask",
+    "EnvCheck",
     "EnvServer",
     "EnvWrapper",
     "FrozenLake",
@@ -43,6 +46,7 @@ __all__ = [
     "WithFailures",
     "WithLatency",
     "arun_sandboxed",
+    "check",
     "env_reset",
     "env_step",
     "extract_code",

@@ -121,7 +121,8 @@ class SimSession(SessionBase[SimRuntime]):
         """Build (or rebuild) the in-process cluster ``name`` of ``replicas`` ``worker_cls`` workers.
 
         Args:
-            name: role name; building the same name again closes the old cluster first.
+            name: role name; building the same name again closes the old cluster first (StateError,
+                changing nothing, while a pipeline that is not closed uses it).
             worker_cls: a :class:`~rollart_nb.Worker` subclass.
             pool: preferred pool; default ``worker_cls.default_pool``.
             replicas: number of workers (>= 1).

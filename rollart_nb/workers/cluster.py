@@ -99,6 +99,9 @@ class ClusterBase(abc.ABC):
     _lock: contextlib.AbstractContextManager[Any]
     """Guards ``workers``' in-flight counts (set by the transport before ``__init__``)."""
     _register_hint: ClassVar[bool] = False
+    closed_fix: str = ""
+    """What to do instead of calling this cluster once it is closed (default: build it again with
+    ``sess.cluster``); set on internal clusters, e.g. a pipeline's rollout, that users do not build."""
     """Whether error messages may suggest ``sess.register_endpoint`` (a Ray session has it)."""
 
     if TYPE_CHECKING:
@@ -298,7 +301,8 @@ class ClusterBase(abc.ABC):
 
     def _check_open(self) -> None:
         if self.closed:
-            raise StateError(f"Cluster {self.name!r} is closed; build it again with sess.cluster({self.name!r}, ...)")
+            fix = self.closed_fix or f"build it again with sess.cluster({self.name!r}, ...)"
+            raise StateError(f"Cluster {self.name!r} is closed; {fix}")
 
     @property
     def model(self) -> Any:

@@ -90,6 +90,11 @@ def _setup_logging(log_dir: str | None, name: str) -> None:
     h.addFilter(RedactingFilter())
     root.addHandler(h)
     root.setLevel(logging.INFO)
+    import rollart_nb._ray as _ray
+    from rollart_nb.logs import capture_user_output
+
+    if _ray.in_worker_process():  # a worker actor's own process: its print and logging go to that file too
+        capture_user_output(h.baseFilename)
 
 
 def actor_class_for(worker_cls: type[Worker]) -> type:
