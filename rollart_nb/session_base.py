@@ -428,6 +428,7 @@ class SessionBase(abc.ABC, Generic[R]):
                     "sess.pipeline(...) again"
                 )
             raise ConfigError(p, where=where)
+        used.update(tasks.envs)  # their rewards are no typo, even if this call fails below
         resume = None
         if resume_from is not None:  # check everything before anything changes
             resume = resolve_checkpoint(resume_from)
@@ -453,7 +454,6 @@ class SessionBase(abc.ABC, Generic[R]):
             problems.append(f"batch_size={batch} must be a multiple of the group size {groups}")
         if problems:
             raise ConfigError(problems, where=where)
-        used.update(tasks.envs)
         scheduler_seed = None
         if resume is not None:
             log.warning(
