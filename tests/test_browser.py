@@ -2,99 +2,41 @@
 
 JupyterLab is served on 127.0.0.1 (random port, a token, a temp root holding a copy of the
 notebook); Debian's Chromium is driven by Playwright's Python API (no Playwright browser
-download). The test runs all cells through JupyterLab's own command, waits for the dashboard's
-plotly plots and the trajectory viewer, fails on any page error or traceback, and saves a
-screenshot to ``artifacts/browser/quickstart.png``.
+download). The test runs all cells through JupyterLab's own command ("Run all"), waits for the dashboard's
+plotly plots and the trajectory viewer, checks that the dashboard followed the background run on
+its own (a point per step), fails on any page error or traceback, and saves a screenshot to
+``artifacts/browser/quickstart.png``.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import secrets
 import shutil
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
+from _jupyterlab import chromium_context, jupyterlab, skip_without_a_browser
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(600)]
 
 ROOT = Path(__file__).resolve().parents[1]
-CHROMIUM = os.environ.get("ROLLART_CHROMIUM", "/usr/bin/chromium")
 ARTIFACTS = ROOT / "artifacts" / "browser"
 RUN_TIMEOUT_S = 360
 log = logging.getLogger(__name__)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
-    if not (os.path.exists(CHROMIUM) or shutil.which("chromium")):
-        pytest.skip("needs Debian chromium (apt-get install chromium)")
-    pytest.importorskip("playwright.sync_api", reason="needs the playwright Python package")
-    pytest.importorskip("jupyterlab", reason="needs jupyterlab")
+    skip_without_a_browser()
     root = tmp_path_factory.mktemp("lab")
     shutil.copy(ROOT / "notebooks" / "01_quickstart.ipynb", root / "01_quickstart.ipynb")
-    port, token = _free_port(), secrets.token_hex(16)
-    env = dict(
-        os.environ,
-        JUPYTER_CONFIG_DIR=str(root / ".jupyter"),
-        JUPYTER_RUNTIME_DIR=str(root / ".runtime"),
-        JUPYTERLAB_WORKSPACES_DIR=str(root / ".workspaces"),
-    )
-    log = open(root / "lab.log", "w")  # closed in teardown
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "jupyter",
-            "lab",
-            "--no-browser",
-            "--ServerApp.ip=127.0.0.1",
-            f"--ServerApp.port={port}",
-            "--ServerApp.port_retries=0",
-            "--allow-root",
-            f"--IdentityProvider.token={token}",
-            f"--ServerApp.root_dir={root}",
-            "--LabApp.expose_app_in_browser=True",
-            "--LabApp.news_url=None",
-            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-        ],
-        cwd=root,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 90
-    while True:
-        try:
-            urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2)
-            break
-        except OSError:
-            if proc.poll() is not None or time.time() > deadline:
-                log.flush()
-                pytest.fail(f"JupyterLab did not start:\n{(root / 'lab.log').read_text()[-3000:]}")
-            time.sleep(0.5)
-    yield {"base": base, "token": token, "root": root}
-    proc.terminate()
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-    log.close()
+    with jupyterlab(root) as lab:
+        yield lab
 
 
+_THROUGHPUT_POINTS = """() => { const el = document.querySelector(
+  '.rollart-dashboard .rollart-plot[data-name="throughput"]');
+  return el && el.data ? Math.max(0, ...el.data.map(d => (d.x || []).length)) : -1; }"""
 _ALL_RUN = """() => {
   const prompts = [...document.querySelectorAll('.jp-Notebook .jp-CodeCell .jp-InputPrompt')];
   return prompts.length > 0 && prompts.every(p => /\\[\\d+\\]/.test(p.textContent));
@@ -107,22 +49,7 @@ def test_quickstart_runs_and_renders_widgets(lab, tmp_path):
 
     errors: list[str] = []
     with sync_playwright() as pw:
-        ctx = pw.chromium.launch_persistent_context(
-            str(tmp_path / "profile"),
-            executable_path=CHROMIUM if os.path.exists(CHROMIUM) else shutil.which("chromium"),
-            headless=True,
-            viewport={"width": 1500, "height": 1000},
-            args=[
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-quic",
-                "--no-first-run",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-            ],
-        )
+        ctx = chromium_context(pw, tmp_path / "profile")
         page = ctx.new_page()
         page.on("pageerror", lambda e: errors.append(str(e)))
         console: list[str] = []
@@ -152,6 +79,13 @@ def test_quickstart_runs_and_renders_widgets(lab, tmp_path):
             raise
         page.wait_for_selector(".rollart-dashboard .js-plotly-plot", timeout=60_000)
         page.wait_for_selector(".rollart-viewer", timeout=60_000)
+        # Shown after the first step, the dashboard moved on its own with the background run's 3
+        # steps (pipe.run(3, background=True), then pipe.wait(): no cell redrew it).
+        try:
+            page.wait_for_function(f"() => ({_THROUGHPUT_POINTS})() >= 4", timeout=30_000)
+        except PlaywrightTimeout:
+            pass  # asserted below with the count
+        throughput_points = page.evaluate(_THROUGHPUT_POINTS)
         try:  # plotly draws asynchronously after the last redraw: wait for every plot's title
             page.wait_for_function(
                 """() => { const t = [...document.querySelectorAll(
@@ -184,3 +118,4 @@ def test_quickstart_runs_and_renders_widgets(lab, tmp_path):
     assert all(p["points"] > 0 for p in plots), f"a dashboard plot has no data: {plots}"
     assert bars > 0 and lines > 0, "dashboard plots rendered without data"
     assert "trajectories" in viewer_text and "turn 0" in viewer_text
+    assert throughput_points == 4, f"the dashboard did not follow the background run: {throughput_points} step(s)"

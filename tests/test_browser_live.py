@@ -15,21 +15,14 @@ from __future__ import annotations
 import json
 import logging
 import os
-import secrets
-import shutil
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
+from _jupyterlab import chromium_context, jupyterlab, skip_without_a_browser
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(420)]
 
 ROOT = Path(__file__).resolve().parents[1]
-CHROMIUM = os.environ.get("ROLLART_CHROMIUM", "/usr/bin/chromium")
 ARTIFACTS = ROOT / "artifacts" / "browser"
 log = logging.getLogger(__name__)
 
@@ -66,73 +59,17 @@ pipe.swap_reward("math", broken)
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
-    if not (os.path.exists(CHROMIUM) or shutil.which("chromium")):
-        pytest.skip("needs Debian chromium (apt-get install chromium)")
-    pytest.importorskip("playwright.sync_api", reason="needs the playwright Python package")
-    pytest.importorskip("jupyterlab", reason="needs jupyterlab")
+    skip_without_a_browser()
     nbformat = pytest.importorskip("nbformat")
     root = tmp_path_factory.mktemp("lab")
     nb = nbformat.v4.new_notebook()
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nb.cells = [nbformat.v4.new_code_cell(src) for src in (SETUP, SHOW, BUSY)]
     nbformat.write(nb, root / "live.ipynb")
-    port, token = _free_port(), secrets.token_hex(16)
-    env = dict(
-        os.environ,
-        JUPYTER_CONFIG_DIR=str(root / ".jupyter"),
-        JUPYTER_RUNTIME_DIR=str(root / ".runtime"),
-        JUPYTERLAB_WORKSPACES_DIR=str(root / ".workspaces"),
-        PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-    )
-    out = open(root / "lab.log", "w")  # closed in teardown
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "jupyter",
-            "lab",
-            "--no-browser",
-            "--ServerApp.ip=127.0.0.1",
-            f"--ServerApp.port={port}",
-            "--ServerApp.port_retries=0",
-            "--allow-root",
-            f"--IdentityProvider.token={token}",
-            f"--ServerApp.root_dir={root}",
-            "--LabApp.expose_app_in_browser=True",
-            "--LabApp.news_url=None",
-            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-        ],
-        cwd=root,
-        env=env,
-        stdout=out,
-        stderr=subprocess.STDOUT,
-    )
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 90
-    while True:
-        try:
-            urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2)
-            break
-        except OSError:
-            if proc.poll() is not None or time.time() > deadline:
-                out.flush()
-                pytest.fail(f"JupyterLab did not start:\n{(root / 'lab.log').read_text()[-3000:]}")
-            time.sleep(0.5)
-    yield {"base": base, "token": token, "root": root}
-    proc.terminate()
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-    out.close()
+    with jupyterlab(root, {"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}) as lab:
+        yield lab
 
 
 # JavaScript run in the page -----------------------------------------------------------------------
@@ -169,13 +106,7 @@ def test_dashboard_is_live_pauses_fast_and_shows_failures(lab, tmp_path):
     console: list[str] = []
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as pw:
-        ctx = pw.chromium.launch_persistent_context(
-            str(tmp_path / "profile"),
-            executable_path=CHROMIUM if os.path.exists(CHROMIUM) else shutil.which("chromium"),
-            headless=True,
-            viewport={"width": 1280, "height": 1000},
-            args=["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking"],
-        )
+        ctx = chromium_context(pw, tmp_path / "profile", width=1280)
         page = ctx.new_page()
         page.on("pageerror", lambda e: errors.append(str(e)))
         page.on("console", lambda m: console.append(f"{m.type}: {m.text}") if m.type in ("error", "warning") else None)
@@ -219,7 +150,8 @@ def test_dashboard_is_live_pauses_fast_and_shows_failures(lab, tmp_path):
                 const plots = [...document.querySelectorAll('.rollart-dashboard .rollart-plot')];
                 return {area: area.right, right: Math.max(...plots.map(p => p.getBoundingClientRect().right)),
                         n: plots.length}; }""")
-            assert fit["n"] == 6 and fit["right"] <= fit["area"] + 1, fit
+            # reward, training, failures, step time, staleness, throughput, utilization
+            assert fit["n"] == 7 and fit["right"] <= fit["area"] + 1, fit
 
             # 2. Pause during a run of ~0.3 s steps stops it within two steps of the click
             page.wait_for_function(_CELLS_RUN, arg=3, timeout=60_000, polling=200)

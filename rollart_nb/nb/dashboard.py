@@ -335,6 +335,8 @@ class Dashboard(widgets.VBox):
     def _status(self) -> tuple[str, ...]:
         """(state, note): the pipeline's state as the status line says it."""
         state, now = str(self.pipe.state), time.monotonic()
+        if state == "failed":  # the run ended with an error just now: the banner says which
+            self._see_error(self.pipe.error)
         if self.failure is not None and len(self.pipe.reports) > int(self.failure["after_step"]):
             self.failure = None  # a later step succeeded: the failure is history
         running = getattr(self.pipe, "running", None)  # a background run in progress
