@@ -267,12 +267,17 @@ def demo_train_config(args: argparse.Namespace) -> Any:
     return apply_overrides(cfg, args.overrides) if args.overrides else cfg
 
 
-def _demo(args: argparse.Namespace) -> int:
+def _run(cfg: Any, quiet: bool) -> int:
+    """Run a TrainConfig and print its RESULT line (demo and train end the same way)."""
     from rollart_nb.train import run_train
 
-    result = run_train(demo_train_config(args), quiet=args.quiet)
+    result = run_train(cfg, quiet=quiet)
     print("RESULT " + json.dumps(result), flush=True)
     return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    return _run(demo_train_config(args), args.quiet)
 
 
 # -- train -----------------------------------------------------------------------------------
@@ -304,7 +309,7 @@ def _check_train(args: argparse.Namespace) -> str | None:
 
 def _train(args: argparse.Namespace) -> int:
     from rollart_nb.config import describe, dump, load
-    from rollart_nb.train import TrainConfig, run_train
+    from rollart_nb.train import TrainConfig
 
     if args.list_options:
         for name, kind, default, doc in describe(TrainConfig):
@@ -316,9 +321,7 @@ def _train(args: argparse.Namespace) -> int:
     if args.print_config:
         print(dump(cfg), end="")
         return 0
-    result = run_train(cfg, quiet=args.quiet)
-    print("RESULT " + json.dumps(result), flush=True)
-    return 0
+    return _run(cfg, args.quiet)
 
 
 # -- bench -----------------------------------------------------------------------------------

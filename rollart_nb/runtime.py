@@ -19,7 +19,7 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from rollart_nb.errors import ConfigError
 from rollart_nb.resources.manager import ResourceManager
@@ -33,6 +33,8 @@ if TYPE_CHECKING:
 __all__ = ["Closers", "RayRuntime", "Runtime", "close_all"]
 
 log = logging.getLogger(__name__)
+
+C = TypeVar("C", bound=ClusterBase)
 
 
 Closers = Sequence[tuple[str, Callable[[], None]]]
@@ -96,6 +98,16 @@ class Runtime(Protocol):
         ...
 
 
+def register_cluster(runtime: Runtime, name: str, build: Callable[[], C]) -> C:
+    """Close the cluster ``name`` if there is one, then build the new one and register it."""
+    if name in runtime.clusters:
+        log.info("replacing cluster %s", name)
+        runtime.close_cluster(name)
+    c = build()
+    runtime.clusters[name] = c
+    return c
+
+
 def close_all(runtime: Runtime, closers: Closers = ()) -> None:
     """Close ``runtime``'s pipelines, then run ``closers`` in order, then close its clusters; each
     failure is logged, so one broken part never keeps the others running."""
@@ -147,27 +159,26 @@ class RayRuntime:
         start_timeout_s: float = 120.0,
         **init_kwargs: Any,
     ) -> Cluster:
-        if name in self.clusters:
-            log.info("replacing cluster %s", name)
-            self.close_cluster(name)
-        c = Cluster(
-            self.resources,
+        return register_cluster(
+            self,
             name,
-            worker_cls,
-            replicas=replicas,
-            pool=pool,
-            fallback=fallback,
-            slots=slots,
-            init_kwargs=init_kwargs,
-            endpoints=endpoints or {},
-            registry=self.endpoints,
-            affinity=affinity,
-            log_dir=self.log_dir,
-            max_concurrency=max_concurrency,
-            start_timeout_s=start_timeout_s,
+            lambda: Cluster(
+                self.resources,
+                name,
+                worker_cls,
+                replicas=replicas,
+                pool=pool,
+                fallback=fallback,
+                slots=slots,
+                init_kwargs=init_kwargs,
+                endpoints=endpoints or {},
+                registry=self.endpoints,
+                affinity=affinity,
+                log_dir=self.log_dir,
+                max_concurrency=max_concurrency,
+                start_timeout_s=start_timeout_s,
+            ),
         )
-        self.clusters[name] = c
-        return c
 
     def close_cluster(self, name: str) -> None:
         c = self.clusters.pop(name, None)

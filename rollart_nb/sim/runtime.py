@@ -8,12 +8,11 @@ no Ray Serve to deploy rewards on.
 
 from __future__ import annotations
 
-import logging
 from typing import TYPE_CHECKING, Any
 
 from rollart_nb.errors import ConfigError
 from rollart_nb.resources.manager import ResourceManager
-from rollart_nb.runtime import Closers, close_all
+from rollart_nb.runtime import Closers, close_all, register_cluster
 from rollart_nb.serverless.client import Endpoint
 from rollart_nb.sim.clock import SimClock
 from rollart_nb.sim.cluster import LocalCluster
@@ -25,7 +24,6 @@ if TYPE_CHECKING:
 
 __all__ = ["SimRuntime"]
 
-log = logging.getLogger(__name__)
 
 NO_SERVE = (
     "a SimSession cannot deploy serverless rewards (Ray Serve needs a real session); pass a local "
@@ -69,26 +67,25 @@ class SimRuntime:
         threaded: bool | None = None,
         **init_kwargs: Any,
     ) -> LocalCluster:
-        if name in self.clusters:
-            log.info("replacing cluster %s", name)
-            self.close_cluster(name)
-        c = LocalCluster(
-            self.resources,
+        return register_cluster(
+            self,
             name,
-            worker_cls,
-            clock=self.sim_clock,
-            replicas=replicas,
-            pool=pool,
-            fallback=fallback,
-            slots=slots,
-            init_kwargs=init_kwargs,
-            endpoints=endpoints or {},
-            registry=self.endpoints,
-            affinity=affinity,
-            threaded=threaded,
+            lambda: LocalCluster(
+                self.resources,
+                name,
+                worker_cls,
+                clock=self.sim_clock,
+                replicas=replicas,
+                pool=pool,
+                fallback=fallback,
+                slots=slots,
+                init_kwargs=init_kwargs,
+                endpoints=endpoints or {},
+                registry=self.endpoints,
+                affinity=affinity,
+                threaded=threaded,
+            ),
         )
-        self.clusters[name] = c
-        return c
 
     def close_cluster(self, name: str) -> None:
         c = self.clusters.pop(name, None)
