@@ -40,7 +40,7 @@ from typing import Any, TypeVar
 
 from rollart_nb._checks import is_number, is_whole
 from rollart_nb.envs.base import DEFAULT_MAX_REPLACEMENTS
-from rollart_nb.errors import ConfigError
+from rollart_nb.errors import ConfigError, brief
 
 __all__ = [
     "DISPATCH",
@@ -152,7 +152,9 @@ class PipelineConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     """How env managers talk to envs and the model (turns, tokens, temperature, env timeouts)."""
     validate_every: int = 0
-    """Steps between greedy validations on each task's validation seeds (0: only when asked)."""
+    """Steps between greedy validations on each task's validation seeds (0: only when asked). A
+    validation runs after its step's time is taken and holds the rollout meanwhile (no new
+    trajectory or training turn), so it is in neither ``step_s`` nor tokens/s."""
     validation_seeds: dict[str, list[int]] | None = None
     """Task -> validation seeds; None: each env's own ``validation_seeds()``."""
     pd: bool = False
@@ -241,14 +243,14 @@ class PipelineConfig:
             if not isinstance(getattr(self, name), bool):
                 p.append(f"{name}={getattr(self, name)!r} must be True or False")
         if not isinstance(self.rollout, RolloutConfig):
-            p.append(f"rollout={self.rollout!r:.80} must be a RolloutConfig (or a mapping of its fields)")
+            p.append(f"rollout={brief(self.rollout)} must be a RolloutConfig (or a mapping of its fields)")
         if self.validation_seeds is not None:
             vs = self.validation_seeds
             if not isinstance(vs, Mapping) or not all(
                 isinstance(k, str) and isinstance(s, list | tuple) and all(is_whole(x) for x in s)
                 for k, s in vs.items()
             ):
-                p.append(f"validation_seeds={vs!r:.80} must map task names to lists of whole numbers")
+                p.append(f"validation_seeds={brief(vs)} must map task names to lists of whole numbers")
         if self.run_dir is not None and not isinstance(self.run_dir, str):
             p.append(f"run_dir={self.run_dir!r} must be a path or None")
         for t in self.trackers:
@@ -371,7 +373,7 @@ def from_dict(cls: type[T], data: Mapping[str, Any], *, where: str = "") -> T:
     invalid value are reported together in one :class:`ConfigError` (with dotted names)."""
     label = where or cls.__name__
     if not isinstance(data, Mapping):
-        raise ConfigError(f"{label} must be a mapping of field names to values, got {data!r:.80}")
+        raise ConfigError(f"{label} must be a mapping of field names to values, got {brief(data)}")
     hints = _hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
     problems: list[str] = []
@@ -404,7 +406,7 @@ def _convert(tp: Any, value: Any, where: str) -> Any:
         if isinstance(value, Mapping):
             return from_dict(tp, value, where=where)
         if not isinstance(value, tp):
-            raise ConfigError(f"{where} must be a mapping of {tp.__name__} settings, not {value!r:.60}")
+            raise ConfigError(f"{where} must be a mapping of {tp.__name__} settings, not {brief(value, 60)}")
     origin = typing.get_origin(tp)
     if origin in (dict, Mapping) and isinstance(value, Mapping):
         args = typing.get_args(tp)

@@ -154,3 +154,9 @@ class WeightSyncError(RollartError):
 
 class StoreError(RollartError):
     """The metadata store (Ray GCS KV or Redis) failed."""
+
+
+def brief(value: Any, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters, with an ellipsis when cut (for messages)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"

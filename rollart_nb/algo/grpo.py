@@ -11,7 +11,7 @@ from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
-from rollart_nb.errors import ConfigError
+from rollart_nb.errors import ConfigError, brief
 
 __all__ = [
     "GRPO",
@@ -278,7 +278,7 @@ def loss_weights(
     if loss_agg == "seq-mean":
         return m / tokens[idx].clamp(min=1.0)[:, None] / n_seqs
     if task_index is None or len(task_index) != m.shape[0]:
-        raise ConfigError(f"loss_agg 'task-token-mean' needs one task per row ({m.shape[0]}), got {task_index!r:.80}")
+        raise ConfigError(f"loss_agg 'task-token-mean' needs one task per row ({m.shape[0]}), got {brief(task_index)}")
     labels = {t: k for k, t in enumerate(dict.fromkeys(task_index))}
     task = torch.tensor([labels[t] for t in task_index], dtype=torch.long)
     task_tokens = torch.zeros(len(labels)).index_add_(0, task, m.sum(-1))

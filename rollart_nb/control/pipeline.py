@@ -124,7 +124,6 @@ class Pipeline:
         self.state = "idle"
         self.validation_seeds = c.validation_seeds or tasks.validation_seeds()
         self.last_validation: dict[str, dict[str, Any]] = {}
-        self._validation_carry_s = 0.0  # validation seconds since the last step (see tokens/s)
         self.step_timeout_s = c.step_timeout_s
         # failover: what the rollout routes to and which trainer holds the state, to notice restarts
         self.max_worker_restarts, self.health_every_s = c.max_worker_restarts, float(c.health_every_s)
@@ -466,10 +465,9 @@ class Pipeline:
         rep.step_s = self._clock() - t0
         rep.batch_size = len(batch)
         rep.tokens = sum(t.num_tokens for t in batch)
-        # Trajectories keep generating while a validation runs, so this batch's tokens took this
-        # step's time plus the validations since the last step: without them tok/s jumps after each.
-        span, self._validation_carry_s = rep.step_s + self._validation_carry_s, 0.0
-        rep.throughput = rep.tokens / span if span > 0 else 0.0
+        # a validation holds training generation back (RolloutWorker.evaluate), so its seconds,
+        # outside step_s, made none of these tokens
+        rep.throughput = rep.tokens / rep.step_s if rep.step_s > 0 else 0.0
         by_task: dict[str, list[float]] = collections.defaultdict(list)
         for t in batch:
             by_task[t.task].append(t.reward)
@@ -738,15 +736,14 @@ class Pipeline:
     def validate(self, tasks: list[str] | None = None) -> dict[str, float]:
         """Greedy validation score per task over its validation seeds. Each task's full result
         (``score``, ``n``, ``failed``, ``distinct_actions``, ``top_actions``) is kept in
-        :attr:`last_validation`."""
+        :attr:`last_validation`. Training trajectories' next turns wait while it runs (turns in
+        flight finish), so its seconds produce no training tokens and bend no tokens/s."""
         self._check_open()
         out = {}
-        t0 = self._clock()
         for task in tasks or list(self.tasks.envs):
             res = self.rollout.evaluate(task, self.validation_seeds[task])
             self.last_validation[task] = res
             out[task] = res["score"]
-        self._validation_carry_s += self._clock() - t0
         return out
 
     def trajectories(

@@ -102,6 +102,13 @@ class LLMProxy:
         self.fallbacks = 0
         self.requests = 0
         self.suspended_s = 0.0
+        # a validation holds training turns back (its own go ahead), so its seconds are not
+        # spent generating the next batch: see hold()
+        self._holds = 0
+        self._unheld = asyncio.Event()
+        self._unheld.set()
+        self.exempt: set[str] = set()  # trajectory ids that a hold lets through (validation)
+        self.held_s = 0.0
         self.failover_wait_s = failover_wait_s
         self.dead: dict[int, str] = {}  # worker index -> why it is considered dead
         self._revived = asyncio.Event()  # set whenever a worker is replaced
@@ -133,6 +140,10 @@ class LLMProxy:
             t0 = time.monotonic()
             await self._admit.wait()
             self.suspended_s += time.monotonic() - t0
+        if not self._unheld.is_set() and req.traj_id not in self.exempt:
+            t0 = time.monotonic()
+            await self._unheld.wait()
+            self.held_s += time.monotonic() - t0
         self.requests += 1
         while True:
             if req.traj_id in self._aborted:
@@ -295,6 +306,23 @@ class LLMProxy:
     def resume(self) -> None:
         self._admit.set()
 
+    def hold(self) -> None:
+        """Hold back the next turn of every trajectory not in :attr:`exempt` until :meth:`release`
+        (holds nest). Turns in flight finish; nothing is aborted; the scheduler starts no new
+        trajectory meanwhile. Validation holds the rollout this way, so a step's tokens/s does
+        not count work done while it ran."""
+        self._holds += 1
+        self._unheld.clear()
+
+    def release(self) -> None:
+        self._holds = max(0, self._holds - 1)
+        if not self._holds:
+            self._unheld.set()
+
+    @property
+    def held(self) -> bool:
+        return not self._unheld.is_set()
+
     @property
     def suspended(self) -> bool:
         return not self._admit.is_set()
@@ -323,6 +351,7 @@ class LLMProxy:
             "inflight": list(self._inflight),
             "sticky": len(self._sticky),
             "suspended_s": self.suspended_s,
+            "held_s": self.held_s,
             "batches": self.batches,
             "dispatch": self.dispatch,
             "dead": dict(self.dead),

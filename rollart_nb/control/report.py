@@ -38,8 +38,8 @@ class StepReport:
         train_s: how long the train step itself ran (overlapped or not).
         batch_size: trajectories trained on.
         tokens: prompt + response tokens in the batch.
-        throughput: tokens / step_s (the paper's metric); after a validation, tokens / (step_s
-            plus the validation's seconds), since the batch kept generating meanwhile.
+        throughput: tokens / step_s (the paper's metric). A validation holds training
+            generation back while it runs, so its seconds (outside ``step_s``) made no batch tokens.
         reward: mean reward per task in the batch.
         validation: validation score per task, when a validation ran this step.
         staleness: version gap (policy version - trajectory start version) -> count, for the batch.

@@ -172,10 +172,12 @@ class RolloutWorker(Worker):
 
     @register("one")
     async def evaluate(
-        self, task: str, seeds: list[int], temperature: float = 0.0, concurrency: int = 32
+        self, task: str, seeds: list[int], temperature: float = 0.0, concurrency: int = 32, hold: bool = True
     ) -> dict[str, Any]:
         """Greedy validation rollouts of ``task`` over ``seeds``; not buffered or trained on. They are
-        scored by the task's ``validate_with`` scorer if it has one, else by its reward.
+        scored by the task's ``validate_with`` scorer if it has one, else by its reward. With
+        ``hold`` (the default), training trajectories' next turns wait until it ends (turns in
+        flight finish) and no new one starts, so its seconds produce no training tokens.
 
         Returns mean ``score`` (reward), ``n``, ``failed``, and the final actions' spread:
         ``distinct_actions`` and ``top_actions`` (the 3 commonest, with counts).
@@ -188,7 +190,11 @@ class RolloutWorker(Worker):
             async with sem:
                 m = EnvManager(-1, task, copy.deepcopy(template), s.tok, s.proxy, s.cfg.rollout, pool=s.env_pool)
                 t = Trajectory(task, seed=seed, group_id="validation", start_version=s.version)
-                await m.run(t, temperature=temperature)
+                s.proxy.exempt.add(t.id)
+                try:
+                    await m.run(t, temperature=temperature)
+                finally:
+                    s.proxy.exempt.discard(t.id)
                 s.proxy.forget(t.id)
                 if not t.status.terminal:
                     try:
@@ -198,7 +204,14 @@ class RolloutWorker(Worker):
                         t.finish(Status.FAILED, f"reward: {e}")
                 return t
 
-        done = await asyncio.gather(*(one(sd) for sd in seeds))
+        if hold:
+            s.proxy.hold()  # training turns wait: the validation's seconds make no batch tokens
+        try:
+            done = await asyncio.gather(*(one(sd) for sd in seeds))
+        finally:
+            if hold:
+                s.proxy.release()
+                s.schedule()  # the envs that went idle meanwhile start again
         ok = [t.reward for t in done if t.status is Status.COMPLETED]
         # The final actions show a collapse (one answer everywhere) that a score alone can hide.
         last = Counter(t.turns[-1].action.strip() for t in done if t.status is Status.COMPLETED and t.turns)

@@ -294,8 +294,8 @@ class RolloutScheduler:
         what-if study has thousands of envs. Each idle env joins the oldest open group of its
         task with budget left, else opens a group if the admission rule allows.
         """
-        if self._closed:
-            return
+        if self._closed or getattr(self.proxy, "held", False):
+            return  # a validation holds the rollout: no new trajectory until it ends
         if self.mode.batch_env and (self.running or self._pending_reward):
             return  # batch-level: the next wave starts when this one (and its scoring) is done
         idle = [m for m in self.managers if not m.busy]

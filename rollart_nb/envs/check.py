@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rollart_nb.envs.base import env_name
-from rollart_nb.errors import ConfigError, EnvError, RewardError, RollartError
+from rollart_nb.errors import ConfigError, EnvError, RewardError, RollartError, brief
 from rollart_nb.logs import user_traceback
 
 __all__ = ["EnvCheck", "check", "checkable"]
@@ -194,7 +194,7 @@ def _episode(  # noqa: ANN202
         report.skipped.append(f"seed {seed}: the env raised its own EnvError in {what}: {e}")
         return None
     if not isinstance(got, tuple | list) or len(got) != 2:
-        raise EnvError(f"{where}: reset(seed={seed}) returned {got!r:.80}, expected (obs, info)")
+        raise EnvError(f"{where}: reset(seed={seed}) returned {brief(got)}, expected (obs, info)")
     obs, info = got
     _expect(isinstance(obs, str), where, f"reset(seed={seed})", f"obs must be a str, got {type(obs).__name__}")
     _expect(isinstance(info, dict | type(None)), where, f"reset(seed={seed})", "info must be a dict")
@@ -208,11 +208,13 @@ def _episode(  # noqa: ANN202
             report.skipped.append(f"seed {seed}: the env raised its own EnvError in {call}: {e}")
             return None
         if not isinstance(out, tuple | list) or len(out) != 5:
-            raise EnvError(f"{where}: {call} returned {out!r:.80}, expected (obs, reward, terminated, truncated, info)")
+            raise EnvError(
+                f"{where}: {call} returned {brief(out)}, expected (obs, reward, terminated, truncated, info)"
+            )
         nobs, r, term, trunc, sinfo = out
         _expect(isinstance(nobs, str), where, call, f"obs must be a str, got {type(nobs).__name__}")
         ok_r = isinstance(r, int | float) and not isinstance(r, bool) and math.isfinite(float(r))
-        _expect(ok_r, where, call, f"reward must be a finite number, got {r!r:.40}")
+        _expect(ok_r, where, call, f"reward must be a finite number, got {brief(r, 40)}")
         _expect(isinstance(sinfo, dict | type(None)), where, call, "info must be a dict")
         traj.turns.append(Turn(observation=obs, action=action, env_reward=float(r)))
         report.steps += 1

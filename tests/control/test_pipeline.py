@@ -147,6 +147,29 @@ def test_validation_and_viewer_data(parts):
     pipe.close()
 
 
+def test_a_validation_holds_training_generation_and_stays_out_of_tokens_per_s(parts):
+    sess, gen, train, _ = parts
+    # slow turns: a validation of 32 seeds takes several steps' worth of time
+    tasks = sess.tasks({"math": WithLatency(Arithmetic(), mean_s=0.05, std_s=0.0)}, envs_per_task=16)
+    pipe = sess.pipeline(
+        train,
+        gen,
+        tasks,
+        batch_size=8,
+        group_size=4,
+        name="vt",
+        validate_every=2,
+        validation_seeds={"math": list(range(32))},
+    )
+    reps = pipe.run(6, progress=False)
+    held = pipe.stats()["proxy"]["held_s"]
+    assert held > 0  # training turns waited while the validations ran
+    assert [r.step for r in reps if r.validation] == [1, 3, 5]
+    assert all(reps[i].phases["validation"] > 0 for i in (1, 3, 5))
+    assert all(r.throughput == pytest.approx(r.tokens / r.step_s) for r in reps)
+    pipe.close()
+
+
 def test_slow_env_latency_does_not_block_other_tasks(parts):
     sess, gen, train, _ = parts
     tasks = sess.tasks(

@@ -73,7 +73,9 @@ def test_every_step_reaches_each_tracker_and_a_failing_one_is_dropped(sess, capl
     # a table of the batch every 2nd step: trajectories of this step, from the batch trained on
     ((step, rows),) = rec.samples
     assert step == 1 and len(rows) == 3 and {r["task"] for r in rows} == {"math"}
-    assert all(r["status"] == "completed" and r["max_version"] <= 1 and r["response"] for r in rows)
+    assert all(r["status"] == "completed" and r["max_version"] <= 1 and r["tokens"] > 0 for r in rows)
+    # the sim decodes random ids; a one-token answer is just eos, so its text may be empty
+    assert all(r["prompt"] and isinstance(r["response"], str) for r in rows)
     assert broken.calls == 1 and broken.failed  # dropped after its first failure, reported once
     assert sum("tracking server unreachable" in r.getMessage() for r in caplog.records) == 1
     pipe.close()

@@ -119,6 +119,33 @@ def test_suspend_preserves_in_flight_and_resume_continues():
     run(go())
 
 
+def test_a_hold_lets_only_exempt_trajectories_generate():
+    async def go():
+        envs = {"math": [WithLatency(Arithmetic(max_turns=3), mean_s=0.05, std_s=0.0) for _ in range(8)]}
+        s, _ = make(envs, batch=8, group=4, max_turns=3)
+        s.schedule()
+        await asyncio.sleep(0.02)
+        s.proxy.hold()
+        await asyncio.sleep(0.1)  # turns in flight finish, the next ones wait
+        before = s.proxy.requests
+        s.proxy.exempt.add("validation-1")
+        req = GenerationRequest("validation-1", "math", [5, 6, 7], 8, 0.0, seed=1)
+        res = await asyncio.wait_for(s.proxy.generate(req), timeout=5)
+        assert res.token_ids
+        await asyncio.sleep(0.3)
+        assert s.proxy.requests == before + 1  # only the exempt trajectory went through
+        s.proxy.hold()  # holds nest: one release is not enough
+        s.proxy.release()
+        await asyncio.sleep(0.1)
+        assert s.proxy.requests == before + 1
+        s.proxy.release()
+        batch = await s.get_batch(8, timeout_s=30)
+        assert len(batch) == 8 and s.proxy.stats()["held_s"] > 0.3
+        await s.close()
+
+    run(go())
+
+
 def test_redundant_rollouts_cancel_the_surplus():
     async def go():
         envs = {"math": [WithLatency(Arithmetic(), mean_s=0.02, std_s=0.02, seed=i) for i in range(12)]}
