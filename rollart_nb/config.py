@@ -61,6 +61,7 @@ T = TypeVar("T")
 
 DISPATCH = ("direct", "batched")
 WEIGHTS = ("direct", "object_store", "mooncake")
+FAILED_POLICIES = ("exclude", "penalize")
 TRACKERS = ("tensorboard", "wandb", "mlflow")
 
 
@@ -170,6 +171,15 @@ class PipelineConfig:
     transport), or a transport object."""
     hw_affinity: bool = True
     """Route each task's trajectories to the generator pool its env is bound to."""
+    failed_trajectories: str = "exclude"
+    """What training does with a failed trajectory. "exclude": it is never trained on; its GRPO
+    group runs a replacement member (same seed, current policy). "penalize": a trajectory that
+    failed after the model acted (its env step raised or timed out on the model's action, or its
+    reward raised or timed out) is trained on as a member of its group with reward
+    ``failure_reward``; it stays counted as failed, with its reason, and as ``penalized``.
+    Failures before the model acted (env reset, generation, cancellation) are always excluded."""
+    failure_reward: float = 0.0
+    """The reward a penalized failed trajectory gets (``failed_trajectories="penalize"``)."""
     run_dir: str | None = None
     """Folder of ``steps.jsonl`` (a line per step) and autosaves; None: ``runs/<name>`` when
     ``autosave_every`` > 0, else nothing is written."""
@@ -237,6 +247,13 @@ class PipelineConfig:
             p.append(f"seed={self.seed!r} must be a whole number or None")
         if self.dispatch not in DISPATCH:
             p.append(f"dispatch={self.dispatch!r} must be one of {', '.join(DISPATCH)}")
+        if self.failed_trajectories not in FAILED_POLICIES:
+            p.append(
+                f"failed_trajectories={brief(self.failed_trajectories)} must be one of {', '.join(FAILED_POLICIES)}"
+            )
+        fr = self.failure_reward
+        if not (is_number(fr) and not isinstance(fr, bool) and math.isfinite(fr)):
+            p.append(f"failure_reward={brief(fr)} must be a finite number")
         if isinstance(self.weights, str) and self.weights not in WEIGHTS:
             p.append(f"weights={self.weights!r} must be one of {', '.join(WEIGHTS)} or a transport object")
         for name in ("pd", "hw_affinity"):

@@ -6,7 +6,8 @@ Three things that make env and reward code debuggable while a run is live:
   envs, rewards and the worker itself to the worker's own file in the session's log dir, next to
   the library's log lines; nothing reaches the notebook cell.
 - :func:`read_logs` (what ``sess.logs()`` returns) reads the last lines of those files, merged
-  by time, for every worker or one.
+  by time, for every worker or one; :class:`LogFollower` reads only what was added since its
+  last look (what ``sess.log_tail()``'s widget shows as it comes).
 - :func:`user_traceback` formats an exception's traceback trimmed to the user's frames (the
   library's, Ray's, asyncio's and thread-pool frames dropped), bounded in length, secrets
   redacted: failure reasons and error messages carry it.
@@ -34,7 +35,7 @@ from typing import Any, TextIO
 
 from rollart_nb.redact import RedactingFilter, redact
 
-__all__ = ["LogTail", "capture_user_output", "read_logs", "user_traceback"]
+__all__ = ["LogFollower", "LogTail", "capture_user_output", "read_logs", "user_traceback"]
 
 TRACEBACK_HEAD = "Traceback (user code, most recent call last):"
 """First line of :func:`user_traceback`'s text (the scheduler recognises user-code failures by it)."""
@@ -203,6 +204,12 @@ def _norm(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "_", name).strip("_").lower()
 
 
+def worker_matches(worker: str | None, stem: str) -> bool:
+    """Whether log file ``stem`` belongs to ``worker`` as :func:`read_logs` filters (a part of
+    its name; ``.``, ``/`` and ``_`` alike); every file for no ``worker``."""
+    return not worker or _norm(worker) in _norm(stem)
+
+
 def _records(lines: list[str]) -> list[tuple[str, list[str]]]:
     """Lines grouped into records (a time-stamped line and its continuation lines)."""
     out: list[tuple[str, list[str]]] = []
@@ -220,9 +227,7 @@ def read_logs(log_dir: str, worker: str | None = None, last: int = 50) -> LogTai
     says its worker. ``worker`` (e.g. ``"pipeline.rollout"``): only files whose name contains it
     (``.``, ``/`` and ``_`` are alike)."""
     files = sorted(Path(log_dir).glob("*.log")) if log_dir and os.path.isdir(log_dir) else []
-    if worker:
-        want = _norm(worker)
-        files = [f for f in files if want in _norm(f.stem)]
+    files = [f for f in files if worker_matches(worker, f.stem)]
     merged: list[tuple[str, int, str, list[str]]] = []
     for i, f in enumerate(files):
         try:
@@ -233,3 +238,75 @@ def read_logs(log_dir: str, worker: str | None = None, last: int = 50) -> LogTai
     merged.sort(key=lambda r: (r[0], r[1]))
     out = [f"[{stem}] {ln}" if len(files) > 1 else ln for _, _, stem, rec in merged for ln in rec]
     return LogTail("\n".join(out[-last:] if last > 0 else []), [str(f) for f in files])
+
+
+class _Offset:
+    """Where the reading of one file stands: inode, byte offset, an incomplete last line."""
+
+    def __init__(self, inode: int) -> None:
+        self.inode, self.pos, self.partial = inode, 0, b""
+
+
+class LogFollower:
+    """The lines added to the ``*.log`` files of ``log_dir`` since the last :meth:`poll`.
+
+    Only new bytes are read (an offset per file). The first poll gives the last ``last`` lines
+    of each file already there; a file that appears later is read from its start; a file that
+    shrank or was replaced is read again from its start. A line still being written (no newline
+    yet) waits for the next poll. At most ``max_bytes`` are read per file and poll (the newest).
+    Lines are redacted, as the workers' own log lines already are.
+
+    Example:
+        >>> f = LogFollower(sess.log_dir)                          # doctest: +SKIP
+        >>> f.poll()                                               # doctest: +SKIP
+        [('pipeline_rollout', '2025-01-01 12:00:00,000 STDOUT hello')]
+    """
+
+    def __init__(self, log_dir: str, last: int = 200, max_bytes: int = 1 << 20) -> None:
+        self.log_dir, self.last, self.max_bytes = log_dir, max(int(last), 0), int(max_bytes)
+        self._files: dict[str, _Offset] = {}  # stem -> offset
+        self._polled = False
+
+    @property
+    def workers(self) -> list[str]:
+        """The stems of the log files seen so far, sorted."""
+        return sorted(self._files)
+
+    def poll(self) -> list[tuple[str, str]]:
+        """New complete lines as ``(file stem, line)``, records merged by time across files."""
+        paths = sorted(Path(self.log_dir).glob("*.log")) if self.log_dir and os.path.isdir(self.log_dir) else []
+        merged: list[tuple[str, int, str, list[str]]] = []
+        for i, path in enumerate(paths):
+            try:
+                lines = self._read_new(path, first=not self._polled)
+            except OSError:
+                continue
+            merged += [(t, i, path.stem, rec) for t, rec in _records(lines)]
+        self._polled = True
+        merged.sort(key=lambda r: (r[0], r[1]))
+        return [(stem, ln) for _, _, stem, rec in merged for ln in rec]
+
+    def _read_new(self, path: Path, first: bool) -> list[str]:
+        st = path.stat()
+        off = self._files.get(path.stem)
+        if off is None or off.inode != st.st_ino or st.st_size < off.pos:  # new, replaced or truncated
+            off = self._files[path.stem] = _Offset(st.st_ino)
+        if st.st_size <= off.pos:
+            return []
+        start = max(off.pos, st.st_size - self.max_bytes)
+        with open(path, "rb") as f:
+            f.seek(start)
+            raw = f.read(st.st_size - start)
+        skipped = start > off.pos  # more than max_bytes came: the oldest of them are dropped
+        data = raw if skipped else off.partial + raw
+        off.pos = start + len(raw)
+        body, nl, off.partial = data.rpartition(b"\n")
+        if not nl:
+            off.partial = data[-self.max_bytes :]
+            return []
+        lines = [ln.decode("utf-8", errors="replace") for ln in body.split(b"\n")]
+        if skipped:
+            lines = lines[1:]  # the read began inside a line
+        if first:  # a file there before the first poll: its tail only
+            lines = lines[-self.last :] if self.last else []
+        return [redact(ln) for ln in lines]

@@ -22,7 +22,7 @@ from rollart_nb._checks import is_whole
 from rollart_nb.config import PipelineConfig, field_docs
 from rollart_nb.control.env_manager import RolloutConfig
 from rollart_nb.control.tasks import TaskSet
-from rollart_nb.errors import ConfigError, StateError
+from rollart_nb.errors import ConfigError, StateError, brief
 from rollart_nb.resources.manager import Binding
 from rollart_nb.serverless.client import Endpoint
 from rollart_nb.workers.worker import Worker
@@ -225,6 +225,22 @@ class SessionBase(abc.ABC, Generic[R]):
 
         return read_logs(self.runtime.log_dir, worker, last)
 
+    def log_tail(self, worker: str | None = None, last: int = 200) -> Any:
+        """A widget that follows what :meth:`logs` shows, live: new lines as they are written
+        (polled each second), a worker filter, Pause and Clear (:class:`~rollart_nb.nb.LogTailWidget`;
+        needs the ``nb`` extra). ``close()`` stops it.
+
+        Example:
+            >>> sess.log_tail("rollout")                                     # doctest: +SKIP
+        """
+        try:
+            from rollart_nb.nb.logtail import LogTailWidget
+        except ImportError as e:
+            raise ConfigError(
+                f"the log tail widget needs the notebook extra: pip install 'rollart_nb[nb]' ({e})"
+            ) from e
+        return LogTailWidget(self.runtime.log_dir, worker=worker, last=last)
+
     def _own_launcher(self, task: str, lau: Any) -> None:
         """Start ``lau`` if needed and stop it on close; a different launcher for ``task`` from
         an earlier call (a re-run cell) is stopped."""
@@ -292,10 +308,10 @@ class SessionBase(abc.ABC, Generic[R]):
             else:
                 hint = ", e.g. rn.rewards.exact_answer or lambda t: ..."
             p.append(
-                f"fn={fn!r:.80} ({type(fn).__name__}) is not callable; pass a function fn(trajectory) -> float{hint}"
+                f"fn={brief(fn)} ({type(fn).__name__}) is not callable; pass a function fn(trajectory) -> float{hint}"
             )
         if url is not None and not isinstance(url, str):
-            p.append(f"url={url!r:.80} must be a string http(s)://...")
+            p.append(f"url={brief(url)} must be a string http(s)://...")
         if url is not None and serverless:
             p.append("serverless=True deploys fn on Ray Serve; url=... is an endpoint already running: drop one")
         if serve_options and not serverless:
@@ -347,6 +363,8 @@ class SessionBase(abc.ABC, Generic[R]):
         step_timeout_s: float | None = UNSET,
         weights: Any = UNSET,
         hw_affinity: bool = UNSET,
+        failed_trajectories: str = UNSET,
+        failure_reward: float = UNSET,
         run_dir: str | os.PathLike[str] | None = UNSET,
         autosave_every: int = UNSET,
         keep_checkpoints: int = UNSET,
@@ -404,10 +422,10 @@ class SessionBase(abc.ABC, Generic[R]):
         where = f"sess.pipeline(name={name!r})"
         given = {k: v for k, v in locals().items() if k in _SETTINGS and v is not UNSET}
         if config is not None and not isinstance(config, PipelineConfig):
-            raise ConfigError(f"config={config!r:.80} must be a PipelineConfig", where=where)
+            raise ConfigError(f"config={brief(config)} must be a PipelineConfig", where=where)
         if not isinstance(tasks, TaskSet):
             raise ConfigError(
-                f"tasks={tasks!r:.80} must be a TaskSet; build it with sess.tasks({{name: env}})", where=where
+                f"tasks={brief(tasks)} must be a TaskSet; build it with sess.tasks({{name: env}})", where=where
             )
         # A reward for a task that neither this TaskSet nor an earlier pipeline of this session has
         # is a typo, or belongs to a pipeline not built yet: it would be silently ignored, so refuse

@@ -4,8 +4,10 @@ Playwright's Python API), a SimSession pipeline in wall-clock time (steps of abo
 One notebook, three cells: build the pipeline, show ``pipe.dashboard()``, then
 ``pipe.run(400, background=True)`` and ``time.sleep(20)`` in the same cell. While that cell is
 busy the plots must gain points (read from the plotly DOM). Then Pause is clicked and the run
-must stop within two steps of the click; then the reward is broken mid-run (code sent to the
-kernel as JupyterLab does for a cell) and the banner and the failed-per-step plot must appear;
+must stop within two steps of the click, and the kernel must have heard the browser's answers
+to the updates (``dash.plots.drawn_seq`` close to ``sent_seq``); then the reward is broken
+mid-run (code sent to the kernel as JupyterLab does for a cell) and the banner and the
+failed-per-step plot must appear;
 a reward that always fails must end the run with the banner saying so. Screenshots go to
 ``artifacts/browser/live_*.png``.
 """
@@ -165,6 +167,16 @@ def test_dashboard_is_live_pauses_fast_and_shows_failures(lab, tmp_path):
             after = [t for t in started if t > clicked]
             assert len(after) <= 2, f"{len(after)} step(s) began after the Pause click"
             assert len(started) < 400
+
+            # the browser answers each update once drawn, and the (now idle) kernel hears it
+            seqs = [0, 0]
+            for _ in range(20):
+                seqs = json.loads(run("import json; print(json.dumps([dash.plots.drawn_seq, dash.plots.sent_seq]))"))
+                if seqs[0] == seqs[1]:
+                    break
+                page.wait_for_timeout(250)
+            drawn_seq, sent_seq = seqs
+            assert drawn_seq > 0 and sent_seq - drawn_seq <= 1, f"drawn {drawn_seq} of {sent_seq} update(s)"
 
             # 3. a reward broken mid-run: the failed-per-step plot and the banner appear
             run(FLAKY)

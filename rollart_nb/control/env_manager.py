@@ -157,6 +157,8 @@ class EnvManager:
                 reason += "\n" + user_traceback(cause)
                 log.warning("%s failed: %s", self.name, reason)
             traj.finish(Status.FAILED, reason, now=time.time())
+            # where it failed: a failed step came after the model acted (see failed_trajectories)
+            traj.info["failed_in"] = "env_step" if self._call.startswith("step of") else "env_reset"
             self._replace_env()
         except GenerationError as e:
             traj.finish(Status.FAILED, f"generation: {e} [{self.name}, trajectory {traj.id}]", now=time.time())

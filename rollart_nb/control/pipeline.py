@@ -119,6 +119,8 @@ class Pipeline:
             task_weights=tasks.weights,
             rollout=c.rollout,
             curricula=tasks.curricula or None,
+            failed_trajectories=c.failed_trajectories,
+            failure_reward=c.failure_reward,
         )
         self.validate_every = c.validate_every
         self.state = "idle"
@@ -192,6 +194,7 @@ class Pipeline:
         self.reports: list[StepReport] = []
         self._train_fut: Any = None
         self._counts: collections.Counter[str] = collections.Counter()
+        self._task_counts: dict[str, dict[str, int]] = {}  # task -> kind -> endings, at the last step
         self._env_faults: dict[str, int] = {}  # cumulative env fault counters at the last step
         self._thread: threading.Thread | None = None
         self._pause = threading.Event()
@@ -480,9 +483,16 @@ class Pipeline:
         now = collections.Counter(stats["events"])
         rep.counts = {k: now[k] - self._counts.get(k, 0) for k in now if now[k] - self._counts.get(k, 0)}
         self._counts = now
+        per_task = stats.get("task_events", {})
+        for task, kinds in per_task.items():
+            before = self._task_counts.get(task, {})
+            delta = {k: n - before.get(k, 0) for k, n in kinds.items() if n - before.get(k, 0)}
+            if delta:
+                rep.task_counts[task] = delta
+        self._task_counts = per_task
         rep.env, self._env_faults = env_fault_deltas(stats.get("env", {}), self._env_faults), stats.get("env", {})
         # the rollout keeps its last few failure reasons: this step's are the newest of them
-        new_failed = rep.counts.get("failed", 0)
+        new_failed = rep.counts.get("failed", 0) + rep.counts.get("penalized", 0)
         for task, reason in stats.get("failures", [])[-new_failed:] if new_failed else []:
             rep.failures.setdefault(task, []).append(reason)
         if self.validate_every and (rep.step + 1) % self.validate_every == 0:

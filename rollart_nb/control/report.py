@@ -38,14 +38,17 @@ class StepReport:
         train_s: how long the train step itself ran (overlapped or not).
         batch_size: trajectories trained on.
         tokens: prompt + response tokens in the batch.
-        throughput: tokens / step_s (the paper's metric). A validation holds training
-            generation back while it runs, so its seconds (outside ``step_s``) made no batch tokens.
+        throughput: tokens / step_s (the paper's metric). A validation holds the rollout while
+            it runs, so its seconds (outside ``step_s``) made no batch tokens.
         reward: mean reward per task in the batch.
         validation: validation score per task, when a validation ran this step.
         staleness: version gap (policy version - trajectory start version) -> count, for the batch.
         counts: trajectories that ended during the step, by status (completed, aborted_stale,
-            failed, cancelled) plus "redundant_cancelled". Never negative: a sample that completed
-            in an earlier step and is evicted as stale in this one counts as aborted_stale here.
+            failed, cancelled) plus "redundant_cancelled" and "penalized" (failed trajectories
+            trained on with ``failure_reward``, also counted completed). Never negative: a sample
+            that completed in an earlier step and is evicted as stale in this one counts as
+            aborted_stale here.
+        task_counts: the same per task (task -> kind -> count; kinds with 0 left out).
         failures: a few failure reasons seen during the step (task -> reasons).
         env: env faults during the step (see :data:`ENV_FAULTS`): ``restarts`` (envs replaced by
             a fresh copy after a failure), ``timeouts`` (env calls past ``env_timeout_s``) and
@@ -72,6 +75,7 @@ class StepReport:
     validation: dict[str, float] = field(default_factory=dict)
     staleness: dict[int, int] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)
+    task_counts: dict[str, dict[str, int]] = field(default_factory=dict)
     failures: dict[str, list[str]] = field(default_factory=dict)
     env: dict[str, int] = field(default_factory=dict)
     weights: dict[str, float] = field(default_factory=dict)
@@ -104,6 +108,12 @@ class StepReport:
         r.update({f"val/{k}": round(v, 3) for k, v in self.validation.items()})
         r["aborted"] = self.counts.get("aborted_stale", 0)
         r["failed"] = self.counts.get("failed", 0)
+        if self.counts.get("penalized"):
+            r["penalized"] = self.counts["penalized"]
+        for task, c in sorted(self.task_counts.items()):
+            for kind in ("aborted_stale", "failed"):
+                if c.get(kind):
+                    r[f"{'aborted' if kind == 'aborted_stale' else kind}/{task}"] = c[kind]
         r["env_restarts"] = self.env.get("restarts", 0)
         r["env_timeouts"] = self.env.get("timeouts", 0)
         r["replaced"] = sum(e["kind"] == "generator_replaced" for e in self.events)

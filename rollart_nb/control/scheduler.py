@@ -78,6 +78,8 @@ class SchedulerConfig:
         seed: seeds env seeds and task sampling (a whole number).
         task_weights: task -> weight in each batch (finite, >= 0, a positive sum; default uniform).
         max_group_failures: failures after which a group is abandoned (its env keeps failing; >= 1).
+        failed_trajectories: "exclude" or "penalize" (see :class:`~rollart_nb.config.PipelineConfig`).
+        failure_reward: the reward of a penalized failed trajectory.
         rollout: EnvManager settings.
         curricula: task -> :class:`~rollart_nb.control.curriculum.PromptCurriculum` (or anything
             with ``next_seed(rng)`` and ``update(seed, reward)``): that task's groups draw their
@@ -93,6 +95,8 @@ class SchedulerConfig:
     seed: int = 0
     task_weights: dict[str, float] | None = None
     max_group_failures: int = 16
+    failed_trajectories: str = _DEFAULTS.failed_trajectories
+    failure_reward: float = _DEFAULTS.failure_reward
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     curricula: dict[str, Any] | None = None
 
@@ -232,6 +236,10 @@ class RolloutScheduler:
         # from completed to aborted_stale); events: endings as they happen, never decremented
         self.counts: collections.Counter[str] = collections.Counter()
         self.events: collections.Counter[str] = collections.Counter()
+        # the same per task: task -> kind -> count (every step's per-task endings come from it)
+        self.task_events: collections.defaultdict[str, collections.Counter[str]] = collections.defaultdict(
+            collections.Counter
+        )
         self.ended: collections.deque[Trajectory] = collections.deque(maxlen=4096)
         self._buffered_ids: set[str] = set()  # counted completed and still in the buffer
         self.failure_reasons: collections.deque[tuple[str, str]] = collections.deque(maxlen=64)
@@ -371,7 +379,8 @@ class RolloutScheduler:
         elif not traj.status.terminal:
             m.failures_in_a_row = 0
         if traj.status.terminal:
-            self._end(traj, g)
+            if not self._penalize(traj, g):
+                self._end(traj, g)
             self.schedule()
             return
         if self.mode.reward_after_batch:
@@ -392,6 +401,7 @@ class RolloutScheduler:
             await self.rewards.score(traj)
         except RewardError as e:
             traj.finish(Status.FAILED, f"reward: {e}", now=time.time())
+            traj.info["failed_in"] = "reward"
         except Exception as e:  # not the reward's own failure (RewardError) but still this trajectory's end
             log.exception("scoring trajectory %s failed", traj.id)
             traj.finish(
@@ -406,7 +416,8 @@ class RolloutScheduler:
         finally:
             self.scoring.pop(traj.id, None)
         if traj.status.terminal:
-            self._end(traj, g)
+            if not self._penalize(traj, g):
+                self._end(traj, g)
             return
         if g.closed:
             traj.finish(Status.CANCELLED, f"group already closed ({g.close_reason})", now=time.time())
@@ -421,8 +432,12 @@ class RolloutScheduler:
             self._end(traj, g)
             return
         traj.status, traj.finished_s = Status.COMPLETED, time.time()
+        self._accept(traj, g)
+
+    def _accept(self, traj: Trajectory, g: GroupState, penalized: bool = False) -> None:
+        """Buffer a completed trajectory as a member of its group (or account its eviction)."""
         cur = self.curricula.get(traj.task)
-        if cur is not None:
+        if cur is not None and not penalized:
             try:
                 cur.update(traj.seed, traj.reward)
             except Exception:  # a curriculum bug costs its statistics, not the scored sample
@@ -432,14 +447,52 @@ class RolloutScheduler:
             g.buffered.add(traj.id)
             self._buffered_ids.add(traj.id)
             self.counts["completed"] += 1
-            self.events["completed"] += 1
+            self._count(traj.task, "completed")
             self.ended.append(traj)
         self._on_evicted(rejected)
-        self.consecutive_failures[traj.task] = 0
-        self.completed_by_task[traj.task] += 1
-        self._same_failure.pop(traj.task, None)
+        if not penalized:  # a penalized one is a failure all the same: the stall and early-stop checks see it
+            self.consecutive_failures[traj.task] = 0
+            self.completed_by_task[traj.task] += 1
+            self._same_failure.pop(traj.task, None)
         if len(g.buffered) >= self.cfg.group_size:
             self._cancel_surplus(g)
+
+    def _penalize(self, traj: Trajectory, g: GroupState) -> bool:
+        """With ``failed_trajectories="penalize"``: a trajectory that failed after the model acted
+        (in an env step or its reward) becomes a completed member of its group with reward
+        ``failure_reward``, its failure kept as ``info["failure"]`` and counted ``penalized``.
+        Returns False (nothing changed) for any other trajectory."""
+        if (
+            self.cfg.failed_trajectories != "penalize"
+            or traj.status is not Status.FAILED
+            or traj.info.get("failed_in") not in ("env_step", "reward")
+            or not any(t.response_ids for t in traj.turns)
+            or g.closed
+        ):
+            return False
+        reason = traj.reason
+        traj.info["failure"] = reason
+        traj.reward, traj.turn_rewards, traj.reward_version = float(self.cfg.failure_reward), None, -1
+        traj.status, traj.reason, traj.finished_s = Status.COMPLETED, f"penalized: {reason}", time.time()
+        self._note_failure(traj.task, traj.reason)
+        self._count(traj.task, "penalized")
+        self._accept(traj, g, penalized=True)
+        return True
+
+    def _count(self, task: str, kind: str) -> None:
+        """One more ``kind`` ending (a status, "penalized" or "redundant_cancelled"), overall and for ``task``."""
+        self.events[kind] += 1
+        self.task_events[task][kind] += 1
+
+    def _note_failure(self, task: str, reason: str) -> None:
+        self.failure_reasons.append((task, reason))
+        self.consecutive_failures[task] += 1
+        key = _reason_key(reason)
+        prev = self._same_failure.get(task)
+        if prev is not None and prev[0] == key:
+            self._same_failure[task] = (key, prev[1] + 1, prev[2])
+        else:
+            self._same_failure[task] = (key, 1, reason)
 
     # -- endings ---------------------------------------------------------------------
     def _reap(self, traj: Trajectory, g: GroupState, m: EnvManager) -> None:
@@ -455,17 +508,10 @@ class RolloutScheduler:
     def _end(self, traj: Trajectory, g: GroupState | None) -> None:
         """Account a trajectory that ended without entering the buffer (or left it)."""
         self.counts[traj.status.value] += 1
-        self.events[traj.status.value] += 1
+        self._count(traj.task, traj.status.value)
         self.ended.append(traj)
         if traj.status is Status.FAILED:
-            self.failure_reasons.append((traj.task, traj.reason))
-            self.consecutive_failures[traj.task] += 1
-            key = _reason_key(traj.reason)
-            prev = self._same_failure.get(traj.task)
-            if prev is not None and prev[0] == key:
-                self._same_failure[traj.task] = (key, prev[1] + 1, prev[2])
-            else:
-                self._same_failure[traj.task] = (key, 1, traj.reason)
+            self._note_failure(traj.task, traj.reason)
         if g is None or g.closed:
             return
         g.running.discard(traj.id)
@@ -487,7 +533,7 @@ class RolloutScheduler:
                 self._buffered_ids.discard(t.id)
                 self.counts["completed"] -= 1
                 self.counts[t.status.value] += 1
-                self.events[t.status.value] += 1  # events only grow: a step reports its own endings
+                self._count(t.task, t.status.value)  # events only grow: a step reports its own endings
                 if g is None:  # its group was given up while it waited in the buffer
                     continue
                 g.buffered.discard(t.id)
@@ -504,7 +550,7 @@ class RolloutScheduler:
             traj, task, _ = self.running[tid]
             traj.finish(Status.CANCELLED, "redundant: group complete", now=time.time())
             self.counts["redundant_cancelled"] += 1
-            self.events["redundant_cancelled"] += 1
+            self._count(traj.task, "redundant_cancelled")
             task.cancel()
 
     def _close_group(self, g: GroupState, reason: str) -> None:
@@ -567,14 +613,17 @@ class RolloutScheduler:
         while True:
             try:
                 await self.buffer.wait_ready(n, 0.5, self.weights)
-                return
+                ready = True
             except TimeoutError:
-                pass
+                ready = False
+            # checked even when ready: penalized failures fill batches, a bug in user code must still stop
             broken = next((t for t, q in self._batch_quota.items() if q > 0 and self._is_broken(t)), None)
             if broken is not None:
                 msg = self._broken_message(broken)
                 self._same_failure.pop(broken)  # the next wait_ready (after a fix, e.g. a new reward) tries again
                 raise RolloutStalledError(msg)
+            if ready:
+                return
             stalled = self._stalled_task()
             if stalled is not None:
                 raise RolloutStalledError(self._stall_message(stalled))
@@ -713,6 +762,7 @@ class RolloutScheduler:
             "version": self.version,
             "counts": dict(self.counts),
             "events": dict(self.events),
+            "task_events": {t: dict(c) for t, c in self.task_events.items()},
             "running": len(self.running),
             "scoring": len(self.scoring),
             "buffered": len(self.buffer),

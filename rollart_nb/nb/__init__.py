@@ -5,6 +5,8 @@ pandas). Names load on first use, so ``import rollart_nb.nb`` stays cheap:
 
 * :class:`Dashboard` — ``pipe.dashboard()``: reward, step-time phases, staleness, pool
   utilization, throughput; Pause / Resume / Step.
+* :class:`LogTailWidget` — ``sess.log_tail(...)``: the workers' logs as they come, with a
+  worker filter, Pause and Clear.
 * :class:`TrajectoryViewer` — ``pipe.trajectories(...)`` / ``pipe.viewer(...)``: turns, token
   loss masks, logprobs, per-turn policy versions, reward versions, export.
 * :mod:`rollart_nb.nb.figures` — pure figure functions (StepReports in, plotly figures out).
@@ -14,9 +16,14 @@ pandas). Names load on first use, so ``import rollart_nb.nb`` stays cheap:
 import importlib as _importlib
 from typing import Any as _Any
 
-__all__ = ["Dashboard", "TrajectoryViewer", "figures", "trajectory_html"]
+__all__ = ["Dashboard", "LogTailWidget", "TrajectoryViewer", "figures", "trajectory_html"]
 
-_WHERE = {"Dashboard": "dashboard", "TrajectoryViewer": "viewer", "trajectory_html": "viewer"}
+_WHERE = {
+    "Dashboard": "dashboard",
+    "LogTailWidget": "logtail",
+    "TrajectoryViewer": "viewer",
+    "trajectory_html": "viewer",
+}
 
 
 def __getattr__(name: str) -> _Any:

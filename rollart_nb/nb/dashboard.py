@@ -8,9 +8,20 @@ takes them from any thread; only the buttons need the kernel's main thread (a bu
 their clicks until it ends).
 
 Updates are incremental (:class:`~rollart_nb.nb.live.LivePlots`: new points travel as the
-tails of their traces) and throttled: at most one push per ``throttle_s``, stretched to four
-times what the last push took, so drawing never crowds out the run or the Pause click. The
-figures themselves are the pure functions of :mod:`rollart_nb.nb.figures`.
+tails of their traces) and throttled by what the browser has drawn: the watcher pushes new
+figures only when both
+
+* ``throttle_s`` has passed since the last push (stretched to four times what that push took
+  in the kernel), and
+* the browser has drawn the previous push (its views answer each message once its
+  ``Plotly.react`` calls have resolved), or ``ack_timeout_s`` has passed without an answer.
+
+So a run of fast steps never queues redraws the browser cannot keep up with, and the Pause
+click is not stuck behind them. The timeout keeps the plots moving where no answer can come:
+answers reach the kernel only while it is idle (a busy cell holds them), and a dashboard never
+displayed sends none; there the pace is one push per ``ack_timeout_s``. The status line does not
+wait: it follows the pipeline's state at once. The figures themselves are the pure functions of
+:mod:`rollart_nb.nb.figures`.
 
 The watcher stops when the pipeline closes or the widget is closed, and never raises: a
 drawing problem is logged once, and the run goes on.
@@ -59,6 +70,9 @@ class Dashboard(widgets.VBox):
         poll_s: how often the watcher looks at the pipeline.
         timeline_every_s: at least this long between two reads of the trajectories (a call
             into the rollout) for the timeline.
+        ack_timeout_s: the watcher waits for the browser to draw the last update before it
+            pushes the next, at most this long (then it pushes anyway: a busy kernel holds the
+            browser's answers, and a dashboard not displayed sends none).
         watch: start the watcher thread (False: updates only on :meth:`update` and the buttons).
 
     Example:
@@ -78,6 +92,7 @@ class Dashboard(widgets.VBox):
         steps: int = 10,
         poll_s: float = 0.1,
         timeline_every_s: float = 2.0,
+        ack_timeout_s: float = 1.0,
         watch: bool = True,
     ) -> None:
         self.pipe, self.throttle_s, self.poll_s = pipe, float(throttle_s), float(poll_s)
@@ -100,7 +115,8 @@ class Dashboard(widgets.VBox):
 
         self.status = widgets.HTML()
         self.banner = widgets.HTML(layout=widgets.Layout(display="none", width="100%"))
-        self.plots = LivePlots(order=list(_FIGURES), wide=["training", "utilization"])
+        self.plots = LivePlots(order=list(_FIGURES), wide=["training", "utilization"], ack_timeout_s=ack_timeout_s)
+        self.plots.on_msg(self._poke)  # a view drew the last update: the next may go at once
         self.pause_button = widgets.Button(description="Pause", icon="pause", tooltip="stop after the step in progress")
         self.resume_button = widgets.Button(
             description="Resume", icon="play", tooltip="run more steps in the background"
@@ -218,7 +234,7 @@ class Dashboard(widgets.VBox):
         self._see_error(self.pipe.error)
         key = self._status()
         closed = key[0] == "closed"
-        due = time.monotonic() - self._last_push >= max(self.throttle_s, 4 * self._push_cost)
+        due = self._due()
         stopped = self._status_key[0] == "running" and key[0] != "running"
         if len(self.pipe.reports) != self._drawn_n and (due or stopped or closed):
             self.update(force=True)
@@ -230,17 +246,24 @@ class Dashboard(widgets.VBox):
                 self.plots.sync()  # the whole state into the model: a reloaded page shows it
         return closed
 
+    def _due(self) -> bool:
+        """The throttle interval has passed and the browser has drawn the last push (or its
+        answer is overdue)."""
+        interval = max(self.throttle_s, 4 * self._push_cost)
+        return time.monotonic() - self._last_push >= interval and not self.plots.awaiting_draw()
+
     # -- drawing -------------------------------------------------------------------------
     def update(self, *_: Any, force: bool = False) -> bool:
         """Send what changed since the last update (status, banner, new points).
 
         Args:
-            force: update now; else only when ``throttle_s`` has passed since the last one.
+            force: update now; else only when due (``throttle_s`` has passed since the last
+                one and the browser has drawn it, or ``ack_timeout_s`` has passed).
 
         Returns:
             True when it updated.
         """
-        if not force and time.monotonic() - self._last_push < self.throttle_s:
+        if not force and not self._due():
             self._poke()  # the watcher draws it when the interval ends
             return False
         with self._draw_lock:

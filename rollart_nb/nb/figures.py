@@ -173,9 +173,10 @@ def training_figure(reports: Sequence[StepReport]) -> Any:
 
 
 def failure_rate(report: StepReport) -> float | None:
-    """Failed / (completed + failed) among the trajectories that ended during the step (None: none ended)."""
+    """Failed / (completed + failed) among the trajectories that ended during the step, penalized
+    ones (completed, trained on with the failure reward) counted as failed (None: none ended)."""
     failed, done = int(report.counts.get("failed", 0)), int(report.counts.get("completed", 0))
-    return failed / (failed + done) if failed + done else None
+    return (failed + int(report.counts.get("penalized", 0))) / (failed + done) if failed + done else None
 
 
 def _finite(v: float) -> float | None:
@@ -278,43 +279,55 @@ def reason_kind(reason: str, limit: int = 60) -> str:
 
 
 def step_failures(reports: Sequence[StepReport]) -> list[tuple[list[tuple[str, str]], int]]:
-    """Per report: the step's failures as ``(task, reason)`` pairs, and how many more
-    trajectories failed in it whose reason the report does not hold (the rollout keeps only its
-    most recent reasons)."""
+    """Per report: the step's failures (penalized ones included) as ``(task, reason)`` pairs, and
+    how many more trajectories failed in it whose reason the report does not hold (the rollout
+    keeps only its most recent reasons)."""
     out: list[tuple[list[tuple[str, str]], int]] = []
     for r in reports:
-        failed = int(r.counts.get("failed", 0))
+        failed = int(r.counts.get("failed", 0)) + int(r.counts.get("penalized", 0))
         new = [(t, x) for t, xs in r.failures.items() for x in xs][-failed:] if failed else []
         out.append((new, failed - len(new)))
     return out
 
 
 _FAIL_COLORS = ("#d62728", "#ff7f0e", "#8c564b", "#e377c2", "#bcbd22", "#9467bd")
+_ABORT_COLORS = ("#bab0ac", "#8c8c8c", "#d4cfcb", "#6f6f6f")
 
 
 def failed_aborted_figure(reports: Sequence[StepReport]) -> Any:
-    """Per step, stacked: trajectories aborted as stale, and trajectories failed by task and reason.
+    """Per step, stacked: trajectories aborted as stale (per task), and trajectories failed by
+    task and reason.
 
-    One bar trace per ``failed · task: reason`` (in order of first appearance, holding only the
-    steps where it occurred, so a live view appends to it), plus ``failed · reason not kept`` for
-    failures the report counts but names no reason for. Hover shows an example reason in full.
+    One bar trace per ``aborted (stale) · task`` and per ``failed · task: reason`` (in order of
+    first appearance, holding only the steps where it occurred, so a live view appends to it);
+    a failed trajectory trained on with the failure reward shows as ``penalized · task: reason``;
+    ``failed · reason not kept`` counts failures the report names no reason for. Reports without
+    per-task counts (older runs) show one ``aborted (stale)`` trace. Hover shows an example reason.
     """
     go = _go()
-    steps = [r.step for r in reports]
     fig = go.Figure()
-    fig.add_trace(
-        go.Bar(
-            x=steps,
-            y=[int(r.counts.get("aborted_stale", 0)) for r in reports],
-            name="aborted (stale)",
-            marker_color="#bab0ac",
-        )
-    )
+    aborted: dict[str, dict[str, list[Any]]] = {}
+    for r in reports:
+        per_task = {t: int(c.get("aborted_stale", 0)) for t, c in r.task_counts.items() if c.get("aborted_stale")}
+        rest = int(r.counts.get("aborted_stale", 0)) - sum(per_task.values())
+        if rest > 0:
+            per_task[""] = rest
+        for task, n in per_task.items():
+            c = aborted.setdefault(task, {"x": [], "y": []})
+            c["x"].append(r.step)
+            c["y"].append(n)
+    for i, (task, c) in enumerate(aborted.items()):
+        name = f"aborted (stale) · {task}" if task else "aborted (stale)"
+        fig.add_trace(go.Bar(x=c["x"], y=c["y"], name=name, marker_color=_ABORT_COLORS[i % len(_ABORT_COLORS)]))
     cats: dict[str, dict[str, list[Any]]] = {}
     for r, (new, unnamed) in zip(reports, step_failures(reports), strict=True):
         per: dict[str, list[str]] = {}
         for task, reason in new:
-            per.setdefault(f"failed · {task}: {reason_kind(reason)}", []).append(reason)
+            if reason.startswith("penalized: "):
+                label = f"penalized · {task}: {reason_kind(reason[len('penalized: ') :])}"
+            else:
+                label = f"failed · {task}: {reason_kind(reason)}"
+            per.setdefault(label, []).append(reason)
         if unnamed > 0:
             per.setdefault("failed · reason not kept", []).extend([""] * unnamed)
         for name, reasons in per.items():

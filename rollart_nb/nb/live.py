@@ -8,6 +8,13 @@ with ``Plotly.react``; a view opened later draws from that copy. :meth:`LivePlot
 resends the whole state as the widget's ``figures`` trait (the state a reloaded page
 restores), which the dashboard does when a run stops.
 
+Every update message carries an increasing ``seq``. Each view, once the ``Plotly.react`` calls
+of a redraw have resolved, answers ``{"drawn": seq}`` with the highest ``seq`` it has applied;
+the Python side keeps the highest answer (:attr:`LivePlots.drawn_seq`), so a sender can wait for
+the browser (:meth:`LivePlots.awaiting_draw`) instead of queueing redraws it cannot keep up with.
+Answers reach the kernel only while it is idle (a busy cell holds them), and a widget never
+displayed never answers: the wait is bounded by a timeout.
+
 plotly.js comes once per kernel, in :class:`PlotlyLib` (an anywidget that loads it into the
 page when its model is created; it is never displayed): the plotly mime renderer is not
 guaranteed to have loaded it.
@@ -17,6 +24,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -140,7 +148,7 @@ class PlotlyLib(anywidget.AnyWidget):  # type: ignore[misc]
 
 
 _ESM = r"""
-const STATES = new Map();  // model uid -> {figs, views}
+const STATES = new Map();  // model uid -> {figs, views, seq: the highest update message applied}
 const clone = (x) => JSON.parse(JSON.stringify(x));
 
 async function plotly() {
@@ -150,7 +158,7 @@ async function plotly() {
 
 function stateOf(model) {
   const uid = model.get("uid");
-  if (!STATES.has(uid)) STATES.set(uid, { figs: clone(model.get("figures") || {}), views: new Set() });
+  if (!STATES.has(uid)) STATES.set(uid, { figs: clone(model.get("figures") || {}), views: new Set(), seq: 0 });
   return STATES.get(uid);
 }
 
@@ -177,6 +185,7 @@ function initialize({ model }) {
   model.on("msg:custom", (msg) => {
     if (!msg || !Array.isArray(msg.ops)) return;
     for (const op of msg.ops) apply(st.figs, op);
+    if (typeof msg.seq === "number") st.seq = Math.max(st.seq, msg.seq);
     const names = [...new Set(msg.ops.map((op) => op.fig))];
     st.views.forEach((v) => v.draw(names));
   });
@@ -192,6 +201,7 @@ async function render({ model, el }) {
   const cells = new Map();
   const pending = new Set();
   let frame = null;
+  let acked = 0;  // the highest seq this view has told the kernel it drew
   const view = {
     draw(names) {
       names.forEach((n) => pending.add(n));
@@ -215,14 +225,19 @@ async function render({ model, el }) {
   function flush() {
     frame = null;
     if (!Plotly) return;
+    const seq = st.seq;
+    const drawing = [];
     for (const name of pending) {
       const fig = st.figs[name];
       if (!fig) continue;
       const layout = Object.assign(clone(fig.layout), { autosize: true });
       delete layout.width;
-      Plotly.react(cell(name), clone(fig.data), layout, { responsive: true, displaylogo: false });
+      drawing.push(Plotly.react(cell(name), clone(fig.data), layout, { responsive: true, displaylogo: false }));
     }
     pending.clear();
+    // tell the kernel what is on screen, so it sends the next update only then (see LivePlots)
+    const ack = () => { if (seq > acked) { acked = seq; model.send({ drawn: seq }); } };
+    Promise.all(drawing).then(ack, ack);  // a failed draw must not hold updates back either
   }
   const ro = new ResizeObserver(() => cells.forEach((div) => { if (div.data) Plotly.Plots.resize(div); }));
   ro.observe(grid);
@@ -238,13 +253,28 @@ export default { initialize, render };
 class LivePlots(anywidget.AnyWidget):  # type: ignore[misc]
     """A responsive grid of plotly figures that takes incremental updates (:meth:`update`).
 
+    Each update message carries ``seq`` (1, 2, ...); the views answer with the highest one
+    they have drawn. :meth:`awaiting_draw` says whether the last message is still on its way to
+    the screen.
+
     Args:
         order: figure names in display order.
         wide: names of figures that span the full width.
+        ack_timeout_s: :meth:`awaiting_draw` gives up waiting for a view's answer after this
+            long (a busy kernel holds the answers; a widget never displayed sends none).
 
     Attributes:
         sent: what the browser holds now (name -> spec), kept in step with every message.
         messages: ``(number of ops, bytes)`` of each update message sent, for inspection.
+        sent_seq: ``seq`` of the last update message sent (0: none yet).
+        drawn_seq: the highest ``seq`` a view has drawn (0: no answer yet).
+        drawn_at: ``time.monotonic()`` of the last answer that raised ``drawn_seq`` (None: none).
+
+    Example:
+        >>> plots = LivePlots(order=["f"])                           # doctest: +SKIP
+        >>> plots.update({"f": spec_of(fig)})                        # doctest: +SKIP
+        >>> plots.awaiting_draw()                                    # doctest: +SKIP
+        False
     """
 
     _esm = _ESM
@@ -254,12 +284,36 @@ class LivePlots(anywidget.AnyWidget):  # type: ignore[misc]
     wide = traitlets.List(traitlets.Unicode()).tag(sync=True)
     lib = traitlets.Instance(PlotlyLib, allow_none=True).tag(sync=True, **widget_serialization)
 
-    def __init__(self, order: list[str], wide: list[str] = ()) -> None:  # type: ignore[assignment]
+    def __init__(
+        self,
+        order: list[str],
+        wide: list[str] = (),  # type: ignore[assignment]
+        *,
+        ack_timeout_s: float = 1.0,
+    ) -> None:
         import uuid
 
         super().__init__(uid=uuid.uuid4().hex, order=list(order), wide=list(wide), lib=PlotlyLib.shared())
         self.sent: dict[str, dict[str, Any]] = {}
         self.messages: list[tuple[int, int]] = []
+        self.ack_timeout_s = float(ack_timeout_s)
+        self.sent_seq, self.drawn_seq = 0, 0
+        self.drawn_at: float | None = None
+        self._sent_at = 0.0
+        self.on_msg(self._on_view_msg)
+
+    def _on_view_msg(self, _widget: Any, content: Any, _buffers: Any) -> None:
+        """A view's ``{"drawn": seq}``: keep the highest (several views may answer)."""
+        drawn = content.get("drawn") if isinstance(content, dict) else None
+        if isinstance(drawn, int) and not isinstance(drawn, bool) and drawn > self.drawn_seq:
+            self.drawn_seq = drawn
+            self.drawn_at = time.monotonic()
+
+    def awaiting_draw(self, timeout_s: float | None = None) -> bool:
+        """True while the last update message is not drawn yet and was sent less than
+        ``timeout_s`` (default ``ack_timeout_s``) ago; False once a view answered or time ran out."""
+        timeout = self.ack_timeout_s if timeout_s is None else float(timeout_s)
+        return self.drawn_seq < self.sent_seq and time.monotonic() - self._sent_at < timeout
 
     def update(self, specs: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
         """Send what changed between the figures shown and ``specs`` (name -> :func:`spec_of`); returns the ops."""
@@ -271,8 +325,10 @@ class LivePlots(anywidget.AnyWidget):  # type: ignore[misc]
             self.figures = json.loads(json.dumps(specs))  # a copy: ``sent`` moves on with every message
             self.messages.append((0, len(json.dumps(specs))))
             return ops
-        msg = {"ops": ops}
+        msg = {"ops": ops, "seq": self.sent_seq + 1}
+        self._sent_at = time.monotonic()
         self.send(msg)
+        self.sent_seq += 1
         apply_ops(self.sent, json.loads(json.dumps(ops)))
         self.messages.append((len(ops), len(json.dumps(msg))))
         return ops

@@ -4,7 +4,7 @@ import asyncio
 
 import pytest
 
-from rollart_nb.envs import Arithmetic, WithLatency
+from rollart_nb.envs import Arithmetic, WithFailures, WithLatency
 from rollart_nb.errors import ConfigError, StateError
 from rollart_nb.models import spec
 from rollart_nb.sim import SimEnv
@@ -167,6 +167,42 @@ def test_a_validation_holds_training_generation_and_stays_out_of_tokens_per_s(pa
     assert [r.step for r in reps if r.validation] == [1, 3, 5]
     assert all(reps[i].phases["validation"] > 0 for i in (1, 3, 5))
     assert all(r.throughput == pytest.approx(r.tokens / r.step_s) for r in reps)
+    pipe.close()
+
+
+@pytest.mark.parametrize("policy", ["exclude", "penalize"])
+def test_failed_trajectories_policy_and_per_task_counts_reach_the_report(parts, policy):
+    sess, gen, train, _ = parts
+    tasks = sess.tasks(
+        {"math": WithFailures(Arithmetic(), p_raise=0.3, on=("step",), seed=0), "ok": Arithmetic()},
+        envs_per_task=8,
+    )
+    pipe = sess.pipeline(
+        train,
+        gen,
+        tasks,
+        batch_size=8,
+        group_size=4,
+        name=f"fail-{policy}",
+        failed_trajectories=policy,
+        failure_reward=-1.0,
+    )
+    assert pipe.config.failed_trajectories == policy and pipe.config.failure_reward == -1.0
+    reps = pipe.run(4, progress=False)
+    failed = sum(r.counts.get("failed", 0) for r in reps)
+    penalized = sum(r.counts.get("penalized", 0) for r in reps)
+    for r in reps:  # per task, the report's counts add up to its totals
+        for kind in ("failed", "penalized", "completed"):
+            assert sum(c.get(kind, 0) for c in r.task_counts.values()) == r.counts.get(kind, 0)
+        assert "ok" not in r.task_counts or not r.task_counts["ok"].get("failed")
+    if policy == "exclude":
+        assert failed > 0 and penalized == 0
+        assert all(r.reward.get("math", 0.0) >= 0 for r in reps)
+    else:
+        assert penalized > 0 and failed == 0  # every failure came after the model acted: all penalized
+        assert any(r.reward.get("math", 0.0) < 0 for r in reps)  # the -1 pulls the batch mean down
+        assert any("penalized" in r.row() for r in reps)
+        assert any(x.startswith("penalized: ") for r in reps for x in r.failures.get("math", []))
     pipe.close()
 
 

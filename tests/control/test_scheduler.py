@@ -1,6 +1,7 @@
 """RolloutScheduler + LLMProxy + EnvManager in one event loop, on the sim backend (no Ray)."""
 
 import asyncio
+import collections
 import time
 
 import pytest
@@ -39,6 +40,8 @@ def make(
     weights=None,
     dispatch="direct",
     curricula=None,
+    failed="exclude",
+    failure_reward=0.0,
 ):
     backends = [
         SimBackend(M, PROFILES["H20"], time_scale=time_scale, mean_response_tokens=8, name=f"g{i}")
@@ -54,6 +57,8 @@ def make(
         redundancy=redundancy,
         task_weights=weights,
         curricula=curricula,
+        failed_trajectories=failed,
+        failure_reward=failure_reward,
         rollout=RolloutConfig(max_turns=max_turns, max_new_tokens=8, env_timeout_s=timeout),
     )
     return RolloutScheduler(envs, SimTokenizer(), proxy, rewards or RewardDispatcher(), cfg), backends
@@ -179,6 +184,64 @@ def test_crashing_and_hanging_envs_fail_with_reason_without_stalling():
         reasons = {t.task: t.reason for t in failed}
         assert "crash" in reasons and "env" in reasons["crash"]
         assert "did not answer" in reasons["hang"] and "0.3s" in reasons["hang"]
+        await s.close()
+
+    run(go())
+
+
+@pytest.mark.parametrize("policy", ["exclude", "penalize"])
+def test_failed_trajectories_are_excluded_or_trained_on_with_the_failure_reward(policy):
+    async def go():
+        # half the env steps raise after the model acted; resets never fail
+        envs = {"math": [WithFailures(Arithmetic(), p_raise=0.5, on=("step",), seed=i) for i in range(8)]}
+        s, _ = make(envs, batch=16, group=4, failed=policy, failure_reward=-1.0)
+        batch = await s.get_batch(16, timeout_s=30)
+        groups = collections.Counter(t.group_id for t in batch)
+        assert set(groups.values()) == {4}  # whole groups either way
+        penalized = [t for t in batch if t.reason.startswith("penalized: ")]
+        assert all(t.status is Status.COMPLETED and t.scored for t in batch)
+        stats = s.stats()
+        if policy == "exclude":
+            assert not penalized and all(t.reward >= 0 for t in batch)
+            assert stats["events"].get("failed", 0) > 0 and "penalized" not in stats["events"]
+        else:
+            assert penalized and all(t.reward == -1.0 and t.reward_version == -1 for t in penalized)
+            assert all("injected failure" in t.info["failure"] and t.info["failed_in"] == "env_step" for t in penalized)
+            assert all(t.turns and t.turns[-1].response_ids for t in penalized)  # the action that failed
+            assert stats["events"]["penalized"] == stats["task_events"]["math"]["penalized"] >= len(penalized)
+            assert any(r.startswith("penalized: ") for _, r in stats["failures"])  # the reason stays visible
+        await s.close()
+
+    run(go())
+
+
+def test_penalize_never_trains_on_a_failure_before_the_model_acted():
+    async def go():
+        envs = {
+            "math": [Arithmetic() for _ in range(4)],
+            "flaky": [WithFailures(Arithmetic(), p_raise=0.5, on=("reset",), seed=i) for i in range(4)],
+        }
+        s, _ = make(envs, batch=8, group=4, failed="penalize", failure_reward=-1.0)
+        batch = await s.get_batch(8, timeout_s=30)
+        assert not any(t.reason.startswith("penalized") for t in batch)
+        failed = [t for t in s.ended if t.status is Status.FAILED]
+        assert failed and all(t.info["failed_in"] == "env_reset" for t in failed)
+        await s.close()
+
+    run(go())
+
+
+class _BuggyStep(Arithmetic):
+    def step(self, action):
+        return {}["missing"]  # a bug in the user's env: KeyError on every step
+
+
+def test_penalize_still_stops_early_on_a_bug_in_user_code():
+    async def go():
+        s, _ = make({"math": [_BuggyStep() for _ in range(4)]}, batch=8, group=4, failed="penalize")
+        # every member is penalized, so batches could form; the user's bug stops the run all the same
+        with pytest.raises(RolloutStalledError, match=r"same error[\s\S]*KeyError"):
+            await s.wait_ready(8, timeout_s=60)
         await s.close()
 
     run(go())

@@ -114,6 +114,60 @@ def test_update_is_throttled_and_the_watcher_catches_up(pipe, synth):
         d.close()
 
 
+def _tick_until(d, cond, timeout=5.0):
+    """Tick as the watcher does until ``cond`` (a push also waits out 4x the last push's cost)."""
+    return _until(lambda: d._tick() or cond(), timeout=timeout, every=0.01)
+
+
+def test_the_next_push_waits_for_the_browser_to_draw_the_last(pipe, synth):
+    d = Dashboard(pipe, throttle_s=0.0, ack_timeout_s=30.0, watch=False)
+    sent = _capture(d)
+    pipe.reports.append(synth["report"](2))
+    assert _tick_until(d, lambda: len(sent) == 1)
+    assert sent[0]["seq"] == 1 and d.plots.awaiting_draw()
+    for i in range(3):  # steps while the browser has not drawn seq 1: no push, the status line follows
+        pipe.reports.append(synth["report"](3 + i))
+        time.sleep(4 * d._push_cost + 0.05)  # past the throttle interval
+        d._tick()
+        assert d.update() is False
+    assert len(sent) == 1 and _points(d) == 3
+    assert "6 step(s)" in d.status.value
+    d.plots._handle_custom_msg({"drawn": 1}, [])  # the view's answer, as ipywidgets dispatches it
+    d._tick()
+    assert [m["seq"] for m in sent] == [1, 2] and _points(d) == 6  # the three steps in one push
+
+
+def test_without_an_answer_the_next_push_goes_after_the_timeout(pipe, synth):
+    d = Dashboard(pipe, throttle_s=0.0, ack_timeout_s=1.0, watch=False)  # never displayed: no answers
+    sent = _capture(d)
+    pipe.reports.append(synth["report"](2))
+    assert _tick_until(d, lambda: len(sent) == 1)
+    pushed = time.monotonic()
+    pipe.reports.append(synth["report"](3))
+    assert _tick_until(d, lambda: len(sent) == 2)
+    assert time.monotonic() - pushed >= 0.9  # not before the timeout ...
+    assert d.plots.drawn_seq == 0 and _points(d) == 4  # ... and then without an answer
+
+
+def test_the_watcher_pushes_as_soon_as_the_browser_answers(pipe, synth):
+    d = Dashboard(pipe, throttle_s=0.0, ack_timeout_s=30.0, poll_s=5.0)  # polls rarely: the answer wakes it
+    try:
+        sent = _capture(d)
+        pipe.reports.append(synth["report"](2))
+        d.update(force=True)
+        assert len(sent) == 1
+        pipe.reports.append(synth["report"](3))
+        d._poke()
+        time.sleep(4 * d._push_cost + 0.3)  # past the throttle interval
+        assert len(sent) == 1  # seq 1 not drawn yet
+        t = time.monotonic()
+        d.plots._handle_custom_msg({"drawn": 1}, [])
+        assert _until(lambda: len(sent) == 2, timeout=5, every=0.005)
+        assert time.monotonic() - t < 1.0 and _points(d) == 4  # not the next poll, 5 s away
+    finally:
+        d.close()
+
+
 def test_run_starts_a_background_run(pipe):
     d = Dashboard(pipe, throttle_s=0.0, watch=False)
     assert d.run(3) is None

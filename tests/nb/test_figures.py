@@ -249,10 +249,30 @@ def test_failed_aborted_figure_stacks_aborts_and_failures_by_task_and_reason():
     fig = figures.failed_aborted_figure(reps)
     assert fig.layout.barmode == "stack"
     by = {t.name: t for t in fig.data}
-    assert list(by["aborted (stale)"].y) == [2, 0, 1]
+    aborted = by["aborted (stale)"]  # reports without per-task counts: one trace
+    assert list(aborted.x) == [0, 2] and list(aborted.y) == [2, 1]
     bad = by["failed · math: reward: ValueError: bad"]
     assert list(bad.x) == [1] and list(bad.y) == [2] and "aa02" in bad.text[0]
     assert list(by["failed · fl: env: EnvError: x"].x) == [2]
+
+
+def test_failed_aborted_figure_splits_aborts_by_task_and_shows_penalized_failures():
+    reps = [
+        make_report(
+            0, counts={"aborted_stale": 3}, task_counts={"math": {"aborted_stale": 2}, "fl": {"aborted_stale": 1}}
+        ),
+        make_report(
+            1,
+            counts={"completed": 4, "penalized": 1, "failed": 1, "aborted_stale": 1},
+            task_counts={"fl": {"aborted_stale": 1}},
+            failures={"math": ["penalized: env: TimeoutError: step took 5s", "reward: ValueError: bad"]},
+        ),
+    ]
+    by = {t.name: t for t in figures.failed_aborted_figure(reps).data}
+    assert list(by["aborted (stale) · math"].y) == [2] and list(by["aborted (stale) · fl"].x) == [0, 1]
+    assert list(by["penalized · math: env: TimeoutError: step took 5s"].y) == [1]
+    assert list(by["failed · math: reward: ValueError: bad"].y) == [1]
+    assert figures.failure_rate(reps[1]) == 2 / 5  # the penalized one is a failure, though trained on
 
 
 def test_timeline_figure_keeps_the_given_order_and_windows_by_axis_range():

@@ -2,6 +2,7 @@
 
 import copy
 import json
+import time
 
 import pytest
 
@@ -47,7 +48,51 @@ def test_live_plots_sends_the_state_first_then_messages():
     p.update({"f": _fig(2)})
     assert p.figures == {"f": _fig(2)} and sent == []  # the first draw is the model's state
     p.update({"f": _fig(4)})
-    assert sent == [{"ops": figure_ops("f", _fig(2), _fig(4))}] and p.figures == {"f": _fig(2)}
+    assert sent == [{"ops": figure_ops("f", _fig(2), _fig(4)), "seq": 1}] and p.figures == {"f": _fig(2)}
     assert p.messages[-1] == (1, len(json.dumps(sent[0])))
     p.sync()
     assert p.figures == p.sent == {"f": _fig(4)}
+
+
+def _sending(**kw):
+    p = LivePlots(order=["f"], **kw)
+    sent = []
+    p.send = sent.append
+    p.update({"f": _fig(2)})  # the first draw: the state, no message
+    return p, sent
+
+
+def test_each_message_carries_an_increasing_seq_and_nothing_new_sends_nothing():
+    p, sent = _sending()
+    assert p.sent_seq == 0 and not p.awaiting_draw()  # the state travels as a trait: nothing to wait for
+    p.update({"f": _fig(3)})
+    p.update({"f": _fig(3)})  # no change: no message, no seq
+    p.update({"f": _fig(5)})
+    assert [m["seq"] for m in sent] == [1, 2] and p.sent_seq == 2
+
+
+def test_a_views_answer_ends_the_wait_and_the_highest_answer_counts():
+    p, sent = _sending(ack_timeout_s=30.0)
+    p.update({"f": _fig(3)})
+    p.update({"f": _fig(4)})
+    assert p.awaiting_draw() and p.drawn_seq == 0 and p.drawn_at is None
+    p._handle_custom_msg({"drawn": 1}, [])  # as ipywidgets dispatches a view's model.send(...)
+    assert p.drawn_seq == 1 and p.drawn_at is not None and p.awaiting_draw()  # seq 2 still on its way
+    p._handle_custom_msg({"drawn": 2}, [])
+    assert p.drawn_seq == 2 and not p.awaiting_draw()
+    p._handle_custom_msg({"drawn": 1}, [])  # a slower second view: the highest answer stays
+    p._handle_custom_msg({"other": 5}, [])  # not an answer
+    p._handle_custom_msg({"drawn": True}, [])
+    assert p.drawn_seq == 2
+    p.update({"f": _fig(6)})
+    assert p.awaiting_draw()
+
+
+def test_the_wait_is_bounded_by_the_timeout():
+    p, sent = _sending(ack_timeout_s=0.2)
+    p.update({"f": _fig(3)})
+    assert p.awaiting_draw() and p.awaiting_draw(timeout_s=10.0)
+    assert not p.awaiting_draw(timeout_s=0.0)
+    time.sleep(0.25)
+    assert not p.awaiting_draw() and p.awaiting_draw(timeout_s=10.0)
+    assert p.drawn_seq == 0  # no answer came: only the time ran out
