@@ -173,11 +173,13 @@ class PipelineConfig:
     """Route each task's trajectories to the generator pool its env is bound to."""
     failed_trajectories: str = "exclude"
     """What training does with a failed trajectory. "exclude": it is never trained on; its GRPO
-    group runs a replacement member (same seed, current policy). "penalize": a trajectory that
-    failed after the model acted (its env step raised or timed out on the model's action, or its
-    reward raised or timed out) is trained on as a member of its group with reward
-    ``failure_reward``; it stays counted as failed, with its reason, and as ``penalized``.
-    Failures before the model acted (env reset, generation, cancellation) are always excluded."""
+    group runs a replacement member (same seed, current policy). "penalize": a trajectory whose
+    env step raised or timed out on the model's action, or whose reward raised or timed out, is
+    trained on as a member of its group with reward ``failure_reward``; it is counted
+    ``completed`` and ``penalized`` (not ``failed``), its reason kept. Every other failure (env
+    reset, generation, an internal rollout error) is excluded either way. Timeouts count as the
+    model's doing: with an overloaded env pool or a reward endpoint that is down, "penalize"
+    trains on the outage."""
     failure_reward: float = 0.0
     """The reward a penalized failed trajectory gets (``failed_trajectories="penalize"``)."""
     run_dir: str | None = None

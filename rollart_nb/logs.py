@@ -294,10 +294,13 @@ class LogFollower:
         if st.st_size <= off.pos:
             return []
         start = max(off.pos, st.st_size - self.max_bytes)
+        skipped = start > off.pos  # more than max_bytes came: the oldest of them are dropped
         with open(path, "rb") as f:
+            if skipped:  # does the read begin a line? (the byte before it ends one)
+                f.seek(start - 1)
+                mid_line = f.read(1) != b"\n"
             f.seek(start)
             raw = f.read(st.st_size - start)
-        skipped = start > off.pos  # more than max_bytes came: the oldest of them are dropped
         data = raw if skipped else off.partial + raw
         off.pos = start + len(raw)
         body, nl, off.partial = data.rpartition(b"\n")
@@ -305,8 +308,8 @@ class LogFollower:
             off.partial = data[-self.max_bytes :]
             return []
         lines = [ln.decode("utf-8", errors="replace") for ln in body.split(b"\n")]
-        if skipped:
-            lines = lines[1:]  # the read began inside a line
+        if skipped and mid_line:
+            lines = lines[1:]  # the read began inside a line: its end alone is not a line
         if first:  # a file there before the first poll: its tail only
             lines = lines[-self.last :] if self.last else []
         return [redact(ln) for ln in lines]

@@ -313,9 +313,9 @@ class Session(SessionBase[RayRuntime]):
         if self.state == "closed":
             return
         if self._runtime is not None:  # the launchers after the pipelines: their rollouts used the replicas
-            self._runtime.close(after_pipelines=[("stopping env launchers", self._close_launchers)])
+            self._runtime.close(after_pipelines=[("stopping env launchers and log tails", self._close_own_parts)])
         else:
-            self._close_launchers()
+            self._close_own_parts()
         try:
             if self.store is not None:
                 self.store.clear()

@@ -239,7 +239,9 @@ class SessionBase(abc.ABC, Generic[R]):
             raise ConfigError(
                 f"the log tail widget needs the notebook extra: pip install 'rollart_nb[nb]' ({e})"
             ) from e
-        return LogTailWidget(self.runtime.log_dir, worker=worker, last=last)
+        tail = LogTailWidget(self.runtime.log_dir, worker=worker, last=last)
+        self.__dict__.setdefault("_log_tails", []).append(tail)  # sess.close() stops its thread
+        return tail
 
     def _own_launcher(self, task: str, lau: Any) -> None:
         """Start ``lau`` if needed and stop it on close; a different launcher for ``task`` from
@@ -254,6 +256,16 @@ class SessionBase(abc.ABC, Generic[R]):
             lau.start()
         if callable(getattr(lau, "wait_ready", None)):
             lau.wait_ready()
+
+    def _close_own_parts(self) -> None:
+        """Stop the log tails and the env launchers this session started (after its pipelines)."""
+        tails, self.__dict__["_log_tails"] = self.__dict__.get("_log_tails", []), []
+        for tail in tails:
+            try:
+                tail.close()
+            except Exception:
+                log.debug("closing a log tail failed", exc_info=True)
+        self._close_launchers()
 
     def _close_launchers(self) -> None:
         owned, self._launchers = self._launchers, {}

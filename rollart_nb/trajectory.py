@@ -27,6 +27,11 @@ if TYPE_CHECKING:
 
 __all__ = ["Status", "Trajectory", "TrajectoryList", "Turn"]
 
+FAILED_IN = "rollart_failed_in"
+"""``Trajectory.info`` key of where a failed trajectory failed: "env_reset", "env_step" or "reward"."""
+FAILURE = "rollart_failure"
+"""``Trajectory.info`` key of the failure reason of a trajectory trained on with the failure reward."""
+
 
 class Status(StrEnum):
     """Lifecycle of a trajectory. Every trajectory ends in exactly one terminal status."""

@@ -28,7 +28,7 @@ from rollart_nb.envs.base import BlockingPool, env_name, env_reset, env_step
 from rollart_nb.errors import EnvError, GenerationError, RollartError
 from rollart_nb.logs import user_traceback
 from rollart_nb.protocols import GenerationRequest, Tokenizer
-from rollart_nb.trajectory import Status, Trajectory, Turn
+from rollart_nb.trajectory import FAILED_IN, Status, Trajectory, Turn
 
 __all__ = ["EnvManager", "RolloutConfig", "TurnBarrier", "request_seed"]
 
@@ -158,7 +158,7 @@ class EnvManager:
                 log.warning("%s failed: %s", self.name, reason)
             traj.finish(Status.FAILED, reason, now=time.time())
             # where it failed: a failed step came after the model acted (see failed_trajectories)
-            traj.info["failed_in"] = "env_step" if self._call.startswith("step of") else "env_reset"
+            traj.info[FAILED_IN] = "env_step" if self._call.startswith("step of") else "env_reset"
             self._replace_env()
         except GenerationError as e:
             traj.finish(Status.FAILED, f"generation: {e} [{self.name}, trajectory {traj.id}]", now=time.time())

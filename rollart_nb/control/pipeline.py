@@ -746,14 +746,22 @@ class Pipeline:
     def validate(self, tasks: list[str] | None = None) -> dict[str, float]:
         """Greedy validation score per task over its validation seeds. Each task's full result
         (``score``, ``n``, ``failed``, ``distinct_actions``, ``top_actions``) is kept in
-        :attr:`last_validation`. Training trajectories' next turns wait while it runs (turns in
-        flight finish), so its seconds produce no training tokens and bend no tokens/s."""
+        :attr:`last_validation`. The rollout is held while it runs: no new training trajectory
+        starts and no training turn is generated (turns, env steps and scoring already under way
+        finish), so its seconds produce no batch tokens and bend no tokens/s."""
         self._check_open()
         out = {}
-        for task in tasks or list(self.tasks.envs):
-            res = self.rollout.evaluate(task, self.validation_seeds[task])
-            self.last_validation[task] = res
-            out[task] = res["score"]
+        self.rollout.hold()  # once for every task: no training turn between two tasks' validations
+        try:
+            for task in tasks or list(self.tasks.envs):
+                res = self.rollout.evaluate(task, self.validation_seeds[task], hold=False)
+                self.last_validation[task] = res
+                out[task] = res["score"]
+        finally:
+            try:
+                self.rollout.release()
+            except Exception:  # the rollout is gone: whatever failed says so, not this
+                log.exception("pipeline %s: could not release the rollout after a validation", self.name)
         return out
 
     def trajectories(

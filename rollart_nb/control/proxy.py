@@ -136,14 +136,17 @@ class LLMProxy:
     async def generate(self, req: GenerationRequest) -> GenerationResult:
         """Generate one turn; waits while suspended. Raises GenerationError if aborted, or if no
         worker is alive for ``failover_wait_s``."""
-        if not self._admit.is_set():
-            t0 = time.monotonic()
-            await self._admit.wait()
-            self.suspended_s += time.monotonic() - t0
-        if not self._unheld.is_set() and req.traj_id not in self.exempt:
-            t0 = time.monotonic()
-            await self._unheld.wait()
-            self.held_s += time.monotonic() - t0
+        while True:  # neither suspended (a weight update) nor held (a validation), both checked last
+            if not self._admit.is_set():
+                t0 = time.monotonic()
+                await self._admit.wait()
+                self.suspended_s += time.monotonic() - t0
+            elif not self._unheld.is_set() and req.traj_id not in self.exempt:
+                t0 = time.monotonic()
+                await self._unheld.wait()
+                self.held_s += time.monotonic() - t0
+            else:
+                break
         self.requests += 1
         while True:
             if req.traj_id in self._aborted:

@@ -140,15 +140,16 @@ class StepReport:
             "update": "#e45756",
             "resume": "#72b7b2",
             "train": "#54a24b",
+            "validation": "#bab0ac",
         }
         bar = "".join(
             f'<div title="{k}: {v:.3f}s" style="display:inline-block;height:14px;width:{300 * v / total:.1f}px;'
-            f'background:{colors[k]}"></div>'
+            f'background:{colors.get(k, "#999")}"></div>'
             for k, v in self.phases.items()
             if v > 0
         )
         legend = " ".join(
-            f'<span style="color:{colors[k]}">&#9632;</span> {k} {v:.2f}s' for k, v in self.phases.items()
+            f'<span style="color:{colors.get(k, "#999")}">&#9632;</span> {k} {v:.2f}s' for k, v in self.phases.items()
         )
         rows = "".join(
             f"<tr><td>{html.escape(k)}</td><td>{v:.3f}</td><td>{self.validation.get(k, float('nan')):.3f}</td></tr>"

@@ -138,6 +138,18 @@ class RolloutWorker(Worker):
         self._s().proxy.resume()
 
     @register("one")
+    def hold(self) -> None:
+        """Hold the rollout (see :meth:`LLMProxy.hold`) until :meth:`release`; holds nest."""
+        self._s().proxy.hold()
+
+    @register("one")
+    def release(self) -> None:
+        """End one :meth:`hold`; the envs that went idle meanwhile start again."""
+        s = self._s()
+        s.proxy.release()
+        s.schedule()
+
+    @register("one")
     def start_iteration(self) -> None:
         self._s().start_iteration()
 

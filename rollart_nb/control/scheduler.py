@@ -41,7 +41,7 @@ from rollart_nb.control.reward import RewardDispatcher
 from rollart_nb.envs.base import BlockingPool
 from rollart_nb.errors import ConfigError, RewardError, RolloutStalledError
 from rollart_nb.logs import TRACEBACK_HEAD, capture_user_output
-from rollart_nb.trajectory import Status, Trajectory
+from rollart_nb.trajectory import FAILED_IN, FAILURE, Status, Trajectory
 
 __all__ = ["GroupState", "RolloutScheduler", "SchedulerConfig"]
 
@@ -128,6 +128,10 @@ class SchedulerConfig:
             p.append(f"redundancy={self.redundancy!r} must be a whole number >= 0 (extra members per group)")
         if not whole(self.max_group_failures) or self.max_group_failures < 1:
             p.append(f"max_group_failures={self.max_group_failures!r} must be a whole number >= 1")
+        if self.failed_trajectories not in ("exclude", "penalize"):
+            p.append(f"failed_trajectories={self.failed_trajectories!r} must be 'exclude' or 'penalize'")
+        if not is_number(self.failure_reward) or not math.isfinite(self.failure_reward):
+            p.append(f"failure_reward={self.failure_reward!r} must be a finite number")
         if not whole(self.seed):
             p.append(f"seed={self.seed!r} must be a whole number")
         if isinstance(self.mode, str) and self.mode in MODES:
@@ -401,7 +405,7 @@ class RolloutScheduler:
             await self.rewards.score(traj)
         except RewardError as e:
             traj.finish(Status.FAILED, f"reward: {e}", now=time.time())
-            traj.info["failed_in"] = "reward"
+            traj.info[FAILED_IN] = "reward"
         except Exception as e:  # not the reward's own failure (RewardError) but still this trajectory's end
             log.exception("scoring trajectory %s failed", traj.id)
             traj.finish(
@@ -448,6 +452,9 @@ class RolloutScheduler:
             self._buffered_ids.add(traj.id)
             self.counts["completed"] += 1
             self._count(traj.task, "completed")
+            if penalized:  # counted only once it is in: a stale or surplus one ends as such instead
+                self._count(traj.task, "penalized")
+                self._note_failure(traj.task, traj.reason)
             self.ended.append(traj)
         self._on_evicted(rejected)
         if not penalized:  # a penalized one is a failure all the same: the stall and early-stop checks see it
@@ -460,22 +467,22 @@ class RolloutScheduler:
     def _penalize(self, traj: Trajectory, g: GroupState) -> bool:
         """With ``failed_trajectories="penalize"``: a trajectory that failed after the model acted
         (in an env step or its reward) becomes a completed member of its group with reward
-        ``failure_reward``, its failure kept as ``info["failure"]`` and counted ``penalized``.
+        ``failure_reward``, its failure kept as ``info["rollart_failure"]``; counted ``penalized``
+        once the buffer takes it (a stale or surplus one ends aborted_stale or cancelled).
         Returns False (nothing changed) for any other trajectory."""
         if (
             self.cfg.failed_trajectories != "penalize"
             or traj.status is not Status.FAILED
-            or traj.info.get("failed_in") not in ("env_step", "reward")
+            or traj.info.get(FAILED_IN) not in ("env_step", "reward")
             or not any(t.response_ids for t in traj.turns)
             or g.closed
+            or traj.max_version > self.version  # made by weights lost in a trainer restore
         ):
             return False
         reason = traj.reason
-        traj.info["failure"] = reason
+        traj.info[FAILURE] = reason
         traj.reward, traj.turn_rewards, traj.reward_version = float(self.cfg.failure_reward), None, -1
         traj.status, traj.reason, traj.finished_s = Status.COMPLETED, f"penalized: {reason}", time.time()
-        self._note_failure(traj.task, traj.reason)
-        self._count(traj.task, "penalized")
         self._accept(traj, g, penalized=True)
         return True
 

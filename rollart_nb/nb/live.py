@@ -202,6 +202,7 @@ async function render({ model, el }) {
   const pending = new Set();
   let frame = null;
   let acked = 0;  // the highest seq this view has told the kernel it drew
+  let closed = false;  // the view was removed: draw and answer nothing more
   const view = {
     draw(names) {
       names.forEach((n) => pending.add(n));
@@ -224,26 +225,41 @@ async function render({ model, el }) {
   }
   function flush() {
     frame = null;
-    if (!Plotly) return;
+    if (!Plotly || closed) return;
     const seq = st.seq;
     const drawing = [];
-    for (const name of pending) {
-      const fig = st.figs[name];
-      if (!fig) continue;
-      const layout = Object.assign(clone(fig.layout), { autosize: true });
-      delete layout.width;
-      drawing.push(Plotly.react(cell(name), clone(fig.data), layout, { responsive: true, displaylogo: false }));
+    try {
+      for (const name of pending) {
+        const fig = st.figs[name];
+        if (!fig) continue;
+        const layout = Object.assign(clone(fig.layout), { autosize: true });
+        delete layout.width;
+        drawing.push(Plotly.react(cell(name), clone(fig.data), layout, { responsive: true, displaylogo: false }));
+      }
+    } catch (e) {
+      console.warn("rollart dashboard: a plot failed to draw", e);
+    } finally {
+      pending.clear();
     }
-    pending.clear();
     // tell the kernel what is on screen, so it sends the next update only then (see LivePlots)
-    const ack = () => { if (seq > acked) { acked = seq; model.send({ drawn: seq }); } };
+    const ack = () => {
+      if (closed || seq <= acked) return;
+      acked = seq;
+      try { model.send({ drawn: seq }); } catch (e) { /* the widget was closed meanwhile */ }
+    };
     Promise.all(drawing).then(ack, ack);  // a failed draw must not hold updates back either
   }
   const ro = new ResizeObserver(() => cells.forEach((div) => { if (div.data) Plotly.Plots.resize(div); }));
   ro.observe(grid);
   st.views.add(view);
   view.draw(Object.keys(st.figs));
-  return () => { st.views.delete(view); ro.disconnect(); cells.forEach((div) => Plotly && Plotly.purge(div)); };
+  return () => {
+    closed = true;
+    if (frame !== null) cancelAnimationFrame(frame);
+    st.views.delete(view);
+    ro.disconnect();
+    cells.forEach((div) => Plotly && Plotly.purge(div));
+  };
 }
 
 export default { initialize, render };

@@ -152,6 +152,8 @@ class LogTailWidget(widgets.VBox):
     # -- the thread ----------------------------------------------------------------------
     def _follow(self) -> None:
         while not self._stop.wait(self.poll_s):
+            if self.comm is None:  # the widget was closed (its comm too): nobody can see it
+                return
             try:
                 self.refresh()
             except Exception as e:  # never into the user's cells: log each kind of problem once
@@ -162,12 +164,12 @@ class LogTailWidget(widgets.VBox):
     # -- drawing -------------------------------------------------------------------------
     def _sync_workers(self) -> None:
         """The dropdown lists the log files present (new options reset a Dropdown's value: keep it)."""
-        selected = self.worker_filter.value
-        options = self._options(self.follower.workers, selected)
+        options = self._options(self.follower.workers, self.worker_filter.value)
         if options != list(self.worker_filter.options):
             self._syncing = True
             try:
-                self.worker_filter.options = options
+                selected = self.worker_filter.value  # read last: a choice made meanwhile is kept
+                self.worker_filter.options = self._options(self.follower.workers, selected)
                 self.worker_filter.value = selected
             finally:
                 self._syncing = False

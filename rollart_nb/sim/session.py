@@ -153,7 +153,7 @@ class SimSession(SessionBase[SimRuntime]):
         """Close pipelines and clusters, cancel what still runs on the loop, stop the loop thread."""
         if self.state == "closed":
             return
-        self.runtime.close(after_pipelines=[("stopping env launchers", self._close_launchers)])
+        self.runtime.close(after_pipelines=[("stopping env launchers and log tails", self._close_own_parts)])
         self.store.clear()
         self.state = "closed"
 

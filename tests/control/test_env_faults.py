@@ -341,3 +341,12 @@ def test_pipeline_reports_env_faults_per_step_and_accounts_for_every_trajectory(
     assert 1 <= timeouts <= abandoned and sum(r.env["restarts"] for r in reps) >= timeouts
     assert stats["env"]["timeouts"] >= timeouts and stats["accounting"]["unaccounted"] == 0
     assert any("SleepyStep did not answer step" in reason for r in reps for rs in r.failures.values() for reason in rs)
+
+
+def test_a_step_that_validated_shows_in_a_notebook_and_its_task_counts_round_trip():
+    rep = StepReport(step=3, version=4, mode="rollart", task_counts={"math": {"aborted_stale": 2, "penalized": 1}})
+    rep.phases["validation"] = 1.5
+    assert "validation 1.50s" in rep._repr_html_()
+    back = StepReport.from_dict(rep.to_dict())
+    assert back.task_counts == rep.task_counts and back.row()["aborted/math"] == 2
+    assert StepReport.from_dict({k: v for k, v in rep.to_dict().items() if k != "task_counts"}).task_counts == {}

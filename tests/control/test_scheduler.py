@@ -151,6 +151,24 @@ def test_a_hold_lets_only_exempt_trajectories_generate():
     run(go())
 
 
+def test_a_turn_held_for_a_validation_still_waits_for_a_weight_update_begun_meanwhile():
+    async def go():
+        s, _ = make(arith(4), batch=4, group=4)
+        s.proxy.hold()
+        req = GenerationRequest("t-1", "math", [5, 6, 7], 8, 1.0, seed=1)
+        turn = asyncio.ensure_future(s.proxy.generate(req))
+        await asyncio.sleep(0.05)
+        await s.proxy.suspend(timeout_s=1)  # nothing in flight: the weight update may begin
+        s.proxy.release()  # the validation ends before the update does
+        await asyncio.sleep(0.1)
+        assert not turn.done()  # the held turn now waits for the update
+        s.proxy.resume()
+        assert (await asyncio.wait_for(turn, timeout=5)).token_ids
+        await s.close()
+
+    run(go())
+
+
 def test_redundant_rollouts_cancel_the_surplus():
     async def go():
         envs = {"math": [WithLatency(Arithmetic(), mean_s=0.02, std_s=0.02, seed=i) for i in range(12)]}
@@ -206,7 +224,10 @@ def test_failed_trajectories_are_excluded_or_trained_on_with_the_failure_reward(
             assert stats["events"].get("failed", 0) > 0 and "penalized" not in stats["events"]
         else:
             assert penalized and all(t.reward == -1.0 and t.reward_version == -1 for t in penalized)
-            assert all("injected failure" in t.info["failure"] and t.info["failed_in"] == "env_step" for t in penalized)
+            assert all(
+                "injected failure" in t.info["rollart_failure"] and t.info["rollart_failed_in"] == "env_step"
+                for t in penalized
+            )
             assert all(t.turns and t.turns[-1].response_ids for t in penalized)  # the action that failed
             assert stats["events"]["penalized"] == stats["task_events"]["math"]["penalized"] >= len(penalized)
             assert any(r.startswith("penalized: ") for _, r in stats["failures"])  # the reason stays visible
@@ -225,7 +246,7 @@ def test_penalize_never_trains_on_a_failure_before_the_model_acted():
         batch = await s.get_batch(8, timeout_s=30)
         assert not any(t.reason.startswith("penalized") for t in batch)
         failed = [t for t in s.ended if t.status is Status.FAILED]
-        assert failed and all(t.info["failed_in"] == "env_reset" for t in failed)
+        assert failed and all(t.info["rollart_failed_in"] == "env_reset" for t in failed)
         await s.close()
 
     run(go())

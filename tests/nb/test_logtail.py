@@ -141,5 +141,8 @@ def test_sess_log_tail_follows_the_sessions_log_dir():
         assert w.worker == "rollout" and w.last == 7
         w.close()
         assert not w._thread.is_alive()
+        left = sess.log_tail()  # never closed by hand: the session stops it
     finally:
         sess.close()
+    left._thread.join(timeout=5)
+    assert not left._thread.is_alive()
