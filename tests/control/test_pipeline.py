@@ -149,8 +149,9 @@ def test_validation_and_viewer_data(parts):
 
 def test_a_validation_holds_training_generation_and_stays_out_of_tokens_per_s(parts):
     sess, gen, train, _ = parts
-    # slow turns: a validation of 32 seeds takes several steps' worth of time
-    tasks = sess.tasks({"math": WithLatency(Arithmetic(), mean_s=0.05, std_s=0.0)}, envs_per_task=16)
+    # slow multi-turn episodes: when a validation starts, some are between two turns (their next
+    # turn is held), and a validation of 32 seeds takes several steps' worth of time
+    tasks = sess.tasks({"math": WithLatency(Arithmetic(max_turns=3), mean_s=0.05, std_s=0.0)}, envs_per_task=16)
     pipe = sess.pipeline(
         train,
         gen,
