@@ -44,6 +44,7 @@ from rollart_nb.errors import ConfigError, brief
 
 __all__ = [
     "DISPATCH",
+    "FAILED_POLICIES",
     "WEIGHTS",
     "PipelineConfig",
     "RolloutConfig",

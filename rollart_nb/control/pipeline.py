@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any, Literal, overload
 from rollart_nb.config import PipelineConfig, portable
 from rollart_nb.control.checkpoint import PipelineCheckpoint, latest_reward_sources, write_checkpoint
 from rollart_nb.control.modes import mode as get_mode
-from rollart_nb.control.report import StepReport, env_fault_deltas
+from rollart_nb.control.report import StepReport, count_deltas, env_fault_deltas
 from rollart_nb.control.rollout_worker import RolloutWorker
 from rollart_nb.control.scheduler import SchedulerConfig
 from rollart_nb.errors import StateError, WorkerDiedError
@@ -193,7 +193,7 @@ class Pipeline:
         self.state = "idle"
         self.reports: list[StepReport] = []
         self._train_fut: Any = None
-        self._counts: collections.Counter[str] = collections.Counter()
+        self._counts: dict[str, int] = {}  # cumulative endings by kind, at the last step
         self._task_counts: dict[str, dict[str, int]] = {}  # task -> kind -> endings, at the last step
         self._env_faults: dict[str, int] = {}  # cumulative env fault counters at the last step
         self._thread: threading.Thread | None = None
@@ -468,8 +468,8 @@ class Pipeline:
         rep.step_s = self._clock() - t0
         rep.batch_size = len(batch)
         rep.tokens = sum(t.num_tokens for t in batch)
-        # a validation holds training generation back (RolloutWorker.evaluate), so its seconds,
-        # outside step_s, made none of these tokens
+        # a validation holds the rollout (see validate), so its seconds, outside step_s, made
+        # none of these tokens
         rep.throughput = rep.tokens / rep.step_s if rep.step_s > 0 else 0.0
         by_task: dict[str, list[float]] = collections.defaultdict(list)
         for t in batch:
@@ -480,13 +480,10 @@ class Pipeline:
         rep.train = {k: float(v) for k, v in metrics.items() if isinstance(v, int | float)}
         stats = self.rollout.stats()
         # endings during this step (events only grow; "counts" moves evicted samples between statuses)
-        now = collections.Counter(stats["events"])
-        rep.counts = {k: now[k] - self._counts.get(k, 0) for k in now if now[k] - self._counts.get(k, 0)}
-        self._counts = now
+        rep.counts, self._counts = count_deltas(stats["events"], self._counts), stats["events"]
         per_task = stats.get("task_events", {})
         for task, kinds in per_task.items():
-            before = self._task_counts.get(task, {})
-            delta = {k: n - before.get(k, 0) for k, n in kinds.items() if n - before.get(k, 0)}
+            delta = count_deltas(kinds, self._task_counts.get(task, {}))
             if delta:
                 rep.task_counts[task] = delta
         self._task_counts = per_task
@@ -754,7 +751,7 @@ class Pipeline:
         self.rollout.hold()  # once for every task: no training turn between two tasks' validations
         try:
             for task in tasks or list(self.tasks.envs):
-                res = self.rollout.evaluate(task, self.validation_seeds[task], hold=False)
+                res = self.rollout.evaluate(task, self.validation_seeds[task])
                 self.last_validation[task] = res
                 out[task] = res["score"]
         finally:

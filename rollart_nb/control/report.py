@@ -9,7 +9,7 @@ from typing import Any
 
 from rollart_nb.algo.grpo import TRAIN_METRICS
 
-__all__ = ["ENV_FAULTS", "PHASES", "StepReport", "env_fault_deltas"]
+__all__ = ["ENV_FAULTS", "PHASES", "StepReport", "count_deltas", "env_fault_deltas"]
 
 PHASES = ("rollout_wait", "suspend", "update", "resume", "train")
 """Step-time phases, in protocol order (train is the part not hidden behind rollout)."""
@@ -21,6 +21,11 @@ ENV_FAULTS = ("restarts", "timeouts", "abandoned_threads")
 def env_fault_deltas(now: dict[str, Any], before: dict[str, Any]) -> dict[str, int]:
     """This step's env faults: cumulative ``stats()["env"]`` counters now minus at the last step."""
     return {k: int(now.get(k, 0)) - int(before.get(k, 0)) for k in ENV_FAULTS}
+
+
+def count_deltas(now: dict[str, int], before: dict[str, int]) -> dict[str, int]:
+    """This step's endings: cumulative counters now minus at the last step, zeros left out."""
+    return {k: n - before.get(k, 0) for k, n in now.items() if n - before.get(k, 0)}
 
 
 @dataclass

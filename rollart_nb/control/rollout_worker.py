@@ -184,12 +184,12 @@ class RolloutWorker(Worker):
 
     @register("one")
     async def evaluate(
-        self, task: str, seeds: list[int], temperature: float = 0.0, concurrency: int = 32, hold: bool = True
+        self, task: str, seeds: list[int], temperature: float = 0.0, concurrency: int = 32
     ) -> dict[str, Any]:
         """Greedy validation rollouts of ``task`` over ``seeds``; not buffered or trained on. They are
-        scored by the task's ``validate_with`` scorer if it has one, else by its reward. With
-        ``hold`` (the default), training trajectories' next turns wait until it ends (turns in
-        flight finish) and no new one starts, so its seconds produce no training tokens.
+        scored by the task's ``validate_with`` scorer if it has one, else by its reward. Their
+        turns go ahead while the rollout is held (:meth:`hold`, as ``pipe.validate`` does), so
+        training generation can wait for them.
 
         Returns mean ``score`` (reward), ``n``, ``failed``, and the final actions' spread:
         ``distinct_actions`` and ``top_actions`` (the 3 commonest, with counts).
@@ -216,14 +216,7 @@ class RolloutWorker(Worker):
                         t.finish(Status.FAILED, f"reward: {e}")
                 return t
 
-        if hold:
-            s.proxy.hold()  # training turns wait: the validation's seconds make no batch tokens
-        try:
-            done = await asyncio.gather(*(one(sd) for sd in seeds))
-        finally:
-            if hold:
-                s.proxy.release()
-                s.schedule()  # the envs that went idle meanwhile start again
+        done = await asyncio.gather(*(one(sd) for sd in seeds))
         ok = [t.reward for t in done if t.status is Status.COMPLETED]
         # The final actions show a collapse (one answer everywhere) that a score alone can hide.
         last = Counter(t.turns[-1].action.strip() for t in done if t.status is Status.COMPLETED and t.turns)

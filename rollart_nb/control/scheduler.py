@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rollart_nb import _ray
-from rollart_nb.config import PipelineConfig
+from rollart_nb.config import FAILED_POLICIES, PipelineConfig
 from rollart_nb.control.buffer import SampleBuffer, split_quota
 from rollart_nb.control.curriculum import curriculum_problems
 from rollart_nb.control.env_manager import EnvManager, RolloutConfig, TurnBarrier
@@ -128,8 +128,8 @@ class SchedulerConfig:
             p.append(f"redundancy={self.redundancy!r} must be a whole number >= 0 (extra members per group)")
         if not whole(self.max_group_failures) or self.max_group_failures < 1:
             p.append(f"max_group_failures={self.max_group_failures!r} must be a whole number >= 1")
-        if self.failed_trajectories not in ("exclude", "penalize"):
-            p.append(f"failed_trajectories={self.failed_trajectories!r} must be 'exclude' or 'penalize'")
+        if self.failed_trajectories not in FAILED_POLICIES:
+            p.append(f"failed_trajectories={self.failed_trajectories!r} must be one of {', '.join(FAILED_POLICIES)}")
         if not is_number(self.failure_reward) or not math.isfinite(self.failure_reward):
             p.append(f"failure_reward={self.failure_reward!r} must be a finite number")
         if not whole(self.seed):
