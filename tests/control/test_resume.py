@@ -35,7 +35,7 @@ def test_checkpoint_new_session_resume(tmp_path):
     model, algo = tiny_qwen(seed=0), GRPO(group_size=2)
     initial = model.load_model().state_dict()
 
-    # -- session 1: train two steps in an overlapped mode, save, close ----------------------
+    # -- the first session: train two steps in an overlapped mode, save, close ----------------------
     with rn.Session.local(POOLS, serverless=False) as sess:
         train, gen, tasks = build(sess, model)
         pipe = sess.pipeline(train, gen, tasks, algo=algo, batch_size=4, mode="rollart", name="run")
@@ -47,7 +47,7 @@ def test_checkpoint_new_session_resume(tmp_path):
     assert sess.state == "closed"
     assert any(not torch.equal(saved_weights[k], initial[k]) for k in initial)  # training moved the weights
 
-    # -- session 2: a fresh Ray, fresh workers built from the initial model -------------------
+    # -- the second session: a fresh Ray, fresh workers built from the initial model -------------------
     with rn.Session.local(POOLS, serverless=False) as sess:
         train, gen, tasks = build(sess, model)
         assert train.version() == 0 and gen.version() == [0]
