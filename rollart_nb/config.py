@@ -164,7 +164,16 @@ class PipelineConfig:
     max_inflight: int = 256
     """Turns in flight per generator worker at most (the proxy's admission limit)."""
     dispatch: str = "direct"
-    """How turns reach generators: "direct" (one call a turn) or "batched" (``generate_many``)."""
+    """How turns reach generators: "direct" (one actor call a turn) or "batched" (streamed: one call
+    at a time per worker carries every queued turn and brings back every finished one; see
+    :mod:`rollart_nb.workers.streaming`). Batched keeps an engine full with far less CPU a turn."""
+    rollout_shards: int | None = None
+    """Rollout actors (each one CPU-pool slot, one core) that the pipeline's envs are split
+    over; each shard runs a disjoint slice of every task's envs and supplies a fixed part of each
+    batch (whole groups), so batches, group membership and the staleness bound are what one actor
+    gives. None: one per 1024 envs (rounded up), within the CPU pool's free slots and the batch's
+    groups. At most the batch's groups, and per task its envs; ``pipe.stats()["shards"]`` shows
+    each shard's share."""
     step_timeout_s: float | None = None
     """A step whose batch is not complete after this many seconds raises; None: wait."""
     weights: Any = "direct"
@@ -233,6 +242,13 @@ class PipelineConfig:
         whole("redundancy", 0)
         whole("validate_every", 0, " (0: off)")
         whole("max_inflight", 1)
+        if self.rollout_shards is not None:
+            whole("rollout_shards", 1, " or None (one per 1024 envs)")
+            if is_whole(self.rollout_shards) and is_whole(self.batch_size) and self.rollout_shards > self.batch_size:
+                p.append(
+                    f"rollout_shards={self.rollout_shards} must be <= batch_size={self.batch_size}: each shard "
+                    "supplies at least one group of every batch"
+                )
         whole("autosave_every", 0, " (0: off)")
         whole("keep_checkpoints", 1)
         whole("max_worker_restarts", 0)

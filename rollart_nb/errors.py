@@ -18,6 +18,7 @@ worker / env / trajectory, and what to do next. The tree::
     ├── EnvError               an env raised or hung (the trajectory ends failed)
     │   └── SandboxError       the OS sandbox cannot start (bubblewrap missing, user namespaces off)
     ├── GenerationError        a generation backend failed or the request was aborted
+    │   └── HistoryMiss        the generator does not hold the trajectory's history: resend it whole
     ├── RolloutStalledError    every recent trajectory failed: a batch cannot form
     ├── WeightSyncError        a weight version is missing, partial or corrupt
     └── StoreError             metadata store (GCS KV / Redis) failure
@@ -40,6 +41,7 @@ __all__ = [
     "ConnectError",
     "EnvError",
     "GenerationError",
+    "HistoryMiss",
     "NoCapacityError",
     "ResourceError",
     "RewardError",
@@ -142,6 +144,23 @@ class SandboxError(EnvError):
 
 class GenerationError(RollartError):
     """A generation backend failed, or the request was aborted."""
+
+
+class HistoryMiss(GenerationError):
+    """The generator does not hold this trajectory's history (a replaced worker, an eviction);
+    the sender resends the whole history (``prefix_len=0``). ``traj_id``, ``expected`` (the
+    request's ``prefix_len``) and ``held`` (tokens held, None: nothing) say which and why."""
+
+    def __init__(self, message: str, *, traj_id: str = "", expected: int = 0, held: int | None = None) -> None:
+        self.traj_id, self.expected, self.held = traj_id, expected, held
+        super().__init__(message)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _history_miss, (self.args[0] if self.args else "", self.traj_id, self.expected, self.held)
+
+
+def _history_miss(message: str, traj_id: str, expected: int, held: int | None) -> HistoryMiss:
+    return HistoryMiss(message, traj_id=traj_id, expected=expected, held=held)
 
 
 class RolloutStalledError(RollartError):

@@ -8,6 +8,7 @@ implementation and a cheap one (``sim``) that powers what-if studies and fast te
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -62,26 +63,49 @@ class Tokenizer(Protocol):
 class GenerationRequest:
     """One turn's generation for one trajectory.
 
+    A trajectory's history is shipped once: the generator keeps what it was sent and what it
+    generated, and each later request carries only the tokens after that (``prefix_len`` says
+    how many it should already hold). A generator that does not hold them (a replaced worker,
+    an eviction) raises :class:`~rollart_nb.errors.HistoryMiss`, and the sender resends the
+    whole history with ``prefix_len=0``.
+
     Attributes:
         traj_id: trajectory id (the LLMProxy keeps a trajectory sticky to one worker).
         task: task name (hardware affinity routing uses it as ``tag_name``).
-        prompt_ids: the whole history as token ids, shape [P].
+        prompt_ids: the prompt's token ids after the first ``prefix_len``, shape [P - prefix_len]
+            (the whole prompt when ``prefix_len`` is 0): a list, or an ``array('i')`` as the
+            EnvManager sends them (4 bytes a token on the wire, no int objects to build); read
+            them with ``len``, indexing, iteration or ``list(...)``.
         max_new_tokens: response budget for this turn.
         temperature: sampling temperature; 0 means greedy.
         seed: per-request sampling seed (reproducible rollouts), or None.
         stop: stop strings (decoded) that end the response.
         last_turn: no request of this trajectory follows (its env allows no more turns), so a
-            backend need not keep its KV for reuse.
+            backend need not keep its KV (or its history) for reuse.
+        prefix_len: tokens of this trajectory's history the generator already holds (earlier
+            prompts plus its own responses), which come before ``prompt_ids``; 0: none.
+
+    Example:
+        >>> first = GenerationRequest("t0", "math", [5, 6, 7])
+        >>> later = GenerationRequest("t0", "math", [9, 9], prefix_len=5)  # 3 sent + 2 generated
+        >>> first.full_len, later.full_len
+        (3, 7)
     """
 
     traj_id: str
     task: str
-    prompt_ids: list[int]
+    prompt_ids: Sequence[int]
     max_new_tokens: int = 32
     temperature: float = 1.0
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
     last_turn: bool = False
+    prefix_len: int = 0
+
+    @property
+    def full_len(self) -> int:
+        """Length of the whole prompt: the held history plus ``prompt_ids``."""
+        return self.prefix_len + len(self.prompt_ids)
 
 
 @dataclass

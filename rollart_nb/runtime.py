@@ -155,7 +155,7 @@ class RayRuntime:
         slots: float = 1.0,
         endpoints: dict[str, Endpoint] | None = None,
         affinity: dict[str, str] | None = None,
-        max_concurrency: int = 64,
+        max_concurrency: int | None = None,
         start_timeout_s: float = 120.0,
         **init_kwargs: Any,
     ) -> Cluster:

@@ -257,7 +257,7 @@ class Session(SessionBase[RayRuntime]):
         slots: float = 1.0,
         endpoints: dict[str, str] | None = None,
         affinity: dict[str, str] | None = None,
-        max_concurrency: int = 64,
+        max_concurrency: int | None = None,
         start_timeout_s: float = 120.0,
         **init_kwargs: Any,
     ) -> Cluster:
@@ -275,7 +275,9 @@ class Session(SessionBase[RayRuntime]):
             slots: pool slots per worker (GPUs per worker on a GPU pool).
             endpoints: serverless endpoint name -> URL for ``@register_serverless`` methods.
             affinity: tag -> hardware overrides for ``@hw_mapping`` methods.
-            max_concurrency: concurrent calls one worker actor accepts.
+            max_concurrency: concurrent calls one worker actor accepts (default: the worker class's
+                ``max_concurrency``, 64; generation workers take 4096, so every sequence their
+                engine can hold is in it rather than queued in front of the actor).
             **init_kwargs: passed to ``worker_cls.__init__``.
         """
         pool, eps = self._before_cluster(name, worker_cls, pool, replicas, slots, endpoints)

@@ -142,7 +142,7 @@ class SessionBase(abc.ABC, Generic[R]):
         users = [
             p.name
             for p in self.runtime.pipelines.values()
-            if p.state != "closed" and any(x is c for x in (p.train, p.gen, p.rollout))
+            if p.state != "closed" and any(x is c for x in (p.train, p.gen, *p.rollout.clusters))
         ]
         if c is None or not users:
             return
@@ -372,6 +372,7 @@ class SessionBase(abc.ABC, Generic[R]):
         pd: bool = UNSET,
         max_inflight: int = UNSET,
         dispatch: str = UNSET,
+        rollout_shards: int | None = UNSET,
         step_timeout_s: float | None = UNSET,
         weights: Any = UNSET,
         hw_affinity: bool = UNSET,

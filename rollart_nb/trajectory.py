@@ -1,7 +1,9 @@
 """Core data types shared by every plane: :class:`Turn` and :class:`Trajectory`.
 
-Plain dataclasses (picklable, cheap to ship through Ray). Token ids are lists of ints,
-never tensors, so a trajectory serializes compactly (``to_dict`` / ``from_dict``).
+Plain dataclasses (picklable, cheap to ship through Ray). Token ids are lists of ints, or
+read-only :class:`~rollart_nb.tokens.TokenView` s of one shared per-trajectory buffer (what the
+EnvManager records, so the history is stored once, not once per turn), never tensors;
+``to_dict`` writes plain lists and ``from_dict`` reads them back.
 
 In a notebook, :class:`TrajectoryList` (what ``pipe.trajectories()`` returns) is the way in:
 ``to_dataframe(level=...)`` for pandas, ``group(...)`` / ``groups()`` for GRPO groups with their
@@ -11,10 +13,11 @@ tokenizer when shown alone.
 
 from __future__ import annotations
 
+import copy
 import math
 import uuid
-from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, SupportsIndex, overload
 
@@ -54,8 +57,9 @@ class Turn:
     Attributes:
         observation: text the env returned before this turn.
         action: decoded text of the generated response.
-        prompt_ids: token ids fed to the model for this turn (whole history), shape [P].
-        response_ids: generated token ids, shape [R].
+        prompt_ids: token ids fed to the model for this turn (whole history), shape [P]: a list,
+            or a :class:`~rollart_nb.tokens.TokenView` of the trajectory's one token buffer.
+        response_ids: generated token ids, shape [R] (a list or a view, as ``prompt_ids``).
         logprobs: behaviour log-probabilities of ``response_ids``, shape [R].
         loss_mask: 1 for tokens trained on (assistant tokens), shape [R].
         version: policy version of the weights that generated this turn.
@@ -70,8 +74,8 @@ class Turn:
 
     observation: str
     action: str = ""
-    prompt_ids: list[int] = field(default_factory=list)
-    response_ids: list[int] = field(default_factory=list)
+    prompt_ids: Sequence[int] = field(default_factory=list)
+    response_ids: Sequence[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     loss_mask: list[int] = field(default_factory=list)
     version: int = 0
@@ -83,6 +87,14 @@ class Turn:
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_ids) + len(self.response_ids)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict: token ids as plain lists of ints."""
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        for name in ("prompt_ids", "response_ids", "logprobs", "loss_mask", "ref_logprobs"):
+            d[name] = list(d[name])
+        d["timings"] = dict(self.timings)
+        return d
 
 
 @dataclass
@@ -162,7 +174,8 @@ class Trajectory:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (token ids as lists of ints)."""
-        d = asdict(self)
+        d = {f.name: copy.deepcopy(getattr(self, f.name)) for f in fields(self) if f.name != "turns"}
+        d["turns"] = [t.to_dict() for t in self.turns]
         d["status"] = self.status.value
         if math.isnan(self.reward):
             d["reward"] = None

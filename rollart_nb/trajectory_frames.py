@@ -19,9 +19,11 @@ import math
 import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
 from rollart_nb.errors import ConfigError
+from rollart_nb.tokens import starts_with
 
 if TYPE_CHECKING:
     from rollart_nb.trajectory import Trajectory, Turn
@@ -191,11 +193,7 @@ def _response(turn: Turn) -> tuple[list[int], list[float]]:
 
 def _extends(turns: Sequence[Turn]) -> bool:
     """Each turn's prompt is the previous turn's prompt + response + more (one sequence)."""
-    for prev, cur in zip(turns, turns[1:], strict=False):
-        seen = list(prev.prompt_ids) + list(prev.response_ids)
-        if list(cur.prompt_ids[: len(seen)]) != seen:
-            return False
-    return True
+    return all(starts_with(cur.prompt_ids, (prev.prompt_ids, prev.response_ids)) for prev, cur in pairwise(turns))
 
 
 def sequence_tokens(t: Trajectory) -> list[SequenceToken]:

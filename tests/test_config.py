@@ -35,10 +35,19 @@ def test_configs_are_frozen():
 
 def test_every_problem_is_reported_at_once():
     with pytest.raises(ConfigError) as e:
-        PipelineConfig(batch_size=0, alpha=0.5, mode="rolart", dispatch="nope", health_every_s=0, trackers=("tb",))
+        PipelineConfig(
+            batch_size=0,
+            alpha=0.5,
+            mode="rolart",
+            dispatch="nope",
+            health_every_s=0,
+            trackers=("tb",),
+            rollout_shards=0,
+        )
     text = str(e.value)
-    assert len(e.value.problems) == 6, text
+    assert len(e.value.problems) == 7, text
     for piece in (
+        "rollout_shards=0 must be a whole number >= 1 or None",
         "batch_size=0",
         "alpha=0.5",
         "did you mean 'rollart'",
@@ -47,6 +56,14 @@ def test_every_problem_is_reported_at_once():
         "'tb' is not a tracker name",
     ):
         assert piece in text
+
+
+def test_rollout_shards_fit_in_the_batch_and_round_trip(tmp_path):
+    assert PipelineConfig(batch_size=8, rollout_shards=8).rollout_shards == 8
+    with pytest.raises(ConfigError, match=r"rollout_shards=9 must be <= batch_size=8: each shard supplies"):
+        PipelineConfig(batch_size=8, rollout_shards=9)
+    cfg = apply_overrides(PipelineConfig(), ["rollout_shards=3"])
+    assert cfg.rollout_shards == 3 and from_dict(PipelineConfig, to_dict(cfg)) == cfg
 
 
 def test_yaml_round_trip_and_defaults_for_what_a_file_leaves_out(tmp_path):

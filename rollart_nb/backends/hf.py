@@ -23,6 +23,12 @@ Recompute (step 5 of the protocol): :meth:`load_weights` drops every cached KV, 
 update each later request of an in-flight trajectory re-prefills its whole history under the
 new weights, and :attr:`GenerationResult.recomputed_tokens` reports those tokens for a
 trajectory last served under an older version.
+
+Histories: a request may carry only the tokens after those the backend holds
+(``prefix_len``); a :class:`~rollart_nb.backends.history.HistoryStore` keeps every
+trajectory's ids (prompt + response) and rebuilds the whole prompt, which everything above
+(KV reuse, recompute, limits) works on. A request whose prefix is not held raises
+:class:`~rollart_nb.errors.HistoryMiss`.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
+from rollart_nb.backends.history import DEFAULT_HISTORY_TOKENS, HistoryStore
 from rollart_nb.errors import GenerationError, WeightSyncError
 from rollart_nb.models.tiny import ModelRef, from_pretrained
 from rollart_nb.protocols import GenerationRequest, GenerationResult
@@ -59,6 +66,7 @@ class _Slot:
 
     request: GenerationRequest
     future: asyncio.Future[GenerationResult]
+    prompt: list[int]  # the whole prompt (the held history + request.prompt_ids)
     aborted: bool = False
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
@@ -98,6 +106,7 @@ class HFBackend:
         seed: seeds requests that carry no seed of their own.
         kv_reuse: keep each trajectory's KV between requests and prefill only new tokens.
         kv_cache_tokens: most tokens held in that cache over all trajectories.
+        history_tokens: most tokens of trajectory histories held (ids, 4 bytes a token).
 
     Attributes:
         version: policy version of the weights being served.
@@ -121,6 +130,7 @@ class HFBackend:
         seed: int = 0,
         kv_reuse: bool = True,
         kv_cache_tokens: int = 1 << 16,
+        history_tokens: int = DEFAULT_HISTORY_TOKENS,
     ) -> None:
         import torch
 
@@ -148,23 +158,27 @@ class HFBackend:
         self._kv: OrderedDict[str, _KV] = OrderedDict()  # traj_id -> KV; touched under _weights_lock
         self._kv_held = 0  # tokens in self._kv
         self._kv_drop: set[str] = set()  # aborted trajectories, dropped by the next batch
+        #: Each trajectory's ids (prompt + response) for requests that send only new tokens.
+        self.history = HistoryStore(history_tokens, name=name)
 
     # -- GenerationBackend --------------------------------------------------------------
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         """Generate one response; batched with other requests arriving meanwhile.
 
         Raises:
+            HistoryMiss: ``request.prefix_len`` tokens of history are not held here; resend whole.
             GenerationError: empty or too-long prompt, or the model failed.
         """
-        if not request.prompt_ids:
+        prompt = self.history.resolve(request)
+        if not prompt:
             raise GenerationError(f"trajectory {request.traj_id}: empty prompt; pass at least one token id")
-        if len(request.prompt_ids) >= self.max_len:
+        if len(prompt) >= self.max_len:
             raise GenerationError(
-                f"trajectory {request.traj_id}: prompt of {len(request.prompt_ids)} tokens does not fit the "
+                f"trajectory {request.traj_id}: prompt of {len(prompt)} tokens does not fit the "
                 f"model's {self.max_len} positions; shorten the history or use a longer-context model"
             )
         loop = asyncio.get_running_loop()
-        slot = _Slot(request, loop.create_future())
+        slot = _Slot(request, loop.create_future(), prompt)
         self._pending.append(slot)
         if self._batcher is None or self._batcher.done():
             self._batcher = loop.create_task(self._drain())
@@ -183,6 +197,13 @@ class HFBackend:
             self._pending.remove(slot)
             if not slot.future.done():
                 slot.future.set_result(self._result(slot, "abort", 0.0, 0.0, self.version, 0))
+        self._served.pop(traj_id, None)
+        self._kv_drop.add(traj_id)
+        self.history.forget(traj_id)
+
+    def forget(self, traj_id: str) -> None:
+        """Drop a finished trajectory's history and cached KV."""
+        self.history.forget(traj_id)
         self._served.pop(traj_id, None)
         self._kv_drop.add(traj_id)
 
@@ -222,7 +243,7 @@ class HFBackend:
         import torch
 
         with self._weights_lock, torch.no_grad():
-            ids = torch.tensor([prompt_ids], device=self.device)
+            ids = torch.tensor([list(prompt_ids)], device=self.device)
             logits = self.model(input_ids=ids).logits.float()
             lp = torch.log_softmax(logits[0, :-1], -1).gather(-1, ids[0, 1:, None])[:, 0]
         return lp.tolist()
@@ -250,7 +271,11 @@ class HFBackend:
             finally:
                 self._running = []
             for s, r in zip(batch, results, strict=True):
-                r.recomputed_tokens = self._note_served(r.traj_id, r.version, len(s.request.prompt_ids))
+                r.recomputed_tokens = self._note_served(r.traj_id, r.version, len(s.prompt))
+                if r.finish_reason == "abort" or s.request.last_turn:
+                    self.history.forget(r.traj_id)
+                else:
+                    self.history.keep(r.traj_id, s.prompt + r.token_ids)
                 if not s.future.done():
                     s.future.set_result(r)
 
@@ -269,7 +294,7 @@ class HFBackend:
             version = self.version
             t0 = time.perf_counter()
             b = len(slots)
-            prompts = [s.request.prompt_ids for s in slots]
+            prompts = [s.prompt for s in slots]
             cached = self._take_cached(slots)
             reuse = [len(c.ids) if c is not None else 0 for c in cached]
             p_max = max(reuse)
@@ -293,7 +318,7 @@ class HFBackend:
             gens = [self._generator(s.request) for s in slots]
             temps = torch.tensor([max(s.request.temperature, 0.0) for s in slots])
             greedy = [s.request.temperature <= 0 for s in slots]
-            budgets = [min(s.request.max_new_tokens, self.max_len - len(s.request.prompt_ids)) for s in slots]
+            budgets = [min(s.request.max_new_tokens, self.max_len - len(s.prompt)) for s in slots]
             reasons: list[str | None] = [None] * b
             forwards = 0  # decode forwards so far: a row's first `forwards` tokens went through the model
             for i, s in enumerate(slots):
@@ -353,7 +378,7 @@ class HFBackend:
         out: list[_KV | None] = []
         for s in slots:
             kv = self._forget(s.request.traj_id) if self.kv_reuse else None
-            prompt = s.request.prompt_ids
+            prompt = s.prompt
             n = 0
             if kv is not None:  # load_weights empties the cache: what is left has this version
                 limit = min(len(kv.ids), len(prompt) - 1)  # at least one token left to prefill
@@ -408,7 +433,7 @@ class HFBackend:
         groups: dict[tuple[int, int, int], list[int]] = {}
         for i, s in enumerate(slots):
             if not s.aborted and not s.request.last_turn:
-                n, fed = len(s.request.prompt_ids) - reuse[i], min(len(s.tokens), forwards)  # last token may be unfed
+                n, fed = len(s.prompt) - reuse[i], min(len(s.tokens), forwards)  # last token may be unfed
                 groups.setdefault((reuse[i], n, fed), []).append(i)
         for (r, n, fed), rows in groups.items():
             idx = torch.cat([torch.arange(p_max - r, p_max), torch.arange(p_max + s_max - n, p_max + s_max + fed)]).to(
@@ -424,7 +449,7 @@ class HFBackend:
             ]
             for j, i in enumerate(rows):
                 s = slots[i]
-                kv = _KV(list(s.request.prompt_ids) + s.tokens[:fed], [(k[j], v[j]) for k, v in kept])
+                kv = _KV(s.prompt + s.tokens[:fed], [(k[j], v[j]) for k, v in kept])
                 self._forget(s.request.traj_id)  # two requests of one trajectory in a batch: keep the last
                 self._kv[s.request.traj_id] = kv
                 self._kv_held += len(kv.ids)

@@ -43,6 +43,7 @@ import torch
 from rollart_nb.algo.grpo import GRPO, batch_advantages, grpo_loss, loss_weights, mean_response_length, step_metrics
 from rollart_nb.errors import ConfigError, StateError
 from rollart_nb.models.tiny import ModelRef, from_pretrained
+from rollart_nb.tokens import starts_with
 from rollart_nb.trajectory import Trajectory, Turn
 
 __all__ = ["ReferencePolicy", "TorchTrainBackend", "build_rows"]
@@ -95,9 +96,12 @@ def row_groups(traj: Trajectory) -> list[tuple[list[int], list[Turn]]]:
     turns = [t for t in traj.turns if t.response_ids]
     if not turns:
         return []
-    final = list(turns[-1].prompt_ids) + list(turns[-1].response_ids)
+    last = turns[-1]
+    final = list(last.prompt_ids) + list(last.response_ids)
+    # Views of one buffer (what the EnvManager records) are checked by position, lists by value.
     consistent = all(
-        final[: len(t.prompt_ids) + len(t.response_ids)] == list(t.prompt_ids) + list(t.response_ids) for t in turns
+        starts_with(last.prompt_ids, parts) or starts_with(final, parts)
+        for parts in ((t.prompt_ids, t.response_ids) for t in turns[:-1])
     )
     return [(final, turns)] if consistent else [(list(t.prompt_ids) + list(t.response_ids), [t]) for t in turns]
 

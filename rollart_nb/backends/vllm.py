@@ -13,6 +13,10 @@ Same contract as :class:`~rollart_nb.backends.hf.HFBackend`:
   so no response mixes two versions. The reset prefix cache means the next turn of an
   in-flight trajectory re-prefills its history under the new weights;
   :attr:`GenerationResult.recomputed_tokens` reports those tokens.
+* A request may carry only the tokens after those the backend holds (``prefix_len``): a
+  :class:`~rollart_nb.backends.history.HistoryStore` keeps each trajectory's ids (prompt +
+  response) and rebuilds the whole prompt, which goes to the engine (its prefix cache reuses
+  the KV); a prefix not held raises :class:`~rollart_nb.errors.HistoryMiss`.
 
 The engine lives on a private event loop in a background thread, so the backend can be
 called from any loop (a notebook's, a Ray actor's, one ``asyncio.run`` per call) and from
@@ -37,6 +41,7 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from rollart_nb.backends.history import DEFAULT_HISTORY_TOKENS, HistoryStore
 from rollart_nb.errors import ConfigError, GenerationError, StateError, WeightSyncError
 from rollart_nb.models.tiny import ModelRef, from_pretrained
 from rollart_nb.protocols import GenerationRequest, GenerationResult
@@ -86,6 +91,7 @@ class VLLMBackend:
         enforce_eager: skip CUDA graphs / torch.compile (fast start, what tests want).
         max_model_len: context length; default the model's.
         dtype: weights dtype (``"auto"``: the checkpoint's; ``"float32"`` to match HFBackend).
+        history_tokens: most tokens of trajectory histories held (ids, 4 bytes a token).
 
     Attributes:
         version: policy version of the weights being served.
@@ -110,6 +116,7 @@ class VLLMBackend:
         enforce_eager: bool = True,
         max_model_len: int | None = None,
         dtype: str = "auto",
+        history_tokens: int = DEFAULT_HISTORY_TOKENS,
     ) -> None:
         try:
             import vllm  # noqa: F401
@@ -142,6 +149,8 @@ class VLLMBackend:
         self._inflight: dict[str, set[asyncio.Task[GenerationResult]]] = {}
         self.stats = {"requests": 0, "aborted": 0, "weight_loads": 0}
         self._closed = False
+        #: Each trajectory's ids (prompt + response) for requests that send only new tokens.
+        self.history = HistoryStore(history_tokens, name=name)
 
         from vllm.engine.arg_utils import AsyncEngineArgs
 
@@ -183,24 +192,37 @@ class VLLMBackend:
         """Generate one response (vLLM batches concurrent requests continuously).
 
         Raises:
+            HistoryMiss: ``request.prefix_len`` tokens of history are not held here; resend whole.
             GenerationError: empty or too-long prompt, or the engine failed.
             StateError: the backend is closed.
         """
         self._check_open()
-        if not request.prompt_ids:
+        prompt = self.history.resolve(request)
+        if not prompt:
             raise GenerationError(f"trajectory {request.traj_id}: empty prompt; pass at least one token id")
-        if len(request.prompt_ids) >= self.max_len:
+        if len(prompt) >= self.max_len:
             raise GenerationError(
-                f"trajectory {request.traj_id}: prompt of {len(request.prompt_ids)} tokens does not fit the "
+                f"trajectory {request.traj_id}: prompt of {len(prompt)} tokens does not fit the "
                 f"model's {self.max_len} positions; shorten the history or use a longer-context model"
             )
-        fut = asyncio.run_coroutine_threadsafe(self._generate(request), self._loop)
-        return await asyncio.wrap_future(fut)
+        fut = asyncio.run_coroutine_threadsafe(self._generate(request, prompt), self._loop)
+        result = await asyncio.wrap_future(fut)
+        if result.finish_reason == "abort" or request.last_turn:
+            self.history.forget(request.traj_id)
+        else:
+            self.history.keep(request.traj_id, prompt + result.token_ids)
+        return result
 
     async def abort(self, traj_id: str) -> None:
         """Abort running requests of ``traj_id``; they finish with reason "abort" and partial tokens."""
         self._check_open()
+        self.history.forget(traj_id)
         await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._abort(traj_id), self._loop))
+
+    def forget(self, traj_id: str) -> None:
+        """Drop a finished trajectory's history (its KV blocks age out of vLLM's prefix cache)."""
+        self.history.forget(traj_id)
+        self._served.pop(traj_id, None)
 
     def load_weights(self, state: dict[str, Any], version: int) -> None:
         """Reload the weights in place on every worker; all-or-nothing, between requests.
@@ -283,7 +305,7 @@ class VLLMBackend:
             async with self._idle:
                 self._idle.notify_all()
 
-    async def _generate(self, request: GenerationRequest) -> GenerationResult:
+    async def _generate(self, request: GenerationRequest, prompt: list[int]) -> GenerationResult:
         task = asyncio.current_task()
         assert task is not None
         # Registered before admission, so abort() also reaches requests held by a weight load.
@@ -295,9 +317,9 @@ class VLLMBackend:
         try:
             async with self._admitted() as version:
                 t0 = time.perf_counter()
-                budget = min(request.max_new_tokens, self.max_len - len(request.prompt_ids))
+                budget = min(request.max_new_tokens, self.max_len - len(prompt))
                 if budget > 0:
-                    reason = await self._stream(request, budget, tokens, logprobs, first)
+                    reason = await self._stream(request, prompt, budget, tokens, logprobs, first)
         except asyncio.CancelledError:
             reason = "abort"  # abort() cancels us; vLLM aborts the engine request on cancel
         except Exception as e:
@@ -310,7 +332,7 @@ class VLLMBackend:
         t_end = time.perf_counter()
         prefill = (first[0] if first else t_end) - t0
         self.stats["requests"] += 1
-        recomputed = 0 if reason == "abort" else self._note_served(request.traj_id, version, len(request.prompt_ids))
+        recomputed = 0 if reason == "abort" else self._note_served(request.traj_id, version, len(prompt))
         return GenerationResult(
             traj_id=request.traj_id,
             token_ids=tokens,
@@ -327,12 +349,14 @@ class VLLMBackend:
     async def _stream(
         self,
         request: GenerationRequest,
+        prompt_ids: list[int],
         budget: int,
         tokens: list[int],
         logprobs: list[float],
         first: list[float],
     ) -> str:
-        """Run one engine request, appending to ``tokens``/``logprobs``; returns the finish reason."""
+        """Run one engine request for the whole prompt ``prompt_ids``, appending to
+        ``tokens``/``logprobs``; returns the finish reason."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
@@ -353,7 +377,7 @@ class VLLMBackend:
             output_kind=RequestOutputKind.DELTA,
         )
         rid = f"{request.traj_id}#{next(self._ids)}"
-        prompt = TokensPrompt(prompt_token_ids=list(request.prompt_ids))
+        prompt = TokensPrompt(prompt_token_ids=list(prompt_ids))
         async for out in self.engine.generate(prompt, params, rid):
             if not first:
                 first.append(time.perf_counter())

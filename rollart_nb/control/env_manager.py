@@ -11,7 +11,12 @@ nothing here blocks another EnvManager or the control plane.
 
 Token bookkeeping: turn ``k``'s prompt is turn ``k-1``'s prompt + its response + the new
 observation, so prompts are exact prefixes of each other (no re-tokenization drift) and the
-last turn's ``prompt_ids + response_ids`` is the whole conversation.
+last turn's ``prompt_ids + response_ids`` is the whole conversation. That conversation is one
+growing :class:`~rollart_nb.tokens.TokenSeq` per trajectory, and each turn's ``prompt_ids`` /
+``response_ids`` are views into it (stored once, not once per turn). It is shipped once too:
+each request carries only the tokens the generator does not hold yet (``prefix_len`` counts
+those it does: earlier prompts and its own responses); a generator that lost them answers
+:class:`~rollart_nb.errors.HistoryMiss` and the turn is resent once with the whole history.
 """
 
 from __future__ import annotations
@@ -21,13 +26,15 @@ import copy
 import logging
 import time
 import zlib
+from array import array
 from typing import Any
 
 from rollart_nb.config import RolloutConfig
 from rollart_nb.envs.base import BlockingPool, env_name, env_reset, env_step
-from rollart_nb.errors import EnvError, GenerationError, RollartError
+from rollart_nb.errors import EnvError, GenerationError, HistoryMiss, RollartError
 from rollart_nb.logs import user_traceback
 from rollart_nb.protocols import GenerationRequest, Tokenizer
+from rollart_nb.tokens import Tokens, TokenSeq
 from rollart_nb.trajectory import FAILED_IN, Status, Trajectory, Turn
 
 __all__ = ["EnvManager", "RolloutConfig", "TurnBarrier", "request_seed"]
@@ -82,6 +89,8 @@ class EnvManager:
         restarts: times the env was replaced by a fresh copy of the template.
         timeouts: env calls that did not answer within ``config.env_timeout_s``.
         abandoned: sync env calls given up while still running (timeouts and cancellations).
+        history_resends: turns sent again with the whole history because the generator had
+            lost it (:class:`~rollart_nb.errors.HistoryMiss`).
     """
 
     def __init__(
@@ -97,13 +106,28 @@ class EnvManager:
         self.index, self.task, self.template = index, task, template
         self.tok, self.proxy, self.cfg, self.pool = tokenizer, proxy, config, pool
         self.env: Any = copy.deepcopy(template)
-        self.busy = False
+        #: the scheduler's set of idle manager indices, kept up to date by :attr:`busy`
+        self.idle_set: set[int] | None = None
+        self._busy = False
         self.trajectories = 0
         self.failures_in_a_row = 0
         self.restarts = self.timeouts = self.abandoned = 0
+        self.history_resends = 0
         self._call = ""  # the env call in progress, for error reasons
         self._abandoned_now = False  # a call of the current trajectory still runs on a thread
         self._broken = ""  # why the template could not be copied, when it could not
+        self._tags: tuple[array, array] | None = None  # tag ids around an env's own Tokens
+
+    @property
+    def busy(self) -> bool:
+        """Running (or reserved for) a trajectory."""
+        return self._busy
+
+    @busy.setter
+    def busy(self, value: bool) -> None:
+        self._busy = value
+        if self.idle_set is not None:
+            (self.idle_set.discard if value else self.idle_set.add)(self.index)
 
     @property
     def max_turns(self) -> int:
@@ -128,7 +152,43 @@ class EnvManager:
         self.abandoned += 1
         self._abandoned_now = True
 
-    def _encode_obs(self, obs: str) -> list[int]:
+    async def _generate(self, traj: Trajectory, k: int, seq: TokenSeq, held: int, temp: float) -> Any:
+        """Turn ``k``'s generation: send the tokens of ``seq`` after the ``held`` ones the
+        generator keeps; if it has lost them (:class:`HistoryMiss`), resend the whole history once."""
+
+        def request(prefix_len: int) -> GenerationRequest:
+            return GenerationRequest(
+                traj.id,
+                self.task,
+                seq.tail(prefix_len),
+                self.cfg.max_new_tokens,
+                temp,
+                seed=request_seed(traj, k),
+                last_turn=k == self.max_turns - 1,
+                prefix_len=prefix_len,
+            )
+
+        try:
+            return await self.proxy.generate(request(held))
+        except HistoryMiss:
+            if held == 0:
+                raise
+            self.history_resends += 1
+            log.debug(
+                "%s: trajectory %s turn %d: generator lost its history; resending it whole", self.name, traj.id, k
+            )
+            return await self.proxy.generate(request(0))
+
+    def _encode_obs(self, obs: str | Tokens) -> Any:
+        """The observation's token ids between the user and assistant tags (an env's own
+        :class:`~rollart_nb.tokens.Tokens` are copied, not tokenized)."""
+        if isinstance(obs, Tokens):
+            if self._tags is None:
+                self._tags = (
+                    array("i", self.tok.encode(self.cfg.user_tag)),
+                    array("i", self.tok.encode(self.cfg.assistant_tag)),
+                )
+            return self._tags[0] + obs.ids + self._tags[1]
         return self.tok.encode(f"{self.cfg.user_tag} {obs} {self.cfg.assistant_tag}")
 
     async def run(
@@ -191,27 +251,23 @@ class EnvManager:
         )
         traj.info.update(info or {})
         reset_s = clock() - t0
-        prompt = self._encode_obs(obs)
+        seq = TokenSeq(self._encode_obs(obs))  # the whole conversation, stored once
+        held = 0  # tokens of it the generator holds (sent before, plus its responses)
         for k in range(self.max_turns):
             t1, wall = clock(), time.time()
             self._call = f"generate of turn {k}"
-            req = GenerationRequest(
-                traj.id,
-                self.task,
-                list(prompt),
-                self.cfg.max_new_tokens,
-                temp,
-                seed=request_seed(traj, k),
-                last_turn=k == self.max_turns - 1,
-            )
-            res = await self.proxy.generate(req)
+            prompt_len = len(seq)
+            res = await self._generate(traj, k, seq, held, temp)
             t2 = clock()
             action = res.text or self.tok.decode(res.token_ids)
+            response = seq.extend(res.token_ids)
+            # An aborted generation drops the generator's copy: the next turn sends it all again.
+            held = len(seq) if res.finish_reason != "abort" else 0
             turn = Turn(
-                observation=obs,
+                observation=obs.text if isinstance(obs, Tokens) else obs,
                 action=action,
-                prompt_ids=list(prompt),
-                response_ids=list(res.token_ids),
+                prompt_ids=seq.view(0, prompt_len),
+                response_ids=response,
                 logprobs=list(res.logprobs),
                 loss_mask=[1] * len(res.token_ids),
                 version=res.version,
@@ -238,10 +294,11 @@ class EnvManager:
             if terminated or truncated:
                 traj.info["terminated"] = bool(terminated)
                 return
-            prompt = prompt + list(res.token_ids) + self._encode_obs(obs)
-            if len(prompt) + self.cfg.max_new_tokens > self.cfg.max_context:
+            new = self._encode_obs(obs)
+            if len(seq) + len(new) + self.cfg.max_new_tokens > self.cfg.max_context:
                 traj.info["truncated"] = "context"
                 return
+            seq.extend(new)
         traj.info["truncated"] = "max_turns"
 
 

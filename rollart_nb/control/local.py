@@ -12,6 +12,9 @@ import asyncio
 import inspect
 from typing import Any
 
+from rollart_nb.workers.roles import engine_capacity
+from rollart_nb.workers.streaming import StreamedGeneration, TurnStream
+
 __all__ = ["LocalGenerator", "LocalHandle"]
 
 
@@ -49,7 +52,7 @@ class LocalHandle:
         return f"LocalHandle({self._obj!r})"
 
 
-class LocalGenerator:
+class LocalGenerator(StreamedGeneration):
     """A generation backend with a generation worker's calling convention (in-process).
 
     Wrap it in :class:`LocalHandle` to give it to an LLMProxy without Ray.
@@ -57,12 +60,13 @@ class LocalGenerator:
 
     def __init__(self, backend: Any) -> None:
         self.backend = backend
+        self._stream = TurnStream(self.backend.generate, "local")
 
     async def generate(self, request: Any, tag_name: str | None = None) -> Any:
         return await self.backend.generate(request)
 
-    async def generate_many(self, requests: list[Any]) -> list[Any]:
-        return list(await asyncio.gather(*(self.backend.generate(r) for r in requests), return_exceptions=True))
+    def capacity(self) -> int | None:
+        return engine_capacity(self.backend)
 
     async def prefill(self, request: Any) -> Any:
         return await self.backend.prefill(request)

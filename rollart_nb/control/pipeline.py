@@ -24,8 +24,9 @@ pipeline's counters; ``sess.pipeline(..., resume_from=path)`` continues from the
 session (:mod:`rollart_nb.control.checkpoint`).
 
 A pipeline gets what it needs from its session's :class:`~rollart_nb.runtime.Runtime`: the
-rollout cluster, the weight transport, reward deployment, the clock, and its own registration by
-name (it removes itself on :meth:`Pipeline.close`); it never calls into the session.
+rollout clusters (one per rollout shard, :mod:`rollart_nb.control.shards`), the weight transport,
+reward deployment, the clock, and its own registration by name (it removes itself on
+:meth:`Pipeline.close`); it never calls into the session.
 """
 
 from __future__ import annotations
@@ -45,8 +46,8 @@ from rollart_nb.config import PipelineConfig, portable
 from rollart_nb.control.checkpoint import PipelineCheckpoint, latest_reward_sources, write_checkpoint
 from rollart_nb.control.modes import mode as get_mode
 from rollart_nb.control.report import StepReport, count_deltas, env_fault_deltas
-from rollart_nb.control.rollout_worker import RolloutWorker
 from rollart_nb.control.scheduler import SchedulerConfig
+from rollart_nb.control.shards import ShardedRollout, auto_shards, plan_shards
 from rollart_nb.errors import StateError, WorkerDiedError
 from rollart_nb.trackers import resolve_trackers, sample_rows
 from rollart_nb.trajectory import Trajectory, TrajectoryList
@@ -122,6 +123,12 @@ class Pipeline:
             failed_trajectories=c.failed_trajectories,
             failure_reward=c.failure_reward,
         )
+        envs = tasks.expand()
+        shards = c.rollout_shards
+        if shards is None:  # one per ENVS_PER_SHARD envs, within the CPU pool's free slots
+            free = runtime.resources.free("cpu") if "cpu" in runtime.resources.pools else None
+            shards = auto_shards(envs, self.cfg, free)
+        plans = plan_shards(envs, self.cfg, shards)  # raises ConfigError before anything starts
         self.validate_every = c.validate_every
         self.state = "idle"
         self.validation_seeds = c.validation_seeds or tasks.validation_seeds()
@@ -151,16 +158,13 @@ class Pipeline:
             else {}
         )
         targets = [(h.actor, h.binding.worker, h.binding.hardware, h.binding.pool) for h in gen.workers]
-        self.rollout = runtime.cluster(
+        self.rollout = ShardedRollout(
+            runtime,
             f"{name}.rollout",
-            RolloutWorker,
-            pool="cpu",
-            fallback=None,
-            envs=tasks.expand(),
+            plans,
             model=gen.model,
             targets=targets,
             task_affinity=self.affinity,
-            config=self.cfg,
             pd=c.pd,
             max_inflight=c.max_inflight,
             dispatch=c.dispatch,
@@ -479,6 +483,7 @@ class Pipeline:
         rep.reward = {k: sum(v) / len(v) for k, v in sorted(by_task.items())}
         rep.train = {k: float(v) for k, v in metrics.items() if isinstance(v, int | float)}
         stats = self.rollout.stats()
+        rep.engines = list(stats.get("proxy", {}).get("engines", []))
         # endings during this step (events only grow; "counts" moves evicted samples between statuses)
         rep.counts, self._counts = count_deltas(stats["events"], self._counts), stats["events"]
         per_task = stats.get("task_events", {})
@@ -535,6 +540,7 @@ class Pipeline:
         return {
             "pipeline": self.name,
             **portable(self.config),
+            "rollout_shards": self.rollout.shards,
             "group_size": self.cfg.group_size,
             "seed": self.cfg.seed,
             "tasks": sorted(self.tasks.envs),
@@ -783,7 +789,9 @@ class Pipeline:
     def stats(self) -> dict[str, Any]:
         """Live rollout stats: counts by status, running, buffered, proxy, ``accounting``
         (started, each ending, in flight, ``unaccounted``: 0 unless a trajectory was lost),
-        ``env`` (restarts, timeouts, abandoned/hung threads) and ``rewards``."""
+        ``env`` (restarts, timeouts, abandoned/hung threads), ``rewards`` and ``shards`` (each
+        rollout shard's envs, batch share, accounting and proxy; the other keys sum the shards,
+        see :class:`~rollart_nb.control.shards.ShardedRollout`)."""
         return self.rollout.stats()
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -813,7 +821,7 @@ class Pipeline:
                     t.close()
                 except Exception as e:
                     log.warning("tracker %r failed to close: %s", t, e)
-            self.runtime.close_cluster(self.rollout.name)
+            self.rollout.close()
             self.state = "closed"
             if self.runtime.pipelines.get(self.name) is self:
                 del self.runtime.pipelines[self.name]

@@ -11,10 +11,23 @@ compute-optimized, via the same rule as ``@hw_mapping``), least loaded. With
 ``pd=True`` the prefill runs on a compute-optimized worker and the decode on a
 bandwidth-optimized one (backends that implement ``prefill``/``decode``).
 
+Dispatch: ``"direct"`` makes one actor call per turn; ``"batched"`` streams turns (see
+:mod:`rollart_nb.workers.streaming`): one ``exchange`` call at a time per worker carries every
+turn queued for it and returns every result finished since the last call (waiting only for
+the first), so one slow sequence never holds back the others; turns queued while that call
+waits on long generations go in a separate ``submit``. Either way each worker
+holds up to its engine's capacity (:meth:`GeneratorWorker.capacity`) of this proxy's turns
+before new trajectories are routed elsewhere.
+
+Histories: a request carries only the tokens its worker has not seen (``prefix_len``); a
+worker that does not hold the history (a replacement, an eviction) answers
+:class:`~rollart_nb.errors.HistoryMiss`, which the proxy passes to the sender unchanged, and the
+sender resends the whole history once. Ended trajectories are forgotten on their worker in
+batches (:meth:`LLMProxy.forget`).
+
 Failover: a call that fails because its worker died (a Ray actor error) marks the worker dead;
-the turn goes again to a live worker, which recomputes the KV from the history the request
-carries (every request holds the whole trajectory so far, the same path a resumed trajectory
-takes after a weight update). While every worker is dead, turns wait up to
+the turn goes again to a live worker, which recomputes the KV from the history (resent whole
+after its HistoryMiss, the same path a resumed trajectory takes after a weight update). While every worker is dead, turns wait up to
 ``failover_wait_s`` for :meth:`LLMProxy.replace_target`, which the pipeline calls once a
 replacement has loaded the served weights.
 """
@@ -22,15 +35,26 @@ replacement has loaded the served weights.
 from __future__ import annotations
 
 import asyncio
+import itertools
+import logging
 import time
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from rollart_nb.errors import GenerationError
+from rollart_nb.errors import GenerationError, HistoryMiss
 from rollart_nb.protocols import GenerationRequest, GenerationResult
 from rollart_nb.workers.routing import pick_worker
 
 __all__ = ["GenTarget", "LLMProxy"]
+
+log = logging.getLogger(__name__)
+
+#: Ended trajectories forgotten on a worker in one call.
+FORGET_BATCH = 64
+#: Batched dispatch: turns queued while a worker's exchange call has waited this long on running
+#: turns go in a separate submit call (a shorter call takes them along when it returns).
+SUBMIT_AFTER_S = 0.003
 
 
 @dataclass
@@ -56,14 +80,26 @@ def _is_death(e: BaseException) -> bool:
     return isinstance(e, RayActorError)
 
 
+def _plain_miss(e: HistoryMiss) -> HistoryMiss:
+    """The HistoryMiss a worker raised, without Ray's wrapping (its traceback text)."""
+    cause = getattr(e, "cause", None)
+    if isinstance(cause, HistoryMiss):
+        return cause
+    return e if type(e) is HistoryMiss else HistoryMiss(str(e))
+
+
 class LLMProxy:
     """Routes per-trajectory generate requests; can be suspended, resumed and aborted.
 
     Args:
         targets: generation workers.
         affinity: task -> preferred hardware ("H20", "compute", "bandwidth") or None.
-        max_inflight: requests in flight on one worker before it counts as busy.
+        max_inflight: requests in flight on one worker before it counts as busy, for workers whose
+            engine reports no capacity (:meth:`GeneratorWorker.capacity`); the others hold up
+            to their capacity.
         pd: prefill/decode disaggregation.
+        dispatch: "direct" (one actor call per turn) or "batched" (turns streamed in and out).
+        max_batch: most turns in one ``submit`` call of batched dispatch.
         failover_wait_s: how long a turn waits for a replacement while every worker is dead.
     """
 
@@ -85,9 +121,21 @@ class LLMProxy:
         # "batched": requests for one worker that arrive while its previous call is in flight go
         # together in one actor call (one hop for many turns), like an engine consuming a batch.
         self.dispatch, self.max_batch = dispatch, max_batch
-        self._queues: list[list[tuple[GenerationRequest, asyncio.Future]]] = [[] for _ in targets]
+        self.client = uuid.uuid4().hex[:16]  # this proxy's outbox on the workers (batched dispatch)
+        self._keys = itertools.count()
+        self._queues: list[list[tuple[int, GenerationRequest, asyncio.Future]]] = [[] for _ in targets]
+        # turns submitted to a worker and not collected yet: key -> (request, future)
+        self._outstanding: list[dict[int, tuple[GenerationRequest, asyncio.Future]]] = [{} for _ in targets]
         self._pumping = [False] * len(targets)
-        self.batches = 0
+        self._exchanging = [False] * len(targets)
+        self._call_at = [0.0] * len(targets)  # when the worker's exchange call was sent
+        self.batches = self.collects = 0
+        # engine capacity per worker (None: unknown, max_inflight applies), learnt on first use
+        self.capacity: list[int | None] = [None] * len(targets)
+        self._caps: asyncio.Future | None = None
+        self._forget: list[list[str]] = [[] for _ in targets]
+        self._bg: set[asyncio.Task] = set()
+        self.history_misses = 0
         self.targets = targets
         self.affinity = dict(affinity or {})
         self.max_inflight, self.pd = max_inflight, pd
@@ -126,12 +174,32 @@ class LLMProxy:
             [(t.hardware, t.pool) for t in self.targets],
             self._inflight,
             pref,
-            self.max_inflight,
+            self.limits(),
             exclude=frozenset(self.dead),
         )
         self.fallbacks += int(fell_back)
         self._sticky[traj_id] = idx
         return idx
+
+    def limits(self) -> list[int]:
+        """Turns one worker holds before it counts as busy: its engine's capacity, else max_inflight."""
+        return [c or self.max_inflight for c in self.capacity]
+
+    async def _learn_capacities(self) -> None:
+        """Ask every worker once for its engine's capacity (concurrently; None where it cannot say)."""
+        if self._caps is None:
+            self._caps = asyncio.ensure_future(self._ask_capacities(range(len(self.targets))))
+        await asyncio.shield(self._caps)
+
+    async def _ask_capacities(self, indices: Any) -> None:
+        async def one(i: int) -> None:
+            try:
+                cap = await self.targets[i].handle.capacity.remote()
+                self.capacity[i] = int(cap) if cap else None
+            except Exception as e:  # a worker without the method (or dead): max_inflight applies
+                log.debug("capacity of %s unknown: %s", self.targets[i].name, e)
+
+        await asyncio.gather(*(one(i) for i in indices))
 
     async def generate(self, req: GenerationRequest) -> GenerationResult:
         """Generate one turn; waits while suspended. Raises GenerationError if aborted, or if no
@@ -148,6 +216,8 @@ class LLMProxy:
             else:
                 break
         self.requests += 1
+        if self._caps is None or not self._caps.done():
+            await self._learn_capacities()
         while True:
             if req.traj_id in self._aborted:
                 raise GenerationError(f"trajectory {req.traj_id} was aborted")
@@ -160,7 +230,10 @@ class LLMProxy:
                     return await self._enqueue(idx, req)
                 return await self._call(idx, req, "generate", req, req.task)
             except _TargetDied:
-                self.rerouted += 1  # the history travels with the request: a live worker recomputes its KV
+                self.rerouted += 1  # a live worker recomputes the KV (from the history, resent on a miss)
+            except HistoryMiss:
+                self.history_misses += 1
+                raise
 
     async def _wait_for_live(self) -> None:
         """Return once some worker is alive; GenerationError after ``failover_wait_s``."""
@@ -197,6 +270,9 @@ class LLMProxy:
         if not self.dead:
             self.died.clear()
         self._move_off(idx, f"{old.name} was replaced")
+        self._forget[idx] = []  # the replacement holds no history
+        self.capacity[idx] = None
+        self._spawn(self._ask_capacities([idx]))
         self.replaced += 1
         self._revived.set()
 
@@ -205,61 +281,145 @@ class LLMProxy:
         for tid in [t for t, i in self._sticky.items() if i == idx]:
             del self._sticky[tid]
         queued, self._queues[idx] = self._queues[idx], []
-        for _, fut in queued:
+        sent, self._outstanding[idx] = self._outstanding[idx], {}
+        for fut in [f for _, _, f in queued] + [f for _, f in sent.values()]:
             if not fut.done():
                 fut.set_exception(_TargetDied(why))
 
     async def _enqueue(self, idx: int, req: GenerationRequest) -> GenerationResult:
-        fut: asyncio.Future = asyncio.get_running_loop().create_future()
-        self._queues[idx].append((req, fut))
+        """Batched dispatch: queue the turn for worker ``idx``; the exchange loop carries it to
+        the worker and hands its result back."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future = loop.create_future()
+        key = next(self._keys)
+        target = self.targets[idx]
+        self._queues[idx].append((key, req, fut))
         self._inflight[idx] += 1
         self._running[req.traj_id] = idx
         self._idle.clear()
-        if not self._pumping[idx]:
-            self._pumping[idx] = True
-            asyncio.get_running_loop().create_task(self._pump(idx))
+        self._kick(idx)
         try:
             return await fut
+        except asyncio.CancelledError:
+            if self._outstanding[idx].pop(key, None) is not None and self.targets[idx] is target:
+                self._spawn(self._quiet(target.handle.abort.remote(req.traj_id)))  # stop the remote work too
+            raise
         finally:
             self._inflight[idx] -= 1
             self._running.pop(req.traj_id, None)
             if not any(self._inflight):
                 self._idle.set()
 
+    def _kick(self, idx: int) -> None:
+        """Make sure worker ``idx``'s queued turns get sent: by the exchange loop (its next call
+        carries them), or, while its call waits on long turns, by a separate submit."""
+        if not self._exchanging[idx]:
+            self._exchanging[idx] = True
+            self._spawn(self._exchange(idx, self.targets[idx]))
+        elif not self._pumping[idx]:
+            self._pumping[idx] = True
+            self._spawn(self._pump(idx))
+
+    def _take(self, idx: int) -> list[tuple[int, GenerationRequest, asyncio.Future]]:
+        """Up to ``max_batch`` queued turns of worker ``idx`` (their callers still waiting),
+        moved to its outstanding turns."""
+        batch, self._queues[idx] = self._queues[idx][: self.max_batch], self._queues[idx][self.max_batch :]
+        live = [(k, r, f) for k, r, f in batch if not f.done()]
+        for k, r, f in live:
+            self._outstanding[idx][k] = (r, f)
+        return live
+
     async def _pump(self, idx: int) -> None:
-        """Send whatever is queued for worker ``idx`` as one call, until the queue is empty."""
+        """Send the queued turns of a worker whose exchange call is waiting on running turns:
+        after :data:`SUBMIT_AFTER_S` of that call (a short one takes them along on its return)."""
         try:
             while self._queues[idx]:
-                batch, self._queues[idx] = self._queues[idx][: self.max_batch], self._queues[idx][self.max_batch :]
-                live = [(r, f) for r, f in batch if not f.done()]
+                waited = time.monotonic() - self._call_at[idx]
+                if self._exchanging[idx] and waited < SUBMIT_AFTER_S:
+                    await asyncio.sleep(SUBMIT_AFTER_S - waited)
+                    continue
+                if not self._exchanging[idx]:  # the loop ended meanwhile: it takes them
+                    self._kick(idx)
+                    return
+                target, live = self.targets[idx], self._take(idx)
                 if not live:
                     continue
                 self.batches += 1
-                target = self.targets[idx]
                 try:
-                    results = await target.handle.generate_many.remote([r for r, _ in live])
-                except Exception as e:  # the whole call failed (worker died, ...)
+                    await target.handle.submit.remote(self.client, [(k, r) for k, r, _ in live])
+                except Exception as e:  # the call failed: none of these turns runs
+                    self._fail_sent(idx, target, live, e)
+        finally:
+            self._pumping[idx] = False
+
+    async def _exchange(self, idx: int, target: GenTarget) -> None:
+        """Worker ``idx``'s exchange loop, while it has turns queued or out: each call carries the
+        queued turns and returns the results finished since the last (waiting for the first)."""
+        try:
+            while (self._outstanding[idx] or self._queues[idx]) and self.targets[idx] is target:
+                if idx in self.dead:
+                    return
+                live = self._take(idx)
+                if live:
+                    self.batches += 1
+                self._call_at[idx] = time.monotonic()
+                try:
+                    done = await target.handle.exchange.remote(self.client, [(k, r) for k, r, _ in live], 1.0)
+                except Exception as e:
                     if _is_death(e):
-                        self._mark_dead(idx, target, e)
-                        results = [_TargetDied(f"{target.name} died")] * len(live)
-                    else:
-                        results = [e] * len(live)
-                for (r, f), res in zip(live, results, strict=True):
-                    if f.done():
-                        continue
-                    if isinstance(res, _TargetDied):
+                        self._mark_dead(idx, target, e)  # fails every outstanding turn (rerouted)
+                        return
+                    failed, self._outstanding[idx] = self._outstanding[idx], {}
+                    self._fail_sent(idx, target, [(k, r, f) for k, (r, f) in failed.items()], e)
+                    return
+                self.collects += 1
+                for key, res in done:
+                    item = self._outstanding[idx].pop(key, None)
+                    if item is None or item[1].done():
+                        continue  # its caller is gone (cancelled, rerouted)
+                    r, f = item
+                    if isinstance(res, HistoryMiss):
                         f.set_exception(res)
                     elif isinstance(res, BaseException):
-                        f.set_exception(
-                            GenerationError(
-                                f"{self.targets[idx].name} failed on trajectory "
-                                f"{r.traj_id}: {type(res).__name__}: {str(res)[:200]}"
-                            )
-                        )
+                        f.set_exception(self._failure(target, r, res))
                     else:
                         f.set_result(res)
         finally:
-            self._pumping[idx] = False
+            self._exchanging[idx] = False
+            if (self._outstanding[idx] or self._queues[idx]) and self.targets[idx] is not target:
+                self._kick(idx)  # turns for a replacement arrived meanwhile
+
+    def _fail_sent(
+        self, idx: int, target: GenTarget, sent: list[tuple[int, GenerationRequest, asyncio.Future]], e: Exception
+    ) -> None:
+        """A call carrying ``sent`` failed: none of them runs (a dead worker is marked dead)."""
+        if _is_death(e):
+            self._mark_dead(idx, target, e)
+        for k, r, f in sent:
+            self._outstanding[idx].pop(k, None)
+            if not f.done():
+                f.set_exception(self._failure(target, r, e))
+
+    def _failure(self, target: GenTarget, req: GenerationRequest, e: BaseException) -> BaseException:
+        if _is_death(e):
+            return _TargetDied(f"{target.name} died")
+        if isinstance(e, HistoryMiss):
+            return _plain_miss(e)
+        return GenerationError(f"{target.name} failed on trajectory {req.traj_id}: {type(e).__name__}: {str(e)[:200]}")
+
+    def _spawn(self, coro: Any) -> None:
+        """Run ``coro`` in the background, keeping a reference until it ends."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self._bg.add(task)
+        task.add_done_callback(self._bg.discard)
+
+    @staticmethod
+    async def _quiet(ref: Any) -> None:
+        """Await a fire-and-forget call so its error is observed (a dead worker has nothing to do)."""
+        try:
+            await ref
+        except Exception as e:
+            log.debug("background generator call failed: %s", e)
 
     async def _generate_pd(self, req: GenerationRequest) -> GenerationResult:
         p = self.route(req.traj_id, req.task, pref="compute")
@@ -282,12 +442,14 @@ class LLMProxy:
         try:
             return await getattr(target.handle, method).remote(*args)
         except asyncio.CancelledError:
-            target.handle.abort.remote(req.traj_id)  # stop the remote work too
+            self._spawn(self._quiet(target.handle.abort.remote(req.traj_id)))  # stop the remote work too
             raise
         except Exception as e:
             if _is_death(e):
                 self._mark_dead(idx, target, e)
                 raise _TargetDied(f"{target.name} died") from e
+            if isinstance(e, HistoryMiss):  # the sender resends the whole history
+                raise _plain_miss(e) from None
             raise GenerationError(
                 f"{target.name} failed on trajectory {req.traj_id}: {type(e).__name__}: {str(e)[:200]}"
             ) from e
@@ -343,12 +505,45 @@ class LLMProxy:
                         raise
 
     def forget(self, traj_id: str) -> None:
-        """Drop routing state of a finished trajectory."""
-        self._sticky.pop(traj_id, None)
+        """Drop routing state of a finished trajectory; its worker drops what it keeps for it
+        (history, prefix KV) with the next :data:`FORGET_BATCH` ended trajectories."""
+        idx = self._sticky.pop(traj_id, None)
         self._aborted.discard(traj_id)
+        if idx is None or idx in self.dead:
+            return
+        pending = self._forget[idx]
+        pending.append(traj_id)
+        if len(pending) >= FORGET_BATCH:
+            self._forget[idx] = []
+            try:
+                self._spawn(self._quiet(self.targets[idx].handle.forget.remote(pending)))
+            except (RuntimeError, AttributeError):  # no running loop, or a worker without forget
+                pass
+
+    def engines(self) -> list[dict[str, Any]]:
+        """Per generation worker: ``inflight`` (this proxy's turns on it), ``queued`` (waiting to be
+        submitted, batched dispatch), ``capacity`` (None: unknown) and ``occupancy`` (inflight
+        over capacity, None when unknown)."""
+        out = []
+        for i, t in enumerate(self.targets):
+            cap = self.capacity[i]
+            out.append(
+                {
+                    "name": t.name,
+                    "inflight": self._inflight[i],
+                    "queued": len(self._queues[i]),
+                    "capacity": cap,
+                    "occupancy": None if not cap else min(self._inflight[i] / cap, 1.0),
+                    "dead": i in self.dead,
+                }
+            )
+        return out
 
     def stats(self) -> dict[str, Any]:
         return {
+            "engines": self.engines(),
+            "collects": self.collects,
+            "history_misses": self.history_misses,
             "requests": self.requests,
             "fallbacks": self.fallbacks,
             "inflight": list(self._inflight),

@@ -65,6 +65,10 @@ class StepReport:
             "trainer_restored", "worker", "pool", "reason", "version", "at", ...}`` (a replaced
             generator also records its node, whether it fell back and why; a restored trainer
             its checkpoint and ``versions_lost``).
+        engines: the generation engines at the end of the step, one dict each: ``name``,
+            ``inflight`` (turns on it), ``queued`` (waiting in the proxy, batched dispatch),
+            ``capacity`` (sequences it serves at once; None: unknown) and ``occupancy``
+            (inflight / capacity; None: unknown).
     """
 
     step: int
@@ -87,6 +91,7 @@ class StepReport:
     train: dict[str, float] = field(default_factory=dict)
     started_at: float = 0.0
     events: list[dict[str, Any]] = field(default_factory=list)
+    engines: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def mean_reward(self) -> float:
@@ -123,6 +128,9 @@ class StepReport:
         r["env_timeouts"] = self.env.get("timeouts", 0)
         r["replaced"] = sum(e["kind"] == "generator_replaced" for e in self.events)
         r["restored"] = sum(e["kind"] == "trainer_restored" for e in self.events)
+        occupied = [e["occupancy"] for e in self.engines if e.get("occupancy") is not None]
+        if occupied:
+            r["engine_occupancy"] = round(sum(occupied) / len(occupied), 3)
         for k in TRAIN_METRICS:  # what the train step measured (absent ones are left out)
             v = self.train.get(k)
             if isinstance(v, int | float):

@@ -26,7 +26,8 @@ __all__ = ["RolloutWorker"]
 
 
 class RolloutWorker(Worker):
-    """Hosts the rollout side of a pipeline (one per pipeline; runs on the CPU pool).
+    """Hosts the rollout side of a pipeline, or one shard of it (see
+    :mod:`rollart_nb.control.shards`); runs on the CPU pool.
 
     Args:
         envs: task -> env templates (one EnvManager each).
@@ -180,7 +181,10 @@ class RolloutWorker(Worker):
     def trajectories(
         self, task: str | None = None, status: str | None = None, last: int | None = None, include_running: bool = False
     ) -> list[Trajectory]:
-        return self._s().trajectories(task, status, last, include_running)
+        """Recent trajectories, newest last (see :meth:`RolloutScheduler.trajectories`). Running
+        ones are copies: the result is serialized off this loop while they keep growing."""
+        out = self._s().trajectories(task, status, last, include_running)
+        return [copy.deepcopy(t) if t.status is Status.RUNNING else t for t in out]
 
     @register("one")
     async def evaluate(

@@ -206,11 +206,15 @@ class RolloutScheduler:
         if hasattr(rewards, "reserve_threads"):  # a sync reward runs once per finished trajectory
             rewards.reserve_threads(n_envs)
         self.managers: list[EnvManager] = []
+        # indices of the managers not running a trajectory (kept by the managers themselves), so
+        # schedule() costs what is idle, not every env
+        self._idle: set[int] = set()
         for task, templates in envs.items():
             for env in templates:
-                self.managers.append(
-                    EnvManager(len(self.managers), task, env, tokenizer, proxy, config.rollout, pool=self.env_pool)
-                )
+                m = EnvManager(len(self.managers), task, env, tokenizer, proxy, config.rollout, pool=self.env_pool)
+                m.idle_set = self._idle
+                m.busy = False  # idle: in the set
+                self.managers.append(m)
         self.tasks = list(envs)
         # uniform task sampling by default: each batch holds each task's share of groups
         self.weights = {t: (config.task_weights or {}).get(t, 0.0) if config.task_weights else 1.0 for t in self.tasks}
@@ -235,6 +239,10 @@ class RolloutScheduler:
         self.version = 0
         self.groups: dict[str, GroupState] = {}
         self.running: dict[str, tuple[Trajectory, asyncio.Task, EnvManager]] = {}
+        # per task, kept as they change: running trajectories, and buffered members of open groups
+        # (what _ahead() counts, without a pass over every trajectory and group)
+        self._running_n: collections.Counter[str] = collections.Counter()
+        self._buffered_n: collections.Counter[str] = collections.Counter()
         self.scoring: dict[str, str] = {}  # trajectory id -> task, while its reward runs
         # counts: trajectories by their current end status (a buffered sample evicted later moves
         # from completed to aborted_stale); events: endings as they happen, never decremented
@@ -281,12 +289,25 @@ class RolloutScheduler:
         return ahead[task] < (self.cfg.alpha + 1) * quota * self.cfg.group_size + self._envs_of[task]
 
     def _ahead(self) -> collections.Counter[str]:
-        """Per task: trajectories running, being scored or buffered (one O(E + G) pass)."""
-        ahead: collections.Counter[str] = collections.Counter(t.task for t, _, _ in self.running.values())
+        """Per task: trajectories running, being scored or buffered in an open group."""
+        ahead = self._running_n + self._buffered_n
         ahead.update(self.scoring.values())
-        for g in self.groups.values():
-            ahead[g.task] += len(g.buffered)
         return ahead
+
+    def _buffer_member(self, g: GroupState, tid: str, add: bool) -> None:
+        """Add ``tid`` to (or remove it from) ``g``'s buffered members, keeping the per-task count."""
+        if (tid in g.buffered) == add:
+            return
+        (g.buffered.add if add else g.buffered.discard)(tid)
+        if self.groups.get(g.id) is g:
+            self._buffered_n[g.task] += 1 if add else -1
+
+    def _unrun(self, traj_id: str) -> tuple[Trajectory, asyncio.Task, EnvManager] | None:
+        """Remove a trajectory from :attr:`running` (None if it was not there)."""
+        item = self.running.pop(traj_id, None)
+        if item is not None:
+            self._running_n[item[0].task] -= 1
+        return item
 
     def _open_group(self, task: str) -> GroupState:
         if not self.mode.continuous:
@@ -302,17 +323,17 @@ class RolloutScheduler:
     def schedule(self) -> None:
         """Give every idle EnvManager a trajectory to run, if the mode allows one.
 
-        O(E + G) per call (E envs, G open groups): it runs after every trajectory ends, and a
-        what-if study has thousands of envs. Each idle env joins the oldest open group of its
-        task with budget left, else opens a group if the admission rule allows.
+        O(idle envs + G) per call (G open groups): it runs after every trajectory ends, and a
+        what-if study has thousands of envs. Each idle env (in env order) joins the oldest open
+        group of its task with budget left, else opens a group if the admission rule allows.
         """
         if self._closed or getattr(self.proxy, "held", False):
             return  # a validation holds the rollout: no new trajectory until it ends
         if self.mode.batch_env and (self.running or self._pending_reward):
             return  # batch-level: the next wave starts when this one (and its scoring) is done
-        idle = [m for m in self.managers if not m.busy]
-        if not idle:
+        if not self._idle:
             return
+        idle = [self.managers[i] for i in sorted(self._idle)]
         ahead = self._ahead()  # as of this call; the plan's own launches are not counted
         open_groups: dict[str, collections.deque[GroupState]] = collections.defaultdict(collections.deque)
         for g in self.groups.values():  # insertion order: oldest group first
@@ -356,6 +377,7 @@ class RolloutScheduler:
 
             task.add_done_callback(reap)
             self.running[traj.id] = (traj, task, m)
+            self._running_n[traj.task] += 1
             self.launched += 1
 
     async def _run(self, m: EnvManager, traj: Trajectory, g: GroupState, barrier: TurnBarrier | None) -> None:
@@ -375,7 +397,7 @@ class RolloutScheduler:
             )
             m.busy = False
         finally:
-            self.running.pop(traj.id, None)
+            self._unrun(traj.id)
             g.running.discard(traj.id)
             self.proxy.forget(traj.id)
         if traj.status is Status.FAILED:
@@ -448,7 +470,7 @@ class RolloutScheduler:
                 log.exception("curriculum of task %r failed to update", traj.task)
         rejected = self.buffer.put(traj)
         if traj not in rejected:
-            g.buffered.add(traj.id)
+            self._buffer_member(g, traj.id, True)
             self._buffered_ids.add(traj.id)
             self.counts["completed"] += 1
             self._count(traj.task, "completed")
@@ -504,7 +526,7 @@ class RolloutScheduler:
     # -- endings ---------------------------------------------------------------------
     def _reap(self, traj: Trajectory, g: GroupState, m: EnvManager) -> None:
         """Account a task cancelled before its body ever ran (it never reached its own cleanup)."""
-        if self.running.pop(traj.id, None) is None:
+        if self._unrun(traj.id) is None:
             return
         g.running.discard(traj.id)
         m.busy = False
@@ -522,7 +544,7 @@ class RolloutScheduler:
         if g is None or g.closed:
             return
         g.running.discard(traj.id)
-        g.buffered.discard(traj.id)
+        self._buffer_member(g, traj.id, False)
         if traj.status is Status.FAILED:
             g.failures += 1
             if g.failures >= self.cfg.max_group_failures:  # this env keeps failing: give the group up
@@ -543,7 +565,7 @@ class RolloutScheduler:
                 self._count(t.task, t.status.value)  # events only grow: a step reports its own endings
                 if g is None:  # its group was given up while it waited in the buffer
                     continue
-                g.buffered.discard(t.id)
+                self._buffer_member(g, t.id, False)
                 if t.status is Status.CANCELLED:  # dropped for capacity: give the group up, never churn
                     self._close_group(g, t.reason)
                 elif not g.closed and len(g.buffered) + len(g.running) + g.budget < self.cfg.group_size:
@@ -568,7 +590,8 @@ class RolloutScheduler:
             traj, task, _ = self.running[tid]
             traj.finish(Status.CANCELLED, reason, now=time.time())
             task.cancel()
-        self.groups.pop(g.id, None)
+        if self.groups.pop(g.id, None) is g:  # its buffered members no longer count as ahead
+            self._buffered_n[g.task] -= len(g.buffered)
 
     # -- versions and batches ----------------------------------------------------------
     async def set_version(self, version: int, rollback: bool = False) -> dict[str, int]:

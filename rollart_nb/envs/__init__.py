@@ -28,6 +28,7 @@ from rollart_nb.envs.launchers import KubernetesLauncher, LocalLauncher
 from rollart_nb.envs.remote import RemoteEnv
 from rollart_nb.envs.sandbox import SandboxResult, arun_sandboxed, run_sandboxed
 from rollart_nb.envs.wrappers import WithFailures, WithLatency
+from rollart_nb.tokens import Tokens
 
 __all__ = [
     "Arithmetic",
@@ -43,6 +44,7 @@ __all__ = [
     "LocalLauncher",
     "RemoteEnv",
     "SandboxResult",
+    "Tokens",
     "WithFailures",
     "WithLatency",
     "arun_sandboxed",

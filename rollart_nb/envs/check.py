@@ -29,6 +29,7 @@ from typing import Any
 from rollart_nb.envs.base import env_name
 from rollart_nb.errors import ConfigError, EnvError, RewardError, RollartError, brief
 from rollart_nb.logs import user_traceback
+from rollart_nb.tokens import Tokens
 
 __all__ = ["EnvCheck", "check", "checkable"]
 
@@ -196,7 +197,12 @@ def _episode(  # noqa: ANN202
     if not isinstance(got, tuple | list) or len(got) != 2:
         raise EnvError(f"{where}: reset(seed={seed}) returned {brief(got)}, expected (obs, info)")
     obs, info = got
-    _expect(isinstance(obs, str), where, f"reset(seed={seed})", f"obs must be a str, got {type(obs).__name__}")
+    _expect(
+        isinstance(obs, str | Tokens),
+        where,
+        f"reset(seed={seed})",
+        f"obs must be a str or Tokens, got {type(obs).__name__}",
+    )
     _expect(isinstance(info, dict | type(None)), where, f"reset(seed={seed})", "info must be a dict")
     traj = Trajectory(task="check", seed=seed, info=dict(info or {}))
     for k in range(max_steps):
@@ -212,7 +218,7 @@ def _episode(  # noqa: ANN202
                 f"{where}: {call} returned {brief(out)}, expected (obs, reward, terminated, truncated, info)"
             )
         nobs, r, term, trunc, sinfo = out
-        _expect(isinstance(nobs, str), where, call, f"obs must be a str, got {type(nobs).__name__}")
+        _expect(isinstance(nobs, str | Tokens), where, call, f"obs must be a str or Tokens, got {type(nobs).__name__}")
         ok_r = isinstance(r, int | float) and not isinstance(r, bool) and math.isfinite(float(r))
         _expect(ok_r, where, call, f"reward must be a finite number, got {brief(r, 40)}")
         _expect(isinstance(sinfo, dict | type(None)), where, call, "info must be a dict")

@@ -397,7 +397,7 @@ class Dashboard(widgets.VBox):
                 f"v{last.version} &middot; {last.step_s:.2f}s/step &middot; reward {last.mean_reward:.3f}"
                 + (f" &middot; {rate:.0%} failed" if rate else "")
             )
-        for line in (figures.env_faults_line(reports), figures.failover_line(reports)):
+        for line in (figures.env_faults_line(reports), figures.failover_line(reports), figures.engines_line(last)):
             if line:
                 parts.append(html.escape(line))
         if note:

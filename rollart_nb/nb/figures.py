@@ -383,6 +383,20 @@ def failover_line(reports: Sequence[StepReport]) -> str:
     return "failover: " + ", ".join(parts) if parts else ""
 
 
+def engines_line(report: StepReport | None) -> str:
+    """The generation engines' load at the end of ``report``'s step as one short line ("" when
+    unknown), e.g. ``"engines: actor_gen/0 480/512 (94%), actor_gen/1 12/512 (2%) +30 queued"``."""
+    if report is None or not report.engines:
+        return ""
+    parts = []
+    for e in report.engines:
+        cap = e.get("capacity")
+        load = f"{e['inflight']}/{cap} ({e['inflight'] / cap:.0%})" if cap else f"{e['inflight']} in flight"
+        queued = f" +{e['queued']} queued" if e.get("queued") else ""
+        parts.append(f"{e['name']} {load}{queued}")
+    return "engines: " + ", ".join(parts)
+
+
 def throughput_figure(reports: Sequence[StepReport]) -> Any:
     """Tokens per second per step (the paper's throughput metric)."""
     go = _go()

@@ -146,8 +146,8 @@ def response_tokens_fn(
     """A ``response_tokens`` function for :class:`~rollart_nb.sim.backend.SimBackend`.
 
     Each request's length is drawn from its task's ``response_tokens`` Gaussian (clipped to
-    ``[1, max_response_tokens]``), seeded by (seed, trajectory id, prompt length) so a given
-    turn always gets the same length.
+    ``[1, max_response_tokens]``), seeded by (seed, trajectory id, whole prompt length, held
+    prefix included) so a given turn always gets the same length.
 
     Args:
         workloads: one workload for every task, or a mapping task name -> workload.
@@ -164,7 +164,7 @@ def response_tokens_fn(
             w = workloads[request.task]
         else:
             raise ConfigError(f"no workload for task {request.task!r}; known: {', '.join(sorted(workloads))}")
-        key = f"{seed}|{request.traj_id}|{len(request.prompt_ids)}".encode()
+        key = f"{seed}|{request.traj_id}|{request.full_len}".encode()
         rng = np.random.default_rng(int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little"))
         return min(_gauss_int(rng, w.response_tokens), w.max_response_tokens)
 

@@ -364,10 +364,12 @@ class Cluster(ClusterBase):
         registry: Mapping[str, Endpoint],
         affinity: dict[str, str] | None,
         log_dir: str,
-        max_concurrency: int,
+        max_concurrency: int | None,
         start_timeout_s: float,
     ) -> None:
         self._log_dir = log_dir  # workers write their logs here
+        if max_concurrency is None:
+            max_concurrency = worker_cls.max_concurrency
         self._max_concurrency, self._start_timeout_s = max_concurrency, start_timeout_s
         self._lock = threading.Lock()
         self.restarts: dict[int, int] = {}  # worker index -> restarts so far

@@ -18,7 +18,6 @@ versioned ``load_weights``; a trainer serves ``train_step`` and ``state_dict``.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from pathlib import Path
@@ -29,6 +28,7 @@ from rollart_nb.protocols import GenerationRequest, GenerationResult
 from rollart_nb.resources.profiles import PROFILES
 from rollart_nb.trajectory import Trajectory
 from rollart_nb.workers.decorators import hw_mapping, register
+from rollart_nb.workers.streaming import StreamedGeneration, TurnStream
 from rollart_nb.workers.worker import Worker
 
 __all__ = [
@@ -40,10 +40,11 @@ __all__ = [
     "TorchTrainer",
     "TrainerWorker",
     "VLLMGenerator",
+    "engine_capacity",
 ]
 
 
-class GeneratorWorker(Worker):
+class GeneratorWorker(StreamedGeneration, Worker):
     """Base of generation workers; subclasses implement :meth:`make_backend`.
 
     Args:
@@ -52,11 +53,16 @@ class GeneratorWorker(Worker):
     """
 
     default_pool = "H20"
+    #: Concurrent calls the actor accepts: every sequence the engine can hold (see
+    #: :meth:`capacity`) waits in the engine, where continuous batching serves it, not in front
+    #: of the actor. Coroutines of an async actor are cheap.
+    max_concurrency = 4096
 
     def __init__(self, model: Any, **backend_kwargs: Any) -> None:
         self.model = model
         self.backend = self.make_backend(model, **backend_kwargs)
         self._puller: Any = None
+        self._stream = TurnStream(self._generate_one, f"{self.role}/{self.rank}")
 
     def make_backend(self, model: Any, **kwargs: Any) -> Any:
         raise NotImplementedError
@@ -84,17 +90,19 @@ class GeneratorWorker(Worker):
     @hw_mapping()
     async def generate(self, request: GenerationRequest, tag_name: str | None = None) -> GenerationResult:
         """Generate one turn for ``request`` (routed by ``tag_name``, the task)."""
+        return await self._generate_one(request)
+
+    async def _generate_one(self, request: GenerationRequest) -> GenerationResult:
         res = await self.backend.generate(request)
         res.worker = res.worker or f"{self.role}/{self.rank}"
         return res
 
-    async def generate_many(self, requests: list[GenerationRequest]) -> list[Any]:
-        """Batched dispatch: many turns in one call; each entry is a result or the exception it raised."""
-        results = await asyncio.gather(*(self.backend.generate(r) for r in requests), return_exceptions=True)
-        for r in results:
-            if isinstance(r, GenerationResult):
-                r.worker = r.worker or f"{self.role}/{self.rank}"
-        return list(results)
+    @register()
+    def capacity(self) -> int | None:
+        """Sequences the engine serves at once (vLLM's ``max_num_seqs``, the HF backend's batch,
+        a backend's own ``capacity``), or None if it does not say. The LLMProxy keeps up to this
+        many turns in flight on this worker before routing new trajectories elsewhere."""
+        return engine_capacity(self.backend)
 
     async def prefill(self, request: GenerationRequest) -> dict[str, Any]:
         """PD disaggregation: prefill only (compute-bound)."""
@@ -131,7 +139,25 @@ class GeneratorWorker(Worker):
     @register()
     def stats(self) -> dict[str, Any]:
         s = getattr(self.backend, "stats", {})
-        return dict(s() if callable(s) else s)
+        out = dict(s() if callable(s) else s)
+        out["stream"] = self._stream.stats()
+        return out
+
+
+def engine_capacity(backend: Any) -> int | None:
+    """How many sequences ``backend`` serves at once, or None when it does not say."""
+    cap = getattr(backend, "capacity", None)
+    if callable(cap):
+        cap = cap()
+    if cap is None:  # vLLM: the scheduler's max_num_seqs
+        sched = getattr(getattr(getattr(backend, "engine", None), "vllm_config", None), "scheduler_config", None)
+        cap = getattr(sched, "max_num_seqs", None)
+    if cap is None:  # a batching backend (HF): one decode batch
+        cap = getattr(backend, "max_batch_size", None)
+    try:
+        return int(cap) if cap is not None and int(cap) > 0 else None
+    except (TypeError, ValueError):
+        return None
 
 
 class SimGenerator(GeneratorWorker):

@@ -30,7 +30,7 @@ def pick_worker(
     workers: Sequence[tuple[str, str]],
     inflight: Sequence[int],
     pref: str | None,
-    max_inflight: int,
+    max_inflight: int | Sequence[int],
     exclude: frozenset[int] = frozenset(),
 ) -> tuple[int, bool]:
     """Choose a worker index for one call; returns ``(index, fell_back)``.
@@ -43,19 +43,21 @@ def pick_worker(
         workers: (hardware, pool) per worker.
         inflight: calls in flight per worker.
         pref: preferred hardware, or None for "any".
-        max_inflight: per-worker in-flight count at which a worker counts as busy.
+        max_inflight: in-flight count at which a worker counts as busy: one for all, or one per
+            worker (its engine's capacity).
         exclude: indices not to use (e.g. dead workers).
     """
+    limit = [max_inflight] * len(workers) if isinstance(max_inflight, int) else list(max_inflight)
     order = sorted((i for i in range(len(workers)) if i not in exclude), key=lambda i: (inflight[i], i))
     if not order:
         raise IndexError("no worker to route to")
     if pref is None:
         return order[0], False
     match = [i for i in order if hardware_matches(*workers[i], pref)]
-    free = [i for i in match if inflight[i] < max_inflight]
+    free = [i for i in match if inflight[i] < limit[i]]
     if free:
         return free[0], False
-    others = [i for i in order if i not in match and inflight[i] < max_inflight]
+    others = [i for i in order if i not in match and inflight[i] < limit[i]]
     if others:
         return others[0], True
     return order[0], order[0] not in match

@@ -34,6 +34,9 @@ class Worker:
 
     default_pool: str = "cpu"
     """Pool used when ``sess.cluster(...)`` is given none."""
+    max_concurrency: int = 64
+    """Concurrent calls one worker actor accepts when ``sess.cluster(...)`` is given none
+    (generation workers accept many more: a turn waits in the engine, not in front of the actor)."""
     binding: Binding | None = None
     world_size: int = 1
     role: str = ""

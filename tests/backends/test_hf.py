@@ -297,3 +297,29 @@ def test_sample_rows_follows_the_tempered_softmax_and_never_draws_a_zero_probabi
         [torch.Generator().manual_seed(s) for s in (1, 2, 3, 5)],
     )
     assert int(a[0]) == int(b[3])
+
+
+def test_prefix_and_tail_equals_whole_history(ref):
+    """Turns sent as (held prefix, new tokens) sample what the whole history sends; a prefix the
+    backend does not hold (forgotten, or a fresh backend) raises HistoryMiss."""
+    from rollart_nb.errors import HistoryMiss
+
+    split, whole = HFBackend(ref, batch_wait_s=0.0), HFBackend(ref, batch_wait_s=0.0)
+    more = split.tokenizer.encode(" <eos> <|user|> you fell into a hole <|assistant|>")
+    history, held = encode(split, ("go left", None)), 0
+    for k in range(3):
+        a = asyncio.run(split.generate(req("t", history[held:], max_new_tokens=5, seed=k, prefix_len=held)))
+        b = asyncio.run(whole.generate(req("t", list(history), max_new_tokens=5, seed=k)))
+        assert a.token_ids == b.token_ids and a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
+        history = history + a.token_ids
+        held = len(history)
+        assert split.history.held("t") == held
+        history += more
+    assert split.history.stats()["hits"] == 2 and split.history.stats()["resolved_tokens"] > 0
+    with pytest.raises(HistoryMiss):
+        asyncio.run(HFBackend(ref).generate(req("t", history[held:], prefix_len=held)))
+    split.forget("t")
+    with pytest.raises(HistoryMiss):
+        asyncio.run(split.generate(req("t", history[held:], prefix_len=held)))
+    asyncio.run(whole.abort("t"))
+    assert "t" not in whole.history

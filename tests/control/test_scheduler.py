@@ -460,3 +460,43 @@ def test_group_seeds_come_from_the_schedulers_copy_of_the_curriculum():
     assert cur is not template and template.draws == template.updates == 0
     assert cur.draws == s.started_groups and cur.updates == s.events["completed"] >= len(batch)
     assert stats["curriculum"]["math"]["updates"] == updates_then <= cur.updates
+
+
+def _ahead_recounted(s) -> collections.Counter:
+    """What the scheduler's kept per-task counts must equal: a full pass over its state."""
+    ahead = collections.Counter(t.task for t, _, _ in s.running.values())
+    ahead.update(s.scoring.values())
+    for g in s.groups.values():
+        ahead[g.task] += len(g.buffered)
+    return ahead
+
+
+def test_kept_counts_match_a_full_recount_through_aborts_failures_and_batches():
+    """schedule() reads idle envs and per-task counts kept as they change (not a pass over every
+    env and group); they equal a recount at every point of a run with stale aborts, env failures,
+    redundant members and batches taken."""
+
+    async def go():
+        envs = {
+            "math": [WithFailures(Arithmetic(), p_raise=0.2, on=("step",), seed=i) for i in range(10)],
+            "slow": [WithLatency(Arithmetic(), 0.002, 0.001) for _ in range(6)],
+        }
+        s, backends = make(envs, batch=8, group=2, alpha=0, redundancy=1, max_turns=2)
+        checks = 0
+        for v in range(1, 7):
+            for _ in range(20):
+                await asyncio.sleep(0.002)
+                assert +s._ahead() == +_ahead_recounted(s)
+                assert s._idle == {m.index for m in s.managers if not m.busy}
+                checks += 1
+            await s.wait_ready(8, timeout_s=30)
+            s.take_batch(8)
+            for b in backends:
+                b.load_weights({}, v)
+            await s.set_version(v)  # alpha=0: everything begun before v is aborted
+        assert +s._ahead() == +_ahead_recounted(s)
+        assert s.counts["aborted_stale"] > 0 and s.counts["failed"] > 0 and checks == 120
+        await s.close()
+        assert s.accounting()["unaccounted"] == 0
+
+    run(go())
