@@ -2,8 +2,7 @@
 
 A rollout process hands a generation worker many turns in one call and gets back every result
 finished since its last call (:meth:`TurnStream.exchange`: it waits only while none is), or
-only hands turns over (:meth:`TurnStream.submit`, which returns once they run) or only
-collects (:meth:`TurnStream.collect`). Each turn runs on its own as soon as it
+only hands turns over (:meth:`TurnStream.submit`, which returns once they run). Each turn runs on its own as soon as it
 arrives, and its result leaves as soon as it is done: one slow sequence never holds back the
 others submitted with it, which is what continuous batching needs. One actor call in flight
 per (rollout process, worker) carries any number of turns both ways.
@@ -85,50 +84,23 @@ class TurnStream:
         box.done.append((key, out))
         box.ready.set()
 
-    async def collect(self, client: str, wait_s: float = 1.0) -> list[tuple[int, Any]]:
-        """Results finished since the last collect, as ``(key, result or exception)``; waits up
-        to ``wait_s`` for the first one (an empty list after that)."""
-        box = self._box(client)
-        if not box.done and wait_s > 0:
-            await self.collect_wait(box, wait_s)
-        out, box.done = box.done, []
-        box.ready.clear()
-        box.seen = time.monotonic()
-        return out
-
     async def exchange(self, client: str, items: list[tuple[int, Any]], wait_s: float = 1.0) -> list[tuple[int, Any]]:
-        """:meth:`submit` ``items``, then :meth:`collect`: one call both ways. Results that finish
-        within the same pass of the event loop as the first one go along."""
+        """:meth:`submit` ``items``, then hand back the results finished since the last call, as
+        ``(key, result or exception)``: waits up to ``wait_s`` for the first one (an empty list
+        after that); results that finish within the same pass of the event loop go along."""
         if items:
             await self.submit(client, items)
         box = self._box(client)
         if not box.done:
-            await self.collect_wait(box, wait_s)
+            box.ready.clear()
+            try:
+                await asyncio.wait_for(box.ready.wait(), timeout=wait_s)
+            except TimeoutError:
+                pass
         await asyncio.sleep(0)  # turns finishing right now join this answer
-        return await self.collect(client, 0)
-
-    @staticmethod
-    async def collect_wait(box: _Outbox, wait_s: float) -> None:
+        out, box.done = box.done, []
         box.ready.clear()
-        try:
-            await asyncio.wait_for(box.ready.wait(), timeout=wait_s)
-        except TimeoutError:
-            pass
-
-    def cancel(self, client: str, keys: list[int]) -> None:
-        """Stop the given turns of ``client`` (their callers are gone); no result is sent for them."""
-        box = self._boxes.get(client)
-        for key in keys:
-            task = box.running.pop(key, None) if box else None
-            if task is not None:
-                task.cancel()
-
-    def close_client(self, client: str) -> None:
-        """Forget ``client``: its running turns are cancelled and its outbox dropped."""
-        box = self._boxes.pop(client, None)
-        if box is not None:
-            for task in box.running.values():
-                task.cancel()
+        return out
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -151,17 +123,8 @@ class StreamedGeneration:
     async def submit(self, client: str, items: list[tuple[int, Any]]) -> int:
         return await self._stream.submit(client, items)
 
-    async def collect(self, client: str, wait_s: float = 1.0) -> list[tuple[int, Any]]:
-        return await self._stream.collect(client, wait_s)
-
     async def exchange(self, client: str, items: list[tuple[int, Any]], wait_s: float = 1.0) -> list[tuple[int, Any]]:
         return await self._stream.exchange(client, items, wait_s)
-
-    def cancel_turns(self, client: str, keys: list[int]) -> None:
-        self._stream.cancel(client, keys)
-
-    def close_client(self, client: str) -> None:
-        self._stream.close_client(client)
 
     def forget(self, traj_ids: list[str]) -> None:
         """Drop what the backend keeps for these ended trajectories (token history, prefix KV)."""
