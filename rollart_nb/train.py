@@ -49,13 +49,26 @@ class ModelConfig:
     """Tiny model size: "s" or "m"."""
     warm_steps: int = 60
     """Steps of the format-only warm start (random content in the tasks' answer formats; 0: none)."""
+    pretrain_steps: int = 0
+    """Steps of the base-model stage (``rn.models.pretrain``: next-token training on worked training
+    problems, never a validation one; 0: none). It runs after the warm start, if both are set."""
+    pretrain_batch: int = 64
+    """Corpus entries per base-model step."""
+    pretrain_lr: float = 3e-3
+    """Learning rate of the base-model stage (AdamW)."""
 
     def __post_init__(self) -> None:
         p = []
         if self.size not in SIZES:
             p.append(f"size={self.size!r} must be one of {', '.join(SIZES)}")
-        if not is_whole(self.warm_steps) or self.warm_steps < 0:
-            p.append(f"warm_steps={self.warm_steps!r} must be a whole number >= 0")
+        for name in ("warm_steps", "pretrain_steps"):
+            v = getattr(self, name)
+            if not is_whole(v) or v < 0:
+                p.append(f"{name}={v!r} must be a whole number >= 0")
+        if not is_whole(self.pretrain_batch) or self.pretrain_batch < 1:
+            p.append(f"pretrain_batch={self.pretrain_batch!r} must be a whole number >= 1")
+        if not (is_number(self.pretrain_lr) and self.pretrain_lr > 0):
+            p.append(f"pretrain_lr={self.pretrain_lr!r} must be a number > 0")
         if p:
             raise ConfigError(p, where="model config")
 
@@ -125,6 +138,9 @@ class TrainConfig:
     """Generation backend: "hf" (transformers) or "vllm"."""
     envs_per_task: int = 16
     """Concurrent env instances per task."""
+    pass_k: int = 0
+    """Before and after training, also sample every validation seed this many times and report
+    pass@1 and pass@k per task (0: greedy validation only)."""
     model: ModelConfig = field(default_factory=ModelConfig)
     """The model."""
     tasks: dict[str, TaskConfig] = field(default_factory=_default_tasks)
@@ -148,6 +164,8 @@ class TrainConfig:
             p.append(f"generator={self.generator!r} must be one of {', '.join(GENERATORS)}")
         if not is_whole(self.envs_per_task) or self.envs_per_task < 1:
             p.append(f"envs_per_task={self.envs_per_task!r} must be a whole number >= 1")
+        if not is_whole(self.pass_k) or self.pass_k < 0:
+            p.append(f"pass_k={self.pass_k!r} must be a whole number >= 0")
         for name, cls in (("model", ModelConfig), ("algo", GRPO), ("pipeline", PipelineConfig)):
             if not isinstance(getattr(self, name), cls):
                 p.append(f"{name} must be a {cls.__name__}, not {getattr(self, name)!r:.60}")
@@ -223,6 +241,10 @@ def _row(rep: Any, t0: float) -> str:
     )
 
 
+def _passes(by_task: dict[str, dict[str, float]]) -> str:
+    return "  ".join(f"{t}: " + " ".join(f"{k}={v:.2f}" for k, v in r.items()) for t, r in by_task.items())
+
+
 def _clean(d: dict[str, float]) -> dict[str, float | None]:
     return {k: (None if v is None or math.isnan(v) else round(v, 4)) for k, v in d.items()}
 
@@ -283,8 +305,11 @@ class _Interrupt:
 
 def run_train(cfg: TrainConfig, *, quiet: bool = False) -> dict[str, Any]:
     """Run ``cfg`` on ``Session.local()``. Returns the RESULT: ``first`` / ``last`` validation per
-    task, ``tasks`` (``base``, ``best``, ``last5_mean``, ``last``), ``steps``, ``trained_tokens``,
-    ``aborted_fraction``, ``failed``, ``wall_s`` and ``interrupted``."""
+    task, ``tasks`` (``base``, ``best``, ``last5_mean``, ``last``, and with ``pass_k`` the sampled
+    ``base_sampled`` / ``final_sampled`` pass@1 and pass@k), ``steps``, ``trained_tokens``,
+    ``generated_tokens`` (every response token generated for training, kept or not),
+    ``aborted_fraction`` (of ended trajectories), ``aborted_generated_fraction`` (of generated
+    tokens), ``failed``, ``wall_s`` and ``interrupted``."""
     import dataclasses
 
     import rollart_nb as rn
@@ -298,17 +323,23 @@ def run_train(cfg: TrainConfig, *, quiet: bool = False) -> dict[str, Any]:
     dump(cfg, out / "config.yaml")
     envs = {name: _make_env(tc) for name, tc in cfg.tasks.items()}
     vocab = sorted({w for e in envs.values() for w in getattr(e, "vocab", ())})
-    say(f"building tiny-qwen-{cfg.model.size} and a format-only warm start ({cfg.model.warm_steps} steps) ...")
-    base = tiny_qwen(task_vocab=vocab, size=cfg.model.size, seed=cfg.seed)
-    model = base
+    stages = [f"a format-only warm start ({cfg.model.warm_steps} steps)"] if cfg.model.warm_steps else []
+    if cfg.model.pretrain_steps:
+        stages.append(f"a base-model stage ({cfg.model.pretrain_steps} steps on worked training problems)")
+    say(f"building tiny-qwen-{cfg.model.size}" + (" and " + " and ".join(stages) if stages else "") + " ...")
+    model = tiny_qwen(task_vocab=vocab, size=cfg.model.size, seed=cfg.seed)
     if cfg.model.warm_steps:
-        model = _warm_start(base, envs, cfg, quiet=quiet)
+        model = _warm_start(model, envs, cfg, quiet=quiet)
+    if cfg.model.pretrain_steps:
+        model = _pretrain(model, envs, cfg, quiet=quiet)
     sess = rn.Session.local(seed=cfg.seed)
     interrupted = False
     reports: list[Any] = []
     history: list[dict[str, float]] = []
     first: dict[str, float] = {}
     last: dict[str, float] = {}
+    passes: dict[str, dict[str, dict[str, float]]] = {}
+    generated: dict[str, int] = {}
     try:
         say(repr(sess))
         gen_cls = VLLMGenerator if cfg.generator == "vllm" else HFGenerator
@@ -317,8 +348,10 @@ def run_train(cfg: TrainConfig, *, quiet: bool = False) -> dict[str, Any]:
         for b in sess.bindings():
             say(f"  {b.worker:<22} -> {b.pool:<6} ({b.hardware}{', fell back: ' + b.reason if b.fell_back else ''})")
         weights = {t: tc.weight for t, tc in cfg.tasks.items()}
-        curriculum = {
-            t: rn.PromptCurriculum(envs[t].validation_seeds(), uniform=tc.curriculum)
+        curriculum = {  # training problems only: an env with a held-out split says which they are
+            t: rn.PromptCurriculum(
+                getattr(envs[t], "training_seeds", envs[t].validation_seeds)(), uniform=tc.curriculum
+            )
             for t, tc in cfg.tasks.items()
             if tc.curriculum is not None
         }
@@ -334,6 +367,9 @@ def run_train(cfg: TrainConfig, *, quiet: bool = False) -> dict[str, Any]:
         first = pipe.validate()
         history.append(first)
         say(f"validation before training: {first}")
+        if cfg.pass_k:
+            passes["base"] = pipe.pass_at(cfg.pass_k)
+            say(f"sampled before training: {_passes(passes['base'])}")
         say(HEADER)
         t0 = time.monotonic()
         with (out / "steps.jsonl").open("w") as steps_file, _Interrupt(say) as stop:
@@ -353,6 +389,9 @@ def run_train(cfg: TrainConfig, *, quiet: bool = False) -> dict[str, Any]:
                 last = pipe.validate()
                 history.append(last)
                 say(f"validation after training: {last}")
+                if cfg.pass_k:
+                    passes["final"] = pipe.pass_at(cfg.pass_k)
+                    say(f"sampled after training: {_passes(passes['final'])}")
                 for task, res in pipe.last_validation.items():  # a collapse onto one answer shows here
                     top = ", ".join(f"{a!r} x{n}" for a, n in res["top_actions"])
                     say(f"  {task}: {res['distinct_actions']} distinct final actions over {res['n']}; commonest: {top}")
@@ -360,6 +399,7 @@ def run_train(cfg: TrainConfig, *, quiet: bool = False) -> dict[str, Any]:
                 last = history[-1]
         _write_report(out, reports, first, last, cfg)
         say(f"report: {out / 'report.html'} (curves alone: {out / 'curves.svg'}; steps: {out / 'steps.jsonl'})")
+        generated = dict(pipe.stats().get("generated_tokens") or {})
         pipe.close()
     except KeyboardInterrupt:  # a second Ctrl-C: what was written stays, the RESULT still comes
         interrupted = True
@@ -370,26 +410,64 @@ def run_train(cfg: TrainConfig, *, quiet: bool = False) -> dict[str, Any]:
         sess.close()
     result: dict[str, Any] = {"first": _clean(first), "last": _clean(last)}
     result.update(summary(first, history[1:], reports))
+    for task, row in result["tasks"].items():
+        for when, by_task in passes.items():
+            if task in by_task:
+                row[f"{when}_sampled"] = _clean(by_task[task])
+    total = sum(generated.values())
+    result["generated_tokens"] = int(total)
+    result["aborted_generated_fraction"] = round(generated.get("aborted_stale", 0) / total, 4) if total else 0.0
     result["wall_s"] = round(time.monotonic() - t_start, 1)
     result["interrupted"] = interrupted
     return result
 
 
-def _warm_start(base: Any, envs: dict[str, Any], cfg: TrainConfig, *, quiet: bool) -> Any:
-    from rollart_nb.models.warmstart import format_warm_start
-
+def _with_bar(total: int, desc: str, quiet: bool, run: Callable[[Callable[[int, float], None] | None], Any]) -> Any:
     if quiet:
-        return format_warm_start(base, envs, steps=cfg.model.warm_steps, seed=cfg.seed)
+        return run(None)
     from tqdm.auto import tqdm
 
-    with tqdm(total=cfg.model.warm_steps, desc="warm start", unit="step", leave=False) as bar:
+    with tqdm(total=total, desc=desc, unit="step", leave=False) as bar:
 
         def progress(step: int, loss: float) -> None:
             bar.n = step + 1
             bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
             bar.refresh()
 
-        return format_warm_start(base, envs, steps=cfg.model.warm_steps, seed=cfg.seed, progress=progress)
+        return run(progress)
+
+
+def _warm_start(base: Any, envs: dict[str, Any], cfg: TrainConfig, *, quiet: bool) -> Any:
+    from rollart_nb.models.warmstart import format_warm_start
+
+    return _with_bar(
+        cfg.model.warm_steps,
+        "warm start",
+        quiet,
+        lambda progress: format_warm_start(base, envs, steps=cfg.model.warm_steps, seed=cfg.seed, progress=progress),
+    )
+
+
+def _pretrain(base: Any, envs: dict[str, Any], cfg: TrainConfig, *, quiet: bool) -> Any:
+    from rollart_nb.models.pretraining import pretrain
+
+    m = cfg.model
+    weights = {t: tc.weight for t, tc in cfg.tasks.items()}
+    return _with_bar(
+        m.pretrain_steps,
+        "base model",
+        quiet,
+        lambda progress: pretrain(
+            base,
+            envs,
+            steps=m.pretrain_steps,
+            batch=m.pretrain_batch,
+            lr=m.pretrain_lr,
+            seed=cfg.seed,
+            weights=weights,
+            progress=progress,
+        ),
+    )
 
 
 def _write_report(

@@ -48,7 +48,7 @@ from rollart_nb.control.modes import mode as get_mode
 from rollart_nb.control.report import StepReport, count_deltas, env_fault_deltas
 from rollart_nb.control.scheduler import SchedulerConfig
 from rollart_nb.control.shards import ShardedRollout, auto_shards, plan_shards
-from rollart_nb.errors import StateError, WorkerDiedError
+from rollart_nb.errors import ConfigError, StateError, WorkerDiedError
 from rollart_nb.trackers import resolve_trackers, sample_rows
 from rollart_nb.trajectory import Trajectory, TrajectoryList
 from rollart_nb.views import view
@@ -764,6 +764,38 @@ class Pipeline:
             try:
                 self.rollout.release()
             except Exception:  # the rollout is gone: whatever failed says so, not this
+                log.exception("pipeline %s: could not release the rollout after a validation", self.name)
+        return out
+
+    def pass_at(
+        self, k: int = 8, tasks: list[str] | None = None, temperature: float | None = None
+    ) -> dict[str, dict[str, float]]:
+        """Sampled validation: each validation seed ``k`` times at ``temperature`` (default: the
+        rollout's). Returns per task ``{"pass@1": ..., "pass@k": ...}``: the share of all samples
+        that succeed (reward >= 1) and the share of seeds with at least one success out of ``k``
+        (the estimator of Chen et al. 2021 with n = k). pass@k well above pass@1 is what RL can
+        sharpen. The rollout is held while it runs, as in :meth:`validate`.
+
+        Example:
+            >>> pipe.pass_at(8)  # doctest: +SKIP
+            {'math': {'pass@1': 0.21, 'pass@8': 0.64}}
+        """
+        self._check_open()
+        if not isinstance(k, int) or k < 1:
+            raise ConfigError(f"pass_at needs a whole number k >= 1, got {k!r}")
+        temp = self.cfg.rollout.temperature if temperature is None else float(temperature)
+        if k > 1 and temp <= 0:
+            raise ConfigError(f"pass@{k} needs sampling: temperature must be > 0, got {temp}")
+        out: dict[str, dict[str, float]] = {}
+        self.rollout.hold()
+        try:
+            for task in tasks or list(self.tasks.envs):
+                res = self.rollout.evaluate(task, self.validation_seeds[task], temperature=temp, samples=k)
+                out[task] = {"pass@1": res["pass@1"], f"pass@{k}": res[f"pass@{k}"]}
+        finally:
+            try:
+                self.rollout.release()
+            except Exception:
                 log.exception("pipeline %s: could not release the rollout after a validation", self.name)
         return out
 

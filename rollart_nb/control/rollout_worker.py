@@ -188,15 +188,18 @@ class RolloutWorker(Worker):
 
     @register("one")
     async def evaluate(
-        self, task: str, seeds: list[int], temperature: float = 0.0, concurrency: int = 32
+        self, task: str, seeds: list[int], temperature: float = 0.0, concurrency: int = 32, samples: int = 1
     ) -> dict[str, Any]:
-        """Greedy validation rollouts of ``task`` over ``seeds``; not buffered or trained on. They are
-        scored by the task's ``validate_with`` scorer if it has one, else by its reward. Their
-        turns go ahead while the rollout is held (:meth:`hold`, as ``pipe.validate`` does), so
-        training generation can wait for them.
+        """Validation rollouts of ``task`` over ``seeds`` (greedy at ``temperature`` 0); not buffered or
+        trained on. They are scored by the task's ``validate_with`` scorer if it has one, else by its
+        reward. Their turns go ahead while the rollout is held (:meth:`hold`, as ``pipe.validate``
+        does), so training generation can wait for them.
 
         Returns mean ``score`` (reward), ``n``, ``failed``, and the final actions' spread:
-        ``distinct_actions`` and ``top_actions`` (the 3 commonest, with counts).
+        ``distinct_actions`` and ``top_actions`` (the 3 commonest, with counts). Every seed runs
+        ``samples`` k times; sampled (``temperature`` > 0) or repeated, the result also holds
+        ``pass@1`` (the share of all runs that succeed: reward >= 1) and ``pass@k`` (the share of
+        seeds with at least one success).
         """
         s = self._s()
         template = next(m.template for m in s.managers if m.task == task)
@@ -220,8 +223,15 @@ class RolloutWorker(Worker):
                         t.finish(Status.FAILED, f"reward: {e}")
                 return t
 
-        done = await asyncio.gather(*(one(sd) for sd in seeds))
+        done = await asyncio.gather(*(one(sd) for sd in seeds for _ in range(max(1, samples))))
         ok = [t.reward for t in done if t.status is Status.COMPLETED]
+        extra: dict[str, Any] = {}
+        if samples > 1 or temperature > 0:
+            wins = [t.status is Status.COMPLETED and t.reward >= 1.0 for t in done]
+            extra["pass@1"] = sum(wins) / len(wins) if wins else float("nan")
+            extra[f"pass@{samples}"] = sum(any(wins[i : i + samples]) for i in range(0, len(wins), samples)) / max(
+                1, len(seeds)
+            )
         # The final actions show a collapse (one answer everywhere) that a score alone can hide.
         last = Counter(t.turns[-1].action.strip() for t in done if t.status is Status.COMPLETED and t.turns)
         return {
@@ -230,6 +240,7 @@ class RolloutWorker(Worker):
             "failed": len(done) - len(ok),
             "distinct_actions": len(last),
             "top_actions": last.most_common(3),
+            **extra,
         }
 
     @register("one")

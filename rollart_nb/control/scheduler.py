@@ -248,6 +248,8 @@ class RolloutScheduler:
         # from completed to aborted_stale); events: endings as they happen, never decremented
         self.counts: collections.Counter[str] = collections.Counter()
         self.events: collections.Counter[str] = collections.Counter()
+        # generated (response) tokens of ended trajectories, by how they ended: wasted work shows here
+        self.generated: collections.Counter[str] = collections.Counter()
         # the same per task: task -> kind -> count (every step's per-task endings come from it)
         self.task_events: collections.defaultdict[str, collections.Counter[str]] = collections.defaultdict(
             collections.Counter
@@ -473,6 +475,7 @@ class RolloutScheduler:
             self._buffer_member(g, traj.id, True)
             self._buffered_ids.add(traj.id)
             self.counts["completed"] += 1
+            self.generated["completed"] += _generated(traj)
             self._count(traj.task, "completed")
             if penalized:  # counted only once it is in: a stale or surplus one ends as such instead
                 self._count(traj.task, "penalized")
@@ -537,6 +540,7 @@ class RolloutScheduler:
     def _end(self, traj: Trajectory, g: GroupState | None) -> None:
         """Account a trajectory that ended without entering the buffer (or left it)."""
         self.counts[traj.status.value] += 1
+        self.generated[traj.status.value] += _generated(traj)
         self._count(traj.task, traj.status.value)
         self.ended.append(traj)
         if traj.status is Status.FAILED:
@@ -562,6 +566,9 @@ class RolloutScheduler:
                 self._buffered_ids.discard(t.id)
                 self.counts["completed"] -= 1
                 self.counts[t.status.value] += 1
+                n = _generated(t)
+                self.generated["completed"] -= n
+                self.generated[t.status.value] += n
                 self._count(t.task, t.status.value)  # events only grow: a step reports its own endings
                 if g is None:  # its group was given up while it waited in the buffer
                     continue
@@ -784,13 +791,15 @@ class RolloutScheduler:
         }
 
     def stats(self) -> dict[str, Any]:
-        """Live rollout stats. Keys include ``counts`` (by current status), ``events`` (endings,
+        """Live rollout stats. Keys include ``counts`` (by current status), ``generated_tokens``
+        (response tokens of ended trajectories, by the same statuses), ``events`` (endings,
         only growing), ``accounting`` (:meth:`accounting`), ``env`` (restarts, timeouts,
         abandoned_threads, hung_threads, threads, thread_cap, at_cap, cap_hits) and ``rewards``
         (the RewardDispatcher's calls, failures, timeouts and reward thread pool)."""
         return {
             "version": self.version,
             "counts": dict(self.counts),
+            "generated_tokens": dict(self.generated),
             "events": dict(self.events),
             "task_events": {t: dict(c) for t, c in self.task_events.items()},
             "running": len(self.running),
@@ -816,3 +825,8 @@ class RolloutScheduler:
             pool += [t for t, _, _ in self.running.values()]
         out = [t for t in pool if (task is None or t.task == task) and (status is None or t.status.value == status)]
         return out[-last:] if last else out
+
+
+def _generated(traj: Trajectory) -> int:
+    """Response tokens generated for ``traj`` so far (every turn, trained on or not)."""
+    return sum(len(t.response_ids) for t in traj.turns)

@@ -21,7 +21,7 @@ from typing import Any
 
 from rollart_nb.errors import ConfigError
 
-__all__ = ["Arithmetic", "parse_answer", "parse_int"]
+__all__ = ["HELDOUT_SEED_BASE", "Arithmetic", "parse_answer", "parse_digits", "parse_int"]
 
 _OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
 _TAG_RE = re.compile(r"<answer>(.*?)</answer>", re.IGNORECASE | re.DOTALL)
@@ -31,6 +31,11 @@ _AFTER_WORD_RE = re.compile(r"\banswer\b(?!.*\banswer\b)(.*)", re.IGNORECASE | r
 _INT_RE = re.compile(r"(?:(?<!\d)(?<!\d )-\s?)?\d(?: ?\d)*")
 # A fixed shuffle of problem indices so consecutive seeds are not "0 + 0", "0 + 1", ...
 _SHUFFLE_SEED = 1234
+HELDOUT_SEED_BASE = 2**31
+"""Envs with a held-out split (``Arithmetic(holdout=...)``, ``FrozenLake(random_maps=True, holdout=...)``)
+pick a held-out problem only for a seed at or above this; the scheduler draws training seeds from
+``[0, 2**31)`` and a :class:`~rollart_nb.control.curriculum.PromptCurriculum` draws from the env's
+``training_seeds()``, so no training stage ever meets a validation problem."""
 
 
 def parse_answer(text: str) -> str:
@@ -53,6 +58,13 @@ def parse_int(text: str) -> int | None:
     return int(found[-1].replace(" ", ""))
 
 
+def parse_digits(text: str) -> str | None:
+    """The last integer in the answer part of ``text`` as written, spaces removed: ``"0 5 2"`` is
+    ``"052"`` (leading zeros kept, unlike :func:`parse_int`), ``"- 3"`` is ``"-3"``."""
+    found = [m.group(0) for m in _INT_RE.finditer(parse_answer(text))]
+    return found[-1].replace(" ", "") if found else None
+
+
 def format_number(n: int, spaced: bool = True) -> str:
     """``12 -> "1 2"`` (or ``"12"`` when not spaced); negatives start with ``"- "``."""
     digits = " ".join(str(abs(n))) if spaced else str(abs(n))
@@ -67,7 +79,15 @@ class Arithmetic:
     Larger seeds (the scheduler draws training seeds from ``[0, 2**31)``) pick the *answer*
     uniformly first and then a problem with that answer, when ``balance_answers`` is on; else
     problem ``seed % n``.
-    ``info["answer"]`` carries the result as a plain string ("12", "-3") for rewards.
+    ``info["answer"]`` carries the expected answer as a plain string ("12", "-3"; with
+    ``reverse_answer`` the digits as they are to be written, "052" reversed is "250") for rewards,
+    and ``info["value"]`` the result as an int.
+
+    **Held-out split** (``holdout > 0``): the first ``holdout`` problems of the fixed shuffle are
+    validation problems, reached only by ``validation_seeds()`` (``HELDOUT_SEED_BASE + i``); every
+    seed below ``HELDOUT_SEED_BASE`` picks one of the other problems, as above with ``n`` the number
+    of training problems (``training_seeds()`` is ``range(n)``). So training, a curriculum and a
+    corpus built from training seeds never contain a validation problem.
     A correct answer gives reward 1.0 and ends the episode; a wrong one gives 0.0 and, if
     turns remain, the observation "wrong . try again ." followed by the question.
 
@@ -80,6 +100,13 @@ class Arithmetic:
             single-digit sums are 9 ten times as often as 0 or 18, and a small policy that cannot
             read the operands yet maximises its reward by always answering 9: RL collapses onto
             that answer before it learns the sums (docs/learning.md: "Why math collapses").
+        holdout: problems kept out of training for validation (0: validation is every problem).
+        fixed_width: write operands zero-padded to the width of ``max_operand`` and answers to the
+            width of the largest result ("0 7 + 4 5 =", "0 5 2"), so digits line up by position.
+        reverse_answer: the answer is written least significant digit first ("2 5 0" for 52 at
+            width 3): each digit then depends only on digits already written and the carry, which
+            makes addition learnable by generalising rather than memorising (Lee et al. 2023,
+            "Teaching Arithmetic to Small Transformers", arXiv:2307.03381). ``+`` only.
 
     Example:
         >>> env = Arithmetic()
@@ -98,6 +125,9 @@ class Arithmetic:
         max_turns: int = 1,
         spaced_digits: bool = True,
         balance_answers: bool = True,
+        holdout: int = 0,
+        fixed_width: bool = False,
+        reverse_answer: bool = False,
     ) -> None:
         problems = []
         if max_operand < 1:
@@ -106,8 +136,20 @@ class Arithmetic:
             problems.append(f"ops must be a non-empty subset of {sorted(_OPS)}, got {ops!r}")
         if max_turns < 1:
             problems.append(f"max_turns must be >= 1, got {max_turns}")
+        n_all = (max(max_operand, 0) + 1) ** 2 * len(ops or ())
+        if not isinstance(holdout, int) or not 0 <= holdout < max(n_all, 1):
+            problems.append(f"holdout must be a whole number in [0, {n_all}) (the number of problems), got {holdout!r}")
+        if reverse_answer and set(ops) - {"+"}:
+            problems.append(f"reverse_answer needs ops=('+',) (no negative results), got {ops!r}")
         if problems:
             raise ConfigError(problems, where="Arithmetic")
+        self.holdout = holdout
+        self.fixed_width = fixed_width
+        self.reverse_answer = reverse_answer
+        self._width = len(str(max_operand))
+        self._answer_width = max(
+            len(str(abs(_OPS[op](a, b)))) for op in ops for a in (0, max_operand) for b in (0, max_operand)
+        )
         self.max_operand = max_operand
         self.ops = tuple(ops)
         self.max_turns = max_turns
@@ -116,11 +158,14 @@ class Arithmetic:
         self._problems = [(a, op, b) for op, a, b in product(self.ops, values, values)]
         random.Random(_SHUFFLE_SEED).shuffle(self._problems)
         self.balance_answers = balance_answers
+        self._heldout = self._problems[:holdout]
+        self._training = self._problems[holdout:]
         self._by_answer: dict[int, list[tuple[int, str, int]]] = {}
-        for a, op, b in self._problems:
+        for a, op, b in self._training:
             self._by_answer.setdefault(_OPS[op](a, b), []).append((a, op, b))
         self._answers = sorted(self._by_answer)
         self._answer: int | None = None
+        self._expected = ""
         self._question = ""
         self._turn = 0
 
@@ -131,33 +176,76 @@ class Arithmetic:
         return sorted(words | {"answer", "<answer>", "</answer>"})
 
     def validation_seeds(self) -> list[int]:
-        """One seed per distinct problem."""
+        """One seed per validation problem: every problem, or with ``holdout`` the held-out ones."""
+        if self.holdout:
+            return [HELDOUT_SEED_BASE + i for i in range(self.holdout)]
         return list(range(len(self._problems)))
+
+    def training_seeds(self) -> list[int]:
+        """One seed per training problem (every problem when there is no ``holdout``)."""
+        return list(range(len(self._training)))
+
+    def validation_problems(self) -> list[tuple[int, str, int]]:
+        """The ``(a, op, b)`` of every validation problem."""
+        return [self.problem(s) for s in self.validation_seeds()]
 
     def problem(self, seed: int | None) -> tuple[int, str, int]:
         """The ``(a, op, b)`` that ``reset(seed)`` asks (see the class docstring)."""
         s = 0 if seed is None else int(seed)
-        n = len(self._problems)
+        if self.holdout and s >= HELDOUT_SEED_BASE:
+            return self._heldout[(s - HELDOUT_SEED_BASE) % self.holdout]
+        n = len(self._training)
         if 0 <= s < n or not self.balance_answers:
-            return self._problems[s % n]
+            return self._training[s % n]
         k = len(self._answers)
         same = self._by_answer[self._answers[s % k]]
         return same[(s // k) % len(same)]
 
     def reset(self, seed: int | None = None) -> tuple[str, dict[str, Any]]:
         a, op, b = self.problem(seed)
-        self._answer = _OPS[op](a, b)
-        fmt = self.spaced_digits
-        self._question = f"{format_number(a, fmt)} {op} {format_number(b, fmt)} ="
+        value = _OPS[op](a, b)
+        self._answer = value
+        self._expected = self.answer_text(value).replace(" ", "")
+        self._question = self.question(a, op, b)
         self._turn = 0
-        return self._question, {"answer": str(self._answer), "question": f"{a} {op} {b}"}
+        return self._question, {"answer": self._expected, "value": value, "question": f"{a} {op} {b}"}
+
+    def demonstrate(self, seed: int | None = None) -> list[tuple[str, str]]:
+        """A worked solution of ``reset(seed)``'s problem: ``[(question, right answer as written)]``."""
+        a, op, b = self.problem(seed)
+        return [(self.question(a, op, b), self.answer_text(_OPS[op](a, b)))]
+
+    def question(self, a: int, op: str, b: int) -> str:
+        """The observation that asks ``a op b``."""
+        return f"{self._operand(a)} {op} {self._operand(b)} ="
+
+    def answer_text(self, value: int) -> str:
+        """``value`` written as a right answer is written ("5 2"; "2 5 0" reversed at width 3)."""
+        if not (self.fixed_width or self.reverse_answer):
+            return format_number(value, self.spaced_digits)
+        digits = str(abs(value)).zfill(self._answer_width if self.fixed_width else 0)
+        if self.reverse_answer:
+            digits = digits[::-1]
+        text = " ".join(digits) if self.spaced_digits else digits
+        return ("- " if self.spaced_digits else "-") + text if value < 0 else text
+
+    def _operand(self, n: int) -> str:
+        if self.fixed_width:
+            digits = str(n).zfill(self._width)
+            return " ".join(digits) if self.spaced_digits else digits
+        return format_number(n, self.spaced_digits)
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         if self._answer is None:
             raise RuntimeError("Arithmetic episode is over; call reset() first")
         self._turn += 1
         given = parse_int(action)
-        correct = given == self._answer
+        # Fixed-width and reversed answers are read as the digits written ("2 5" is not "2 5 0");
+        # parse_int would drop the zeros, so compare the digit string.
+        if self.reverse_answer or self.fixed_width:
+            correct = parse_digits(action) == self._expected
+        else:
+            correct = given == self._answer
         truncated = not correct and self._turn >= self.max_turns
         info = {"parsed": given, "correct": correct}
         if correct or truncated:
@@ -165,8 +253,19 @@ class Arithmetic:
             return "", 1.0 if correct else 0.0, correct, truncated, info
         return f"wrong . try again .\n{self._question}", 0.0, False, False, info
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> Arithmetic:
+        # Every EnvManager and validation run copies its template; the problem tables (10,000
+        # problems at max_operand=99) are never changed after __init__, so copies share them.
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        return new
+
     def __repr__(self) -> str:
         return (
             f"Arithmetic(max_operand={self.max_operand}, ops={self.ops}, max_turns={self.max_turns}, "
-            f"balance_answers={self.balance_answers})"
+            f"balance_answers={self.balance_answers}"
+            + (f", holdout={self.holdout}" if self.holdout else "")
+            + (", fixed_width=True" if self.fixed_width else "")
+            + (", reverse_answer=True" if self.reverse_answer else "")
+            + ")"
         )

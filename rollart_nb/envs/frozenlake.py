@@ -22,6 +22,7 @@ import re
 from collections import deque
 from typing import Any
 
+from rollart_nb.envs.arithmetic import HELDOUT_SEED_BASE
 from rollart_nb.errors import ConfigError
 
 __all__ = ["FrozenLake"]
@@ -47,6 +48,11 @@ class FrozenLake:
     ``range(n)`` — enumerates every distinct start once. With ``random_maps=True`` the seed
     also generates the map (gymnasium's ``generate_random_map``) and the start is its ``S``.
 
+    **Held-out maps** (``random_maps=True, holdout=n``): the validation seeds are ``n`` seeds at
+    or above :data:`~rollart_nb.envs.arithmetic.HELDOUT_SEED_BASE` with distinct maps; a seed below
+    it whose map is one of those draws again from a derived seed, so training (whose seeds the
+    scheduler draws below the base) never walks a validation map.
+
     Args:
         size: side of the square grid (default map: gymnasium's 4x4 / 8x8 when they fit).
         is_slippery: gymnasium's slippery dynamics (a move may slide sideways).
@@ -54,6 +60,8 @@ class FrozenLake:
         map: rows of ``S F H G`` letters, overrides ``size``.
         random_maps: generate a new map per seed instead of moving the start cell.
         compact: the short rendering (see the module docstring); False for the spaced one.
+        holdout: with ``random_maps``, the number of distinct maps kept out of training for
+            validation (0: validation is the first 16 distinct maps, which training also meets).
 
     Example:
         >>> env = FrozenLake()
@@ -71,8 +79,11 @@ class FrozenLake:
         map: list[str] | None = None,
         random_maps: bool = False,
         compact: bool = True,
+        holdout: int = 0,
     ) -> None:
         problems = []
+        if not isinstance(holdout, int) or holdout < 0 or (holdout and not random_maps):
+            problems.append(f"holdout={holdout!r} must be a whole number >= 0, and > 0 only with random_maps=True")
         if map is not None:
             if not map or any(len(r) != len(map) for r in map):
                 problems.append("map must be a non-empty square list of strings")
@@ -91,6 +102,8 @@ class FrozenLake:
         self.max_turns = max_turns if max_turns is not None else 2 * (size - 1) + 4
         self.random_maps = random_maps
         self.compact = compact
+        self.holdout = holdout
+        self._heldout: dict[tuple[str, ...], int] | None = None  # held-out map -> its seed, built lazily
         self.layout = [r.replace("S", "F") for r in (map or self._default_map(size))]
         self._starts = self._start_cells(self.layout)
         if not random_maps and not self._starts:
@@ -137,16 +150,54 @@ class FrozenLake:
     def validation_seeds(self) -> list[int]:
         """Seeds that together cover every distinct start configuration once."""
         if self.random_maps:
+            if self.holdout:
+                return list(self._heldout_maps().values())
             return self._distinct_map_seeds(16)
         return list(range(len(self._starts)))
+
+    def validation_maps(self) -> list[tuple[str, ...]]:
+        """With ``random_maps``: the map of every validation seed (``S`` start, ``G`` goal)."""
+        return [self.map_for(s) for s in self.validation_seeds()]
+
+    def map_for(self, seed: int) -> tuple[str, ...]:
+        """The map ``reset(seed)`` plays with ``random_maps`` (a held-out one only for a validation seed)."""
+        from gymnasium.envs.toy_text.frozen_lake import generate_random_map
+
+        if not self.random_maps:
+            raise ConfigError("map_for needs random_maps=True", where="FrozenLake")
+        seed = int(seed)
+        desc = tuple(generate_random_map(self.size, seed=seed))
+        if not self.holdout or seed >= HELDOUT_SEED_BASE:
+            return desc
+        heldout = self._heldout_maps()
+        while desc in heldout:  # a training seed never plays a validation map
+            seed = (seed * 1103515245 + 12345) % HELDOUT_SEED_BASE
+            desc = tuple(generate_random_map(self.size, seed=seed))
+        return desc
+
+    def _heldout_maps(self) -> dict[tuple[str, ...], int]:
+        if self._heldout is None:
+            from gymnasium.envs.toy_text.frozen_lake import generate_random_map
+
+            found: dict[tuple[str, ...], int] = {}
+            seed = HELDOUT_SEED_BASE
+            while len(found) < self.holdout:
+                if seed - HELDOUT_SEED_BASE > 1000 * self.holdout:
+                    raise ConfigError(
+                        f"only {len(found)} distinct {self.size}x{self.size} maps found for holdout={self.holdout}; "
+                        "ask for fewer or a larger size",
+                        where="FrozenLake",
+                    )
+                found.setdefault(tuple(generate_random_map(self.size, seed=seed)), seed)
+                seed += 1
+            self._heldout = found
+        return self._heldout
 
     # -- env protocol --------------------------------------------------------------
     def reset(self, seed: int | None = None) -> tuple[str, dict[str, Any]]:
         seed = 0 if seed is None else int(seed)
         if self.random_maps:
-            from gymnasium.envs.toy_text.frozen_lake import generate_random_map
-
-            desc = generate_random_map(self.size, seed=seed)
+            desc = list(self.map_for(seed))
         else:
             r, c = self._starts[seed % len(self._starts)]
             rows = [list(row) for row in self.layout]
@@ -199,6 +250,19 @@ class FrozenLake:
             raise RuntimeError("call reset() before solve()")
         start = divmod(int(self._gym.unwrapped.s), self.size)
         return _shortest_path(list(self._desc), start)
+
+    def demonstrate(self, seed: int | None = None) -> list[tuple[str, str]]:
+        """A worked solution of ``reset(seed)``: the ``(observation, move)`` turns of a shortest path
+        to the goal (deterministic dynamics; slippery ice may not follow it). Leaves the env reset
+        to ``seed`` and walked to the goal."""
+        obs, _ = self.reset(seed)
+        turns: list[tuple[str, str]] = []
+        for move in self.solve() or []:
+            turns.append((obs, move))
+            obs, _, terminated, truncated, _ = self.step(move)
+            if terminated or truncated:
+                break
+        return turns
 
     def _distinct_map_seeds(self, count: int) -> list[int]:
         from gymnasium.envs.toy_text.frozen_lake import generate_random_map
@@ -256,10 +320,20 @@ class FrozenLake:
         state.update(_gym=None, _gym_desc=None, _done=True)
         return state
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> FrozenLake:
+        # Every EnvManager and validation run copies its template. The layout, start cells and
+        # held-out maps are never changed after they are built, so copies share them.
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__getstate__())
+        return new
+
     def __repr__(self) -> str:
         return (
             f"FrozenLake(size={self.size}, is_slippery={self.is_slippery}, max_turns={self.max_turns}, "
-            f"compact={self.compact})"
+            f"compact={self.compact}"
+            + (", random_maps=True" if self.random_maps else "")
+            + (f", holdout={self.holdout}" if self.holdout else "")
+            + ")"
         )
 
 

@@ -11,18 +11,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import random
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from rollart_nb.models.pretraining import supervised
 from rollart_nb.models.tiny import ModelRef, format_history
 
 __all__ = ["format_warm_start", "random_format_examples"]
-
-log = logging.getLogger(__name__)
 
 _DIRECTIONS = ["left", "right", "up", "down"]
 _MAX_WALK = 3
@@ -75,8 +72,6 @@ def format_warm_start(
 
     Cached: the same (model, envs, steps, seed) reuses the saved directory.
     """
-    import torch
-
     # The envs' own first observations are part of the key: a changed rendering needs a new warm start.
     looks = {k: envs[k].reset(seed=0)[0] for k in sorted(envs)}
     key = json.dumps(
@@ -84,42 +79,10 @@ def format_warm_start(
     )
 
     out = Path(path or f"{model.path}-warm-{hashlib.sha1(key.encode()).hexdigest()[:10]}")
+    name = f"{model.name}-warm"
     if (out / "config.json").exists():
-        return ModelRef(str(out), f"{model.name}-warm", model.params, model.seed)
-    torch.manual_seed(seed)
-    tok = model.load_tokenizer()
-    net = model.load_model()
-    net.train()
-    opt = torch.optim.AdamW(net.parameters(), lr=lr)
+        return ModelRef(str(out), name, model.params, model.seed)
     examples = random_format_examples(envs, steps * batch, seed)
-    eos = tok.eos_token_id
-    for step in range(steps):
-        chunk = examples[step * batch : (step + 1) * batch]
-        seqs, masks = [], []
-        for prompt, resp in chunk:
-            p = tok.encode(prompt)
-            r = tok.encode(resp) + [eos]
-            seqs.append(p + r)
-            masks.append([0] * len(p) + [1] * len(r))
-        width = max(len(s) for s in seqs)
-        ids = torch.tensor([s + [0] * (width - len(s)) for s in seqs])
-        mask = torch.tensor([m + [0] * (width - len(m)) for m in masks], dtype=torch.float32)
-        attn = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in seqs])
-        logits = net(input_ids=ids, attention_mask=attn, use_cache=False).logits[:, :-1]
-        logp = torch.log_softmax(logits.float(), -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
-        loss = -(logp * mask[:, 1:]).sum() / mask[:, 1:].sum()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        if progress is not None:
-            progress(step, float(loss))
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    net.save_pretrained(tmp)
-    for f in Path(model.path).iterdir():  # tokenizer files and metadata travel with the weights
-        if f.is_file() and not (tmp / f.name).exists():
-            shutil.copy(f, tmp / f.name)
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
-    log.info("warm start saved to %s", out)
-    return ModelRef(str(out), f"{model.name}-warm", model.params, model.seed)
+    return supervised(
+        model, examples, steps=steps, batch=batch, lr=lr, seed=seed, out=out, name=name, progress=progress
+    )

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import re
 
-from rollart_nb.envs.arithmetic import parse_answer, parse_int
+from rollart_nb.envs.arithmetic import parse_answer, parse_digits, parse_int
 from rollart_nb.errors import RewardError
 from rollart_nb.trajectory import Trajectory
 
@@ -51,6 +51,9 @@ def exact_answer(trajectory: Trajectory) -> float:
     expected = str(trajectory.info["answer"]).strip()
     action = _last_action(trajectory)
     if _INT_TEXT_RE.fullmatch(expected):
+        if expected.lstrip("-").startswith("0") and len(expected.lstrip("-")) > 1:
+            # fixed-width digits ("060"): every digit written counts, leading zeros included
+            return 1.0 if parse_digits(action) == expected else 0.0
         return 1.0 if parse_int(action) == int(expected) else 0.0
     return 1.0 if _normalize(parse_answer(action)) == _normalize(expected) else 0.0
 

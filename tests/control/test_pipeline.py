@@ -147,6 +147,38 @@ def test_validation_and_viewer_data(parts):
     pipe.close()
 
 
+def test_pass_at_k_samples_every_seed_k_times_and_counts_any_success(parts):
+    """A validation scorer that passes about 30% of runs, each run on its own (by trajectory id):
+    pass@1 is near 0.3 and pass@8 near 1 - 0.7**8; a scorer that passes by seed gives pass@8 ==
+    pass@1. Generated tokens are counted by how trajectories ended."""
+    import zlib
+
+    sess, gen, train, tasks = parts
+
+    def by_run(t):
+        return 1.0 if zlib.crc32(t.id.encode()) % 10 < 3 else 0.0
+
+    def by_seed(t):
+        return 1.0 if t.seed % 2 else 0.0
+
+    sess.reward("math", lambda t: 0.0, validate_with=by_run)
+    pipe = sess.pipeline(
+        train, gen, tasks, batch_size=8, group_size=4, name="passk", validation_seeds={"math": list(range(40))}
+    )
+    pipe.step()
+    got = pipe.pass_at(8, tasks=["math"])["math"]
+    assert set(got) == {"pass@1", "pass@8"}
+    assert 0.15 < got["pass@1"] < 0.45 and got["pass@8"] > 0.75
+    pipe.swap_reward("math", lambda t: 0.0, validate_with=by_seed)
+    got = pipe.pass_at(4, tasks=["math"])["math"]
+    assert got["pass@1"] == got["pass@4"] == 0.5
+    with pytest.raises(ConfigError, match="temperature"):
+        pipe.pass_at(4, temperature=0.0)
+    gen_tokens = pipe.stats()["generated_tokens"]
+    assert gen_tokens.get("completed", 0) > 0 and all(v >= 0 for v in gen_tokens.values())
+    pipe.close()
+
+
 def test_a_validation_holds_training_generation_and_stays_out_of_tokens_per_s(parts):
     sess, gen, train, _ = parts
     # slow multi-turn episodes: when a validation starts, some are between two turns (their next

@@ -500,3 +500,30 @@ def test_kept_counts_match_a_full_recount_through_aborts_failures_and_batches():
         assert s.accounting()["unaccounted"] == 0
 
     run(go())
+
+
+def test_the_rl_prompt_stream_holds_no_validation_problem():
+    """Every trajectory a scheduler starts, with random seeds and with a curriculum over the env's
+    training seeds, asks a training problem of an env with a held-out split."""
+
+    def env():
+        return Arithmetic(max_operand=99, holdout=200, fixed_width=True, reverse_answer=True, balance_answers=False)
+
+    val = {f"{a} {op} {b}" for a, op, b in env().validation_problems()}
+
+    async def go(curricula):
+        s, backends = make({"math": [env() for _ in range(8)]}, batch=32, group=4, max_turns=1, curricula=curricula)
+        asked = set()
+        for v in range(1, 7):
+            asked |= {t.info["question"] for t in await s.get_batch(32, timeout_s=60)}
+            for b in backends:  # what the pipeline's update step does before set_version
+                b.load_weights({}, v)
+            await s.set_version(v)
+        asked |= {t.info["question"] for t in s.trajectories()}
+        await s.close()
+        return asked
+
+    for curricula in (None, {"math": PromptCurriculum(env().training_seeds())}):
+        asked = run(go(curricula))
+        assert len(asked) > 40
+        assert not asked & val
