@@ -159,6 +159,10 @@ class PipelineConfig:
     trajectory or training turn), so it is in neither ``step_s`` nor tokens/s."""
     validation_seeds: dict[str, list[int]] | None = None
     """Task -> validation seeds; None: each env's own ``validation_seeds()``."""
+    validate_pass_k: int = 0
+    """With k >= 2, each periodic validation also samples every validation seed k times at the
+    rollout's temperature (``pipe.pass_at(k)``): ``StepReport.pass_k`` holds pass@1 and pass@k
+    per task. It costs about k greedy validations. 0: greedy only."""
     pd: bool = False
     """Prefill/decode disaggregation on the generator cluster (workers split into P and D)."""
     max_inflight: int = 256
@@ -241,6 +245,9 @@ class PipelineConfig:
         whole("alpha", 0, " (a number of versions)")
         whole("redundancy", 0)
         whole("validate_every", 0, " (0: off)")
+        whole("validate_pass_k", 0, " (0: greedy validation only)")
+        if self.validate_pass_k == 1:
+            p.append("validate_pass_k=1 is greedy validation's pass@1 again: use 0, or k >= 2 for pass@k")
         whole("max_inflight", 1)
         if self.rollout_shards is not None:
             whole("rollout_shards", 1, " or None (one per 1024 envs)")
@@ -280,6 +287,11 @@ class PipelineConfig:
                 p.append(f"{name}={getattr(self, name)!r} must be True or False")
         if not isinstance(self.rollout, RolloutConfig):
             p.append(f"rollout={brief(self.rollout)} must be a RolloutConfig (or a mapping of its fields)")
+        elif is_whole(self.validate_pass_k) and self.validate_pass_k > 1 and not self.rollout.temperature > 0:
+            p.append(
+                f"validate_pass_k={self.validate_pass_k} samples: rollout.temperature must be > 0, "
+                f"got {self.rollout.temperature}"
+            )
         if self.validation_seeds is not None:
             vs = self.validation_seeds
             if not isinstance(vs, Mapping) or not all(

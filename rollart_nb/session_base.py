@@ -369,6 +369,7 @@ class SessionBase(abc.ABC, Generic[R]):
         rollout: RolloutConfig = UNSET,
         validate_every: int = UNSET,
         validation_seeds: dict[str, list[int]] | None = UNSET,
+        validate_pass_k: int = UNSET,
         pd: bool = UNSET,
         max_inflight: int = UNSET,
         dispatch: str = UNSET,

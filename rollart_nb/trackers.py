@@ -125,6 +125,7 @@ def step_scalars(report: StepReport) -> dict[str, float]:
     }
     out.update({f"reward/{k}": v for k, v in report.reward.items()})
     out.update({f"validation/{k}": v for k, v in report.validation.items()})
+    out.update({f"validation/{t}/{k}": v for t, ks in report.pass_k.items() for k, v in ks.items()})
     out.update({f"phase/{k}": v for k, v in report.phases.items()})
     out.update({f"count/{k}": float(v) for k, v in report.counts.items()})
     out.update({f"env/{k}": float(v) for k, v in report.env.items()})

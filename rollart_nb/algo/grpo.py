@@ -15,13 +15,16 @@ from rollart_nb.errors import ConfigError, brief
 
 __all__ = [
     "GRPO",
+    "TASK_METRICS",
     "TRAIN_METRICS",
     "batch_advantages",
     "group_advantages",
     "grpo_loss",
     "loss_weights",
     "mean_response_length",
+    "per_task",
     "step_metrics",
+    "task_weights",
 ]
 
 LOSS_AGGS = ("token-mean", "seq-mean", "task-token-mean")
@@ -29,6 +32,27 @@ LOSS_AGGS = ("token-mean", "seq-mean", "task-token-mean")
 TRAIN_METRICS = ("loss", "kl", "entropy", "grad_norm", "clip_frac", "response_length")
 """Metrics every GRPO train step reports under these names (see :func:`step_metrics`); the
 dashboard's and the report's "training" plot draws them."""
+
+TASK_METRICS = ("kl", "entropy", "clip_frac", "response_length")
+"""Metrics a train step also reports per task, as ``"<metric>/<task>"`` (e.g. ``"kl/math"``),
+each a mean over that task's trained tokens (``response_length``: over its trajectories). The
+dashboard's and the report's "per task" plot draws them (:func:`per_task` reads them back)."""
+
+
+def per_task(train: Mapping[str, Any]) -> dict[str, dict[str, float]]:
+    """``{"kl/math": 0.1, "entropy/math": 2.0, ...}`` -> ``{"math": {"kl": 0.1, "entropy": 2.0}}``:
+    the per-task :data:`TASK_METRICS` of a train step's metrics (other keys are left out).
+
+    Example:
+        >>> per_task({"kl": 0.2, "kl/math": 0.3, "entropy/frozenlake": 1.5})
+        {'math': {'kl': 0.3}, 'frozenlake': {'entropy': 1.5}}
+    """
+    out: dict[str, dict[str, float]] = {}
+    for key, v in train.items():
+        metric, sep, task = key.partition("/")
+        if sep and task and metric in TASK_METRICS and isinstance(v, int | float):
+            out.setdefault(task, {})[metric] = float(v)
+    return out
 
 
 @dataclass(frozen=True)
@@ -145,6 +169,7 @@ def step_metrics(
     step_s: float,
     version: int,
     response_length: float = math.nan,
+    task_response_length: Mapping[str, float] | None = None,
 ) -> dict[str, float]:
     """A train step's metrics, as every GRPO backend reports them: ``sums`` (loss terms summed
     over micro-batches) plus the gradient norm, the batch's reward and advantage statistics,
@@ -162,10 +187,19 @@ def step_metrics(
     * ``response_length``: mean generated tokens per trajectory of the batch.
 
     Token means are weighted as the loss is (``loss_agg``). A batch with no trained tokens
-    (every group flat) reports ``kl`` and ``entropy`` as NaN: nothing was measured.
+    (every group flat) reports ``kl`` and ``entropy`` as NaN: nothing was measured. Per-task
+    means (:data:`TASK_METRICS`) come in ``sums`` as ``"<metric>/<task>"`` (``grpo_loss`` with
+    ``task_weights``) and ``task_response_length`` (:func:`mean_response_length` per task).
     """
     sums.setdefault("entropy", math.nan)
     sums.setdefault("kl", sums.get("kl_ref", sums.get("approx_kl_old", math.nan)))
+    for key in [k for k in sums if k.startswith(("kl_ref/", "approx_kl_old/"))]:
+        task = key.partition("/")[2]  # per task, "kl" means what it means for the whole batch
+        sums.setdefault(f"kl/{task}", sums.get(f"kl_ref/{task}", sums.get(f"approx_kl_old/{task}", math.nan)))
+    for key in [k for k in sums if k.startswith(("kl_ref/", "approx_kl_old/"))]:
+        del sums[key]
+    for task, n in (task_response_length or {}).items():
+        sums[f"response_length/{task}"] = float(n)
     sums.update(
         grad_norm=grad_norm,
         response_length=float(response_length),
@@ -181,11 +215,35 @@ def step_metrics(
     return sums
 
 
-def mean_response_length(batch: Sequence[Any]) -> float:
-    """Mean generated tokens (every turn's ``response_ids``) per trajectory; NaN for no trajectories."""
+def mean_response_length(batch: Sequence[Any], *, by_task: bool = False) -> Any:
+    """Mean generated tokens (every turn's ``response_ids``) per trajectory; NaN for no
+    trajectories. ``by_task``: a dict task -> that task's mean instead."""
+    if by_task:
+        tasks = dict.fromkeys(t.task for t in batch)
+        return {task: mean_response_length([t for t in batch if t.task == task]) for task in tasks}
     if not batch:
         return math.nan
     return sum(len(turn.response_ids) for t in batch for turn in t.turns) / len(batch)
+
+
+def task_weights(loss_mask: Any, row_tasks: Sequence[str]) -> dict[str, Any]:
+    """Per task, weights [B, T] that average a per-token quantity over that task's trained
+    tokens by a plain sum (each sums to 1 over the batch; micro-batch slices add up), for the
+    per-task metrics of :func:`grpo_loss` (``task_weights``).
+
+    Example:
+        >>> w = task_weights([[1, 1, 0], [1, 0, 0]], ["math", "maze"])
+        >>> {t: v.sum().item() for t, v in w.items()}
+        {'math': 1.0, 'maze': 1.0}
+    """
+    import torch
+
+    m = torch.as_tensor(loss_mask, dtype=torch.float32)
+    out = {}
+    for task in dict.fromkeys(row_tasks):
+        sel = torch.tensor([t == task for t in row_tasks], dtype=torch.float32)[:, None] * m
+        out[task] = sel / sel.sum().clamp(min=1.0)
+    return out
 
 
 def group_advantages(
@@ -302,6 +360,7 @@ def grpo_loss(
     kl_coef: float = 0.0,
     entropy: Any = None,
     entropy_coef: float = 0.0,
+    task_weights: Mapping[str, Any] | None = None,
 ) -> tuple[Any, dict[str, float]]:
     """Clipped surrogate loss of GRPO (to minimise).
 
@@ -317,6 +376,8 @@ def grpo_loss(
             (not possible for "task-token-mean", which needs each row's task: pass weights).
         ref_logprobs: shape [B, T] under the reference policy (needed when ``kl_coef > 0``).
         entropy: shape [B, T] per-token entropy (needed when ``entropy_coef > 0``).
+        task_weights: per task, weights [B, T] from :func:`task_weights`: the metrics are also
+            reported per task as ``"<metric>/<task>"`` (clip_frac, approx_kl_old, kl_ref, entropy).
 
     Returns:
         ``(loss, metrics)``; metrics are ``weights``-weighted sums, i.e. means over trained
@@ -360,4 +421,12 @@ def grpo_loss(
             metrics["kl_ref"] = float((kl * w).sum())
         if entropy is not None:
             metrics["entropy"] = float((entropy * w).sum())
+        for task, tw in (task_weights or {}).items():
+            tw = tw.to(mask.device)
+            metrics[f"clip_frac/{task}"] = float((clipped.float() * tw).sum())
+            metrics[f"approx_kl_old/{task}"] = float(((old - new_logprobs) * mask * tw).sum())
+            if kl is not None:
+                metrics[f"kl_ref/{task}"] = float((kl * tw).sum())
+            if entropy is not None:
+                metrics[f"entropy/{task}"] = float((entropy * tw).sum())
     return loss, metrics

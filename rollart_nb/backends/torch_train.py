@@ -40,7 +40,15 @@ from typing import Any
 
 import torch
 
-from rollart_nb.algo.grpo import GRPO, batch_advantages, grpo_loss, loss_weights, mean_response_length, step_metrics
+from rollart_nb.algo.grpo import (
+    GRPO,
+    batch_advantages,
+    grpo_loss,
+    loss_weights,
+    mean_response_length,
+    step_metrics,
+    task_weights,
+)
 from rollart_nb.errors import ConfigError, StateError
 from rollart_nb.models.tiny import ModelRef, from_pretrained
 from rollart_nb.tokens import starts_with
@@ -312,6 +320,7 @@ class TorchTrainBackend:
             step_s=time.perf_counter() - t0,
             version=self.version,
             response_length=mean_response_length(batch),
+            task_response_length=mean_response_length(batch, by_task=True),
         )
 
     def _optimize(
@@ -324,7 +333,9 @@ class TorchTrainBackend:
         rows = sorted(rows, key=lambda r: len(r.ids))
         width = max(len(r.ids) for r in rows)
         mask = torch.tensor([r.mask + [0.0] * (width - len(r.ids)) for r in rows])[:, 1:]
-        weights = loss_weights(mask, self.algo.loss_agg, [r.traj for r in rows], [tasks[r.traj] for r in rows])
+        row_tasks = [tasks[r.traj] for r in rows]
+        weights = loss_weights(mask, self.algo.loss_agg, [r.traj for r in rows], row_tasks)
+        by_task = task_weights(mask, row_tasks)  # the metrics per task, too (not the loss)
         row_adv = adv[torch.tensor([r.traj for r in rows])]
 
         self.model.train()
@@ -363,6 +374,7 @@ class TorchTrainBackend:
                 kl_coef=self.algo.kl_coef,
                 entropy=entropy,
                 entropy_coef=self.algo.entropy_coef,
+                task_weights={t: w[sl, : new_lp.shape[1]] for t, w in by_task.items()},
             )
             loss.backward()  # weights sum to 1 over the batch: accumulation is exact
             sums["loss"] = sums.get("loss", 0.0) + float(loss.detach())

@@ -129,7 +129,7 @@ class Pipeline:
             free = runtime.resources.free("cpu") if "cpu" in runtime.resources.pools else None
             shards = auto_shards(envs, self.cfg, free)
         plans = plan_shards(envs, self.cfg, shards)  # raises ConfigError before anything starts
-        self.validate_every = c.validate_every
+        self.validate_every, self.validate_pass_k = c.validate_every, c.validate_pass_k
         self.state = "idle"
         self.validation_seeds = c.validation_seeds or tasks.validation_seeds()
         self.last_validation: dict[str, dict[str, Any]] = {}
@@ -500,6 +500,8 @@ class Pipeline:
         if self.validate_every and (rep.step + 1) % self.validate_every == 0:
             tv = self._clock()
             rep.validation = self.validate()
+            if self.validate_pass_k > 1:
+                rep.pass_k = self.pass_at(self.validate_pass_k)
             rep.phases["validation"] = self._clock() - tv  # after step_s: not part of the step's time
         rep.events, self._new_events = self._new_events, []
         self.reports.append(rep)

@@ -47,6 +47,8 @@ class StepReport:
             it runs, so its seconds (outside ``step_s``) made no batch tokens.
         reward: mean reward per task in the batch.
         validation: validation score per task, when a validation ran this step.
+        pass_k: sampled validation per task, when a validation ran this step and the pipeline's
+            ``validate_pass_k`` is set: ``{"math": {"pass@1": 0.2, "pass@8": 0.6}}``.
         staleness: version gap (policy version - trajectory start version) -> count, for the batch.
         counts: trajectories that ended during the step, by status (completed, aborted_stale,
             failed, cancelled) plus "redundant_cancelled" and "penalized" (failed trajectories
@@ -59,7 +61,8 @@ class StepReport:
             a fresh copy after a failure), ``timeouts`` (env calls past ``env_timeout_s``) and
             ``abandoned_threads`` (sync env calls given up while running).
         weights: weight-sync metrics (push_s, pull_s, exposed_pull_s, bytes, gbps).
-        train: metrics from the train step (loss, grad norm, ...).
+        train: metrics from the train step (loss, grad norm, ...); per task also
+            ``"<metric>/<task>"`` for :data:`~rollart_nb.algo.grpo.TASK_METRICS`.
         started_at: unix time the step began (for timelines).
         events: failover during the step, oldest first: ``{"kind": "generator_replaced" |
             "trainer_restored", "worker", "pool", "reason", "version", "at", ...}`` (a replaced
@@ -82,6 +85,7 @@ class StepReport:
     throughput: float = 0.0
     reward: dict[str, float] = field(default_factory=dict)
     validation: dict[str, float] = field(default_factory=dict)
+    pass_k: dict[str, dict[str, float]] = field(default_factory=dict)
     staleness: dict[int, int] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)
     task_counts: dict[str, dict[str, int]] = field(default_factory=dict)
@@ -116,6 +120,7 @@ class StepReport:
         r["tokens/s"] = round(self.throughput, 1)
         r.update({f"reward/{k}": round(v, 3) for k, v in self.reward.items()})
         r.update({f"val/{k}": round(v, 3) for k, v in self.validation.items()})
+        r.update({f"val/{t}/{k}": round(v, 3) for t, ks in self.pass_k.items() for k, v in ks.items()})
         r["aborted"] = self.counts.get("aborted_stale", 0)
         r["failed"] = self.counts.get("failed", 0)
         if self.counts.get("penalized"):

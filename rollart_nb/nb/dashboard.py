@@ -45,7 +45,7 @@ __all__ = ["Dashboard"]
 
 log = logging.getLogger(__name__)
 
-_FIGURES = ("reward", "training", "failures", "step_time", "staleness", "throughput", "utilization")
+_FIGURES = ("reward", "tasks", "training", "failures", "step_time", "staleness", "throughput", "utilization")
 _TRAJ = re.compile(r"trajectory ([0-9a-f]{4,})")
 _RED, _AMBER = "#b00020", "#8a5a00"
 
@@ -115,7 +115,9 @@ class Dashboard(widgets.VBox):
 
         self.status = widgets.HTML()
         self.banner = widgets.HTML(layout=widgets.Layout(display="none", width="100%"))
-        self.plots = LivePlots(order=list(_FIGURES), wide=["training", "utilization"], ack_timeout_s=ack_timeout_s)
+        self.plots = LivePlots(
+            order=list(_FIGURES), wide=["tasks", "training", "utilization"], ack_timeout_s=ack_timeout_s
+        )
         self.plots.on_msg(self._poke)  # a view drew the last update: the next may go at once
         self.pause_button = widgets.Button(description="Pause", icon="pause", tooltip="stop after the step in progress")
         self.resume_button = widgets.Button(
@@ -285,6 +287,7 @@ class Dashboard(widgets.VBox):
         segs = list(self._segments.values())
         built = {
             "reward": figures.reward_figure(reports, swaps=self._swaps),
+            "tasks": figures.task_figure(reports),
             "training": figures.training_figure(reports),
             "failures": figures.failed_aborted_figure(reports),
             "step_time": figures.step_time_figure(reports),

@@ -12,7 +12,7 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from rollart_nb.algo.grpo import TRAIN_METRICS
+from rollart_nb.algo.grpo import TASK_METRICS, TRAIN_METRICS, per_task
 from rollart_nb.control.report import ENV_FAULTS, PHASES, StepReport
 from rollart_nb.trajectory import Trajectory
 
@@ -30,6 +30,7 @@ __all__ = [
     "step_failures",
     "step_time_figure",
     "swap_step",
+    "task_figure",
     "throughput_figure",
     "timeline_figure",
     "training_figure",
@@ -169,6 +170,87 @@ def training_figure(reports: Sequence[StepReport]) -> Any:
             col=i % 3 + 1,
         )
     fig.update_layout(title="Training", showlegend=False, height=420, margin={"l": 40, "r": 10, "t": 60, "b": 40})
+    return fig
+
+
+_TASK_PANELS = (
+    ("reward", "reward (batch mean)"),
+    ("validation", "held-out score (greedy)"),
+    ("pass_k", "held-out pass@k (dotted: pass@1)"),
+    ("entropy", "entropy (per token)"),
+    ("kl", "KL"),
+    ("response_length", "response length (tokens)"),
+    ("clip_frac", "clip fraction"),
+)
+
+
+def _pass_k_name(reports: Sequence[StepReport]) -> str | None:
+    """The ``pass@k`` key (k > 1) that the reports' sampled validations carry, if any."""
+    return next((k for r in reports for ks in r.pass_k.values() for k in ks if k != "pass@1"), None)
+
+
+def task_figure(reports: Sequence[StepReport]) -> Any:
+    """The curves a practitioner reads per task, one small plot each and one color per task:
+    the batch's reward, the held-out score (greedy validation), held-out pass@k and pass@1
+    (``validate_pass_k``), and the trainer's per-task entropy, KL, response length and clip
+    fraction (:data:`~rollart_nb.algo.grpo.TASK_METRICS`). KL is to the reference policy
+    when the steps report ``kl_ref`` (``kl_coef > 0``), else from the behaviour policy.
+
+    Every task has all its traces from the start (empty until measured), so new steps only
+    extend traces (live updates); a metric a step did not measure leaves no point.
+    """
+    go = _go()
+    from plotly.subplots import make_subplots
+
+    kl_ref = any("kl_ref" in r.train for r in reports)
+    k_name = _pass_k_name(reports) or "pass@k"
+    titles = dict(_TASK_PANELS)
+    titles["kl"] = "KL to reference (k3)" if kl_ref else "KL from behaviour policy"
+    titles["pass_k"] = f"held-out {k_name} (dotted: pass@1)"
+    fig = make_subplots(
+        rows=2,
+        cols=4,
+        subplot_titles=[titles[k] for k, _ in _TASK_PANELS],
+        horizontal_spacing=0.06,
+        vertical_spacing=0.2,
+    )
+    tasks = sorted({t for r in reports for t in (*r.reward, *r.validation, *r.pass_k, *per_task(r.train))})
+    trained = [(r.step, per_task(r.train)) for r in reports]
+    for i, task in enumerate(tasks):
+        color = _TASK_COLORS[i % len(_TASK_COLORS)]
+        series: list[tuple[str, list[tuple[int, float]], dict[str, Any]]] = [
+            ("reward", [(r.step, r.reward[task]) for r in reports if task in r.reward], {}),
+            ("validation", [(r.step, r.validation[task]) for r in reports if task in r.validation], {}),
+            ("pass_k", [(r.step, r.pass_k[task][k_name]) for r in reports if k_name in r.pass_k.get(task, {})], {}),
+            (
+                "pass_k",
+                [(r.step, r.pass_k[task]["pass@1"]) for r in reports if "pass@1" in r.pass_k.get(task, {})],
+                {"dash": "dot"},
+            ),
+        ]
+        series += [(m, [(s, t[task][m]) for s, t in trained if m in t.get(task, {})], {}) for m in TASK_METRICS]
+        for j, (panel, pts, line) in enumerate(series):
+            n = next(k for k, (name, _) in enumerate(_TASK_PANELS) if name == panel)
+            fig.add_trace(
+                go.Scatter(
+                    x=[p[0] for p in pts],
+                    y=[_finite(p[1]) for p in pts],
+                    mode="lines+markers",
+                    marker={"size": 3},
+                    name=task,
+                    legendgroup=task,
+                    showlegend=j == 0,
+                    line={"color": color, **line},
+                ),
+                row=n // 4 + 1,
+                col=n % 4 + 1,
+            )
+    fig.update_layout(
+        title="Per task",
+        height=460,
+        legend={"orientation": "h", "x": 0.78, "y": 0.2},
+        margin={"l": 40, "r": 10, "t": 60, "b": 40},
+    )
     return fig
 
 
@@ -694,6 +776,7 @@ def report_html(
         for i, fig in enumerate(
             [
                 reward_figure(reports),
+                task_figure(reports),
                 training_figure(reports),
                 step_time_figure(reports),
                 staleness_figure(reports),

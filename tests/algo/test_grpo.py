@@ -185,3 +185,50 @@ def test_mean_response_length_counts_generated_tokens_of_every_turn():
 
     assert mean_response_length([traj(3, 4), traj(1), traj()]) == pytest.approx(8 / 3)
     assert math.isnan(mean_response_length([]))
+
+
+def test_metrics_per_task_add_up_across_micro_batches_and_match_each_tasks_subset():
+    """grpo_loss with task_weights: per-task metrics over two micro-batches equal the metrics of
+    each task's rows alone (full-batch token mean), and step_metrics names the per-task KL."""
+    from rollart_nb.algo.grpo import per_task, step_metrics, task_weights
+
+    torch.manual_seed(0)
+    new, old, ref = torch.randn(4, 5), torch.randn(4, 5), torch.randn(4, 5)
+    adv, mask = torch.tensor([1.0, -1.0, 0.5, -0.5]), (torch.rand(4, 5) > 0.3).float()
+    tasks = ["a", "b", "a", "b"]
+    by_task = task_weights(mask, tasks)
+    w = loss_weights(mask)
+    sums: dict = {}
+    for sl in (slice(0, 2), slice(2, 4)):
+        _, m = grpo_loss(
+            new[sl],
+            old[sl],
+            adv[sl],
+            mask[sl],
+            weights=w[sl],
+            ref_logprobs=ref[sl],
+            kl_coef=0.1,
+            entropy=torch.ones(2, 5),
+            task_weights={t: v[sl] for t, v in by_task.items()},
+        )
+        for k, v in m.items():
+            sums[k] = sums.get(k, 0.0) + v
+    out = step_metrics(
+        sums,
+        grad_norm=0.0,
+        rewards=torch.zeros(4),
+        adv=adv,
+        num_trajectories=4,
+        num_rows=4,
+        num_tokens=1.0,
+        step_s=0.0,
+        version=1,
+        task_response_length={"a": 3.0},
+    )
+    got = per_task(out)
+    for task, rows in (("a", [0, 2]), ("b", [1, 3])):
+        _, alone = grpo_loss(new[rows], old[rows], adv[rows], mask[rows], ref_logprobs=ref[rows], kl_coef=0.1)
+        assert got[task]["kl"] == pytest.approx(alone["kl_ref"], rel=1e-5)
+        assert got[task]["clip_frac"] == pytest.approx(alone["clip_frac"], rel=1e-5)
+        assert got[task]["entropy"] == pytest.approx(1.0)
+    assert got["a"]["response_length"] == 3.0 and "response_length" not in got["b"]

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from rollart_nb.algo import GRPO
-from rollart_nb.algo.grpo import TRAIN_METRICS
+from rollart_nb.algo.grpo import TASK_METRICS, TRAIN_METRICS, per_task
 from rollart_nb.backends import HFBackend, TorchTrainBackend, torch_train
 from rollart_nb.backends.torch_train import ReferencePolicy, build_rows, micro_batches
 from rollart_nb.errors import ConfigError, StateError
@@ -380,6 +380,35 @@ def test_kl_metric_is_the_k3_estimate_to_the_reference(ref, tok):
     m = trainer.train_step(batch)
     d = old_ref - new
     assert m["kl"] == m["kl_ref"] == pytest.approx(float((d.exp() - d - 1).mean()), rel=1e-4) and m["kl"] > 0
+
+
+def test_metrics_per_task_are_each_tasks_own_token_means(ref, tok):
+    """Two tasks in one batch: entropy, KL and clip fraction per task are the token means over
+    that task's trained tokens alone (checked against the logits); response length per task is
+    its trajectories' mean; the batch-wide numbers lie between the tasks' own."""
+    lake = [two_turn(tok, 1.0, resp=("left", "up")), two_turn(tok, 0.0, resp=("down", "right"))]
+    maze = [two_turn(tok, 1.0, group="m", resp=("up", "up")), two_turn(tok, 0.0, group="m", resp=("right", "left"))]
+    for t in maze:
+        t.task = "maze"
+    for t in lake:  # a stale behaviour policy on lake's first turns only: clipped there, not in maze
+        t.turns[0].logprobs = [-20.0] * len(t.turns[0].response_ids)
+    tasks = {"lake": lake, "maze": maze}
+    trainer = TorchTrainBackend(ref, GRPO(group_size=2, kl_coef=0.1, lr=1e-2), seed=0)
+    trainer.train_step(lake + maze)  # moves the policy off the reference: KL > 0 next step
+    direct = {task: (_direct(trainer.model, ts), _direct(trainer.reference, ts)[0]) for task, ts in tasks.items()}
+    m = trainer.train_step(lake + maze)
+    got = per_task(m)
+    assert set(got) == {"lake", "maze"} and all(set(v) == set(TASK_METRICS) for v in got.values())
+    for task, trajs in tasks.items():
+        (new, entropy), ref_lp = direct[task]
+        assert got[task]["entropy"] == pytest.approx(float(entropy.mean()), rel=1e-4)
+        d = ref_lp - new
+        assert got[task]["kl"] == pytest.approx(float((d.exp() - d - 1).mean()), rel=1e-3)
+        assert got[task]["response_length"] == sum(len(u.response_ids) for t in trajs for u in t.turns) / 2
+    assert got["maze"]["clip_frac"] == 0.0 < got["lake"]["clip_frac"]
+    lo, hi = sorted(v["entropy"] for v in got.values())
+    assert lo <= m["entropy"] <= hi
+    assert not any(k.startswith(("kl_ref/", "approx_kl_old/")) for k in m)  # one KL name per task
 
 
 def test_measuring_entropy_leaves_the_update_unchanged(ref, tok, monkeypatch):

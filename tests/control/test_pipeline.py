@@ -4,6 +4,7 @@ import asyncio
 
 import pytest
 
+from rollart_nb.config import RolloutConfig
 from rollart_nb.envs import Arithmetic, WithFailures, WithLatency
 from rollart_nb.errors import ConfigError, StateError
 from rollart_nb.models import spec
@@ -177,6 +178,42 @@ def test_pass_at_k_samples_every_seed_k_times_and_counts_any_success(parts):
     gen_tokens = pipe.stats()["generated_tokens"]
     assert gen_tokens.get("completed", 0) > 0 and all(v >= 0 for v in gen_tokens.values())
     pipe.close()
+
+
+def test_periodic_validation_also_samples_pass_at_k_when_asked(parts):
+    """validate_pass_k=4: every validation step's report has pass@1 and pass@4 per task beside
+    the greedy score (a scorer that passes by seed: pass@4 == pass@1 == its share), in the
+    report's row and the trackers' scalars; other steps have none."""
+    from rollart_nb.trackers import step_scalars
+
+    sess, gen, train, tasks = parts
+    sess.reward("math", lambda t: 0.0, validate_with=lambda t: 1.0 if t.seed % 4 == 0 else 0.0)
+    seeds = {"math": list(range(20)), "fl": list(range(4))}
+    pipe = sess.pipeline(
+        train,
+        gen,
+        tasks,
+        batch_size=8,
+        group_size=4,
+        name="pk",
+        validate_every=2,
+        validate_pass_k=4,
+        validation_seeds=seeds,
+    )
+    reps = pipe.run(4, progress=False)
+    assert [bool(r.pass_k) for r in reps] == [False, True, False, True]
+    got = reps[1].pass_k["math"]
+    assert got == {"pass@1": 0.25, "pass@4": 0.25} and reps[1].validation["math"] == 0.25
+    assert set(reps[3].pass_k) == {"math", "fl"}
+    assert reps[1].row()["val/math/pass@4"] == 0.25
+    assert step_scalars(reps[1])["validation/math/pass@4"] == 0.25
+    pipe.close()
+    with pytest.raises(ConfigError, match="temperature must be > 0"):
+        sess.pipeline(
+            train, gen, tasks, group_size=4, name="pk0", validate_pass_k=4, rollout=RolloutConfig(temperature=0.0)
+        )
+    with pytest.raises(ConfigError, match="validate_pass_k=1"):
+        sess.pipeline(train, gen, tasks, group_size=4, name="pk1", validate_pass_k=1)
 
 
 def test_a_validation_holds_training_generation_and_stays_out_of_tokens_per_s(parts):

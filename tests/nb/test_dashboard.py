@@ -14,7 +14,7 @@ from rollart_nb.nb import figures  # noqa: E402
 from rollart_nb.nb.dashboard import Dashboard  # noqa: E402
 from rollart_nb.nb.live import spec_of  # noqa: E402
 
-FIGS = {"reward", "training", "failures", "step_time", "staleness", "throughput", "utilization"}
+FIGS = {"reward", "tasks", "training", "failures", "step_time", "staleness", "throughput", "utilization"}
 
 
 @pytest.fixture
@@ -60,7 +60,7 @@ def test_builds_widgets_and_draws_the_reports(pipe):
     assert "rollart-dashboard" in d._dom_classes
     assert d.plots.lib is not None and "window.Plotly" in d.plots.lib._esm  # plotly.js, once per kernel
     assert all(s["layout"]["autosize"] and "width" not in s["layout"] for s in d.plots.sent.values())
-    assert d.plots.wide == ["training", "utilization"] and d.layout.width == "100%"
+    assert d.plots.wide == ["tasks", "training", "utilization"] and d.layout.width == "100%"
 
 
 def test_an_update_sends_only_the_new_points(pipe, synth):

@@ -2,7 +2,7 @@
 
 import pytest
 
-from rollart_nb.algo.grpo import TRAIN_METRICS
+from rollart_nb.algo.grpo import TASK_METRICS, TRAIN_METRICS
 from rollart_nb.control.report import PHASES
 from rollart_nb.nb import figures
 
@@ -125,10 +125,43 @@ def test_training_figure_plots_each_metric_over_steps():
     assert [len(t.x) for t in sim.data] == [0, 0, 0, 0, 0, 2]
 
 
+def test_task_figure_draws_each_tasks_curves_in_its_own_color():
+    """One color per task across every panel; validation, pass@k and pass@1 where a step measured
+    them; per-task trainer metrics from ``"<metric>/<task>"`` keys; every trace from the start."""
+
+    def per(step):
+        return {f"{m}/{t}": v + step for t, v in (("math", 1.0), ("fl", 2.0)) for m in TASK_METRICS}
+
+    reps = [make_report(i, train={**_train(i), **per(i)}) for i in range(4)]
+    reps[1].validation = {"math": 0.2, "fl": 0.4}
+    reps[1].pass_k = {"math": {"pass@1": 0.1, "pass@8": 0.5}, "fl": {"pass@1": 0.3, "pass@8": 0.7}}
+    reps[3].validation = {"math": 0.3, "fl": 0.6}
+    fig = figures.task_figure(reps)
+    by_task: dict = {}
+    for tr in fig.data:
+        by_task.setdefault(tr.name, []).append(tr)
+    assert set(by_task) == {"math", "fl"} and len(by_task["math"]) == len(by_task["fl"]) == 4 + len(TASK_METRICS)
+    for traces in by_task.values():
+        assert len({tr.line.color for tr in traces}) == 1  # one color per task
+        assert sum(bool(tr.showlegend) for tr in traces) == 1  # named once in the legend
+    math_traces = by_task["math"]
+    assert list(math_traces[0].y) == [pytest.approx(0.1 * i) for i in range(4)]  # reward
+    assert list(math_traces[1].x) == [1, 3] and list(math_traces[1].y) == [0.2, 0.3]  # held-out greedy
+    assert list(math_traces[2].y) == [0.5] and list(math_traces[3].y) == [0.1]  # pass@8, pass@1 (dotted)
+    assert math_traces[3].line.dash == "dot"
+    assert list(math_traces[4 + TASK_METRICS.index("kl")].y) == [pytest.approx(1.0 + i) for i in range(4)]
+    titles = [a.text for a in fig.layout.annotations]
+    assert "held-out pass@8 (dotted: pass@1)" in titles and "KL from behaviour policy" in titles
+    # nothing measured yet: the traces are there, empty (a live plot extends them)
+    early = figures.task_figure([make_report(0)])
+    assert len(early.data) == 2 * (4 + len(TASK_METRICS)) and all(len(t.x) == 0 for t in early.data[1:4])
+
+
 def test_report_html_includes_the_training_plot():
     reps = [make_report(i, train=_train(i)) for i in range(2)]
     out = figures.report_html(reps)
-    assert out.count("KL from behaviour policy") == 1 and "response length (tokens)" in out
+    assert out.count("KL from behaviour policy (approx.)") == 1 and "response length (tokens)" in out
+    assert "held-out score (greedy)" in out  # the per-task curves
 
 
 def test_curves_svg_draws_validation_and_reward_per_task_against_wall_seconds():
