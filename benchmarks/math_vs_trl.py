@@ -1,4 +1,4 @@
-"""Time to accuracy on single-digit sums: our GRPO (in-process) vs TRL's ``GRPOTrainer``.
+"""Time to accuracy on sums: our GRPO (in-process) vs TRL's ``GRPOTrainer``, from the same start.
 
 Both sides start from the same tiny model: ``tiny_qwen`` (word-level tokenizer, ~1M parameters)
 warm-started on the answer format with :func:`format_warm_start` (random content, so it knows how
@@ -47,11 +47,22 @@ counts as slower than any time, so a median that lands on it is null) and how of
 reached the target first. The machine's speed drifts by ~20% over minutes here, and the two sides
 run minutes apart, so compare over several seeds rather than one.
 
+``--task heldout`` asks what RL post-training is for: sharpening a base that is partly right.
+Both sides start from one pretrained base (:func:`rollart_nb.models.pretrain`, ``--base-steps``
+on worked *training* problems, stopped once ``--base-stop-at`` of them come out right, the same
+base for every seed, cached on disk) on two-digit sums
+written least significant digit first (``Arithmetic(max_operand=99, holdout=200,
+fixed_width=True, reverse_answer=True)``, as ``configs/heldout.yaml``); both train on training
+problems only (``env.training_seeds()``) and are scored on the 200 held-out ones. ``--gain 0.2``
+sets the target to the base's held-out accuracy plus 0.2, so ``t_to_<target>`` is the time to
++0.2 over the base; RESULT then also holds ``base``.
+
 Run (TRL in its own venv, so that it cannot change this environment's torch/transformers)::
 
     python -m venv --system-site-packages /tmp/trlvenv
     /tmp/trlvenv/bin/pip install 'trl==1.16.*'
     python benchmarks/math_vs_trl.py --trl-python /tmp/trlvenv/bin/python --seconds 300
+    python benchmarks/math_vs_trl.py --trl-python /tmp/trlvenv/bin/python --task heldout --gain 0.2 --seeds 0-2
 
 Without ``--trl-python`` the TRL side runs with this interpreter, and is reported as skipped (with
 the reason) in the RESULT line when ``import trl`` fails there.
@@ -80,7 +91,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from rollart_nb.algo.grpo import GRPO, batch_advantages  # noqa: E402
 from rollart_nb.backends.hf import HFBackend  # noqa: E402
 from rollart_nb.envs import Arithmetic  # noqa: E402
-from rollart_nb.envs.arithmetic import parse_int  # noqa: E402
+from rollart_nb.envs.arithmetic import parse_digits, parse_int  # noqa: E402
 from rollart_nb.models.tiny import format_history  # noqa: E402
 from rollart_nb.protocols import GenerationRequest  # noqa: E402
 
@@ -90,14 +101,27 @@ PROMPTS = 8  # prompts per optimizer step (64 completions)
 MAX_NEW = 4
 LR, KL, TEMPERATURE = 1e-3, 0.1, 1.0
 EPOCHS = 1  # optimizer steps per sampled batch (TRL: num_iterations)
+# --task: "format" (single-digit sums from a format warm start, scored on all 100) or "heldout"
+# (two-digit sums from a pretrained base, scored on held-out problems only; see make_env)
+TASK = "format"
+HELDOUT_ENV = {"max_operand": 99, "holdout": 200, "fixed_width": True, "reverse_answer": True, "balance_answers": False}
+
+
+def make_env() -> Arithmetic:
+    """The task's env: ``Arithmetic()``, or for ``--task heldout`` two-digit sums written least
+    significant digit first with 200 problems held out (as ``configs/heldout.yaml``)."""
+    return Arithmetic(**HELDOUT_ENV) if TASK == "heldout" else Arithmetic()
 
 
 # -- shared by both sides --------------------------------------------------------------------
-def reward(text: str, answer: int) -> float:
+def reward(text: str, answer: int | str) -> float:
+    """Exact match: the number (``--task format``) or the digits as written (``heldout``)."""
+    if isinstance(answer, str):
+        return 1.0 if parse_digits(text) == answer else 0.0
     return 1.0 if parse_int(text) == answer else 0.0
 
 
-def train_reward(kind: str, text: str, answer: int) -> float:
+def train_reward(kind: str, text: str, answer: int | str) -> float:
     """The training reward (evaluation is always exact match, :func:`reward`)."""
     if kind == "exact":
         return reward(text, answer)
@@ -107,17 +131,20 @@ def train_reward(kind: str, text: str, answer: int) -> float:
     return close_answer(Trajectory(task="math", info={"answer": str(answer)}, turns=[Turn("", text)]))
 
 
-def problem(env: Arithmetic, seed: int) -> tuple[str, int]:
-    """The prompt text (as the model sees it) and the answer of ``env.reset(seed)``."""
+def problem(env: Arithmetic, seed: int) -> tuple[str, int | str]:
+    """The prompt text (as the model sees it) and the answer of ``env.reset(seed)`` (``heldout``:
+    its digits as written, a string)."""
     obs, info = env.reset(seed=seed)
-    return format_history([(obs, None)]), int(info["answer"])
+    return format_history([(obs, None)]), str(info["answer"]) if TASK == "heldout" else int(info["answer"])
 
 
-def train_seeds(seed: int) -> Iterator[int]:
-    """Training seeds in order, without end; ``>= 100`` so the env draws balanced answers."""
+def train_seeds(seed: int, env: Arithmetic) -> Iterator[int]:
+    """Training seeds in order, without end: ``>= 100`` so the env draws balanced answers, or
+    (``heldout``) drawn from ``env.training_seeds()``, which hold no held-out problem."""
     rng = random.Random(seed)
+    pool = env.training_seeds() if TASK == "heldout" else None
     while True:
-        yield rng.randrange(100, 2**31)
+        yield rng.choice(pool) if pool is not None else rng.randrange(100, 2**31)
 
 
 class GreedyEval:
@@ -198,7 +225,7 @@ def run_ours(
     from rollart_nb.control.curriculum import PromptCurriculum
     from rollart_nb.trajectory import Trajectory, Turn
 
-    env = Arithmetic()
+    env = make_env()
     # --skip-flat: groups whose samples all scored the same get no forward/backward at all (TRL
     # always trains every row, as ours does by default when a KL term acts on them)
     algo = GRPO(
@@ -213,10 +240,11 @@ def run_ours(
     trainer = TorchTrainBackend(model_path, algo, seed=seed, device="cpu")
     gen = HFBackend(model_path, device="cpu", batch_wait_s=0.001, max_batch_size=GROUP * PROMPTS, seed=seed)
     evaluate = GreedyEval(model_path, env)
-    seeds = train_seeds(seed)
+    seeds = train_seeds(seed, env)
     # --curriculum U: the prompts come from a PromptCurriculum over the 100 problems instead, U of
     # them uniformly (U = 1: uniform over problems, the control for the learnability weighting)
-    cur = PromptCurriculum(env.validation_seeds(), uniform=curriculum) if curriculum is not None else None
+    pool = env.training_seeds() if TASK == "heldout" else env.validation_seeds()  # never held-out problems
+    cur = PromptCurriculum(pool, uniform=curriculum) if curriculum is not None else None
     cur_rng = random.Random(seed)
 
     async def sample(step: int, prompts: list[list[int]]):
@@ -340,11 +368,11 @@ def run_trl(model_path: str, *, seconds: float, seed: int, eval_every: float, ta
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    env = Arithmetic()
+    env = make_env()
     evaluate = GreedyEval(model_path, env)
     # One epoch is more prompts than any budget gets through; the callback stops on time.
     n_steps = max(1000, int(seconds * 20))
-    rows = [problem(env, s) for s in islice(train_seeds(seed), n_steps * PROMPTS)]
+    rows = [problem(env, s) for s in islice(train_seeds(seed, env), n_steps * PROMPTS)]
     data = Dataset.from_dict({"prompt": [p for p, _ in rows], "answer": [a for _, a in rows]})
 
     lengths = [0, 0]  # completion tokens, completions
@@ -477,6 +505,8 @@ def trl_side(python: str, model_path: str, a: argparse.Namespace) -> dict:
         str(a.kl),
         "--epochs",
         str(a.epochs),
+        "--task",
+        a.task,
     ]
     env = {**os.environ, "OMP_NUM_THREADS": str(a.threads), "TOKENIZERS_PARALLELISM": "false"}
     try:
@@ -553,6 +583,20 @@ def across_seeds(runs: list[dict], key: str, seconds: float) -> dict:
     return summary
 
 
+def start_model(a: argparse.Namespace, env: Arithmetic, seed: int):
+    """Where both sides start. ``format``: a fresh tiny model per seed, warm-started on the answer
+    format only. ``heldout``: one pretrained base for every seed (``--base-seed``), trained by
+    :func:`rollart_nb.models.pretrain` on worked training problems only (cached on disk), so the
+    seeds differ in RL alone."""
+    from rollart_nb.models import pretrain, tiny_qwen
+    from rollart_nb.models.warmstart import format_warm_start
+
+    if TASK == "heldout":
+        base = tiny_qwen(task_vocab=env.vocab, seed=a.base_seed)
+        return pretrain(base, {"math": env}, steps=a.base_steps, seed=a.base_seed, stop_at={"math": a.base_stop_at})
+    return format_warm_start(tiny_qwen(task_vocab=env.vocab, seed=seed), {"math": env}, steps=60, seed=seed)
+
+
 def side_kw(a: argparse.Namespace) -> dict:
     """The arguments both sides' runners take, from the command line."""
     return {
@@ -566,13 +610,9 @@ def side_kw(a: argparse.Namespace) -> dict:
 
 def run_seed(a: argparse.Namespace, seed: int) -> dict:
     """Both sides on one seed (ours, then TRL); the per-side summaries without their curves."""
-    from rollart_nb.models import tiny_qwen
-    from rollart_nb.models.warmstart import format_warm_start
-
     a.seed = seed  # side_kw and the TRL child read it from here
-    env = Arithmetic()
-    base = tiny_qwen(task_vocab=env.vocab, seed=seed)
-    model = format_warm_start(base, {"math": env}, steps=60, seed=seed)
+    env = make_env()
+    model = start_model(a, env, seed)
     sides = a.sides.split(",")
     print(
         f"model {model.path} ({model.params} params); {a.seconds:g} s per side, seed {seed}, "
@@ -598,7 +638,7 @@ def run_seed(a: argparse.Namespace, seed: int) -> dict:
 
 
 def main() -> None:
-    global GROUP, PROMPTS, LR, KL, EPOCHS
+    global GROUP, PROMPTS, LR, KL, EPOCHS, TASK, MAX_NEW
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=float, default=300, help="training seconds per side")
     ap.add_argument("--seed", type=int, default=0)
@@ -658,10 +698,38 @@ def main() -> None:
         help="ours samples the next batch on a second thread while it trains on this one (one "
         "step stale, one core each); ours then uses two cores, so give TRL --threads 2",
     )
+    ap.add_argument(
+        "--task",
+        choices=["format", "heldout"],
+        default="format",
+        help="format: single-digit sums from a format warm start, scored on all 100; heldout: "
+        "two-digit sums (least significant digit first) from one pretrained base, trained on "
+        "training problems and scored on the 200 held-out ones",
+    )
+    ap.add_argument("--base-steps", type=int, default=400, help="--task heldout: most steps of the base-model stage")
+    ap.add_argument(
+        "--base-stop-at",
+        type=float,
+        default=0.25,
+        help="--task heldout: the base-model stage stops once this share of worked training problems is right",
+    )
+    ap.add_argument(
+        "--base-seed", type=int, default=0, help="--task heldout: seed of the base (the same for every seed)"
+    )
+    ap.add_argument(
+        "--gain",
+        type=float,
+        default=None,
+        help="--task heldout: the target is the base's held-out accuracy plus this (e.g. 0.2); replaces --target",
+    )
     ap.add_argument("--child", choices=["trl"], help=argparse.SUPPRESS)
     ap.add_argument("--model-path", help=argparse.SUPPRESS)
     a = ap.parse_args()
-    GROUP, PROMPTS, LR, KL, EPOCHS = a.group, a.prompts, a.lr, a.kl, a.epochs
+    GROUP, PROMPTS, LR, KL, EPOCHS, TASK = a.group, a.prompts, a.lr, a.kl, a.epochs, a.task
+    if TASK == "heldout":
+        MAX_NEW = 6  # three digits, least significant first, then <eos>
+    if a.gain is not None and TASK != "heldout":
+        ap.error("--gain needs --task heldout (one base for every seed)")
     if GROUP < 2 or PROMPTS < 1 or LR <= 0 or KL < 0 or EPOCHS < 1:
         ap.error("need --group >= 2, --prompts >= 1, --lr > 0, --kl >= 0 and --epochs >= 1")
     try:
@@ -680,7 +748,23 @@ def main() -> None:
         print("CHILD " + json.dumps(run_trl(a.model_path, **side_kw(a))), flush=True)
         return
 
-    settings = {
+    settings: dict = {"task": TASK}
+    if TASK == "heldout":  # one base for every seed: measure it once, and set the target from it
+        env = make_env()
+        model = start_model(a, env, a.base_seed)
+        base = GreedyEval(model.path, env)()
+        from rollart_nb.models.pretraining import pretrain_record
+
+        settings.update(
+            base=round(base, 3),
+            base_steps=pretrain_record(model).get("stopped_at") or a.base_steps,
+            base_seed=a.base_seed,
+        )
+        print(f"base: held-out greedy accuracy {base:.3f} on {len(env.validation_seeds())} problems", flush=True)
+        if a.gain is not None:
+            a.target = round(base + a.gain, 3)
+            settings["gain"] = a.gain
+    settings |= {
         "seconds": a.seconds,
         "target": a.target,
         "reward": a.reward,

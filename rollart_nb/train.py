@@ -55,7 +55,10 @@ class ModelConfig:
     pretrain_batch: int = 64
     """Corpus entries per base-model step."""
     pretrain_lr: float = 3e-3
-    """Learning rate of the base-model stage (AdamW)."""
+    """Peak learning rate of the base-model stage (AdamW, warm-up then cosine decay)."""
+    pretrain_stop_at: dict[str, float] | None = None
+    """Task -> accuracy on worked training problems at which the base-model stage stops early
+    (checked every 5 steps; ``pretrain_steps`` is then the most it runs). None: all the steps."""
 
     def __post_init__(self) -> None:
         p = []
@@ -69,6 +72,11 @@ class ModelConfig:
             p.append(f"pretrain_batch={self.pretrain_batch!r} must be a whole number >= 1")
         if not (is_number(self.pretrain_lr) and self.pretrain_lr > 0):
             p.append(f"pretrain_lr={self.pretrain_lr!r} must be a number > 0")
+        stop = self.pretrain_stop_at
+        if stop is not None and not (
+            isinstance(stop, dict) and all(isinstance(k, str) and is_number(v) and 0 < v <= 1 for k, v in stop.items())
+        ):
+            p.append(f"pretrain_stop_at={stop!r} must map task names to accuracies in (0, 1], or be None")
         if p:
             raise ConfigError(p, where="model config")
 
@@ -449,11 +457,15 @@ def _warm_start(base: Any, envs: dict[str, Any], cfg: TrainConfig, *, quiet: boo
 
 
 def _pretrain(base: Any, envs: dict[str, Any], cfg: TrainConfig, *, quiet: bool) -> Any:
-    from rollart_nb.models.pretraining import pretrain
+    from rollart_nb.models.pretraining import pretrain, pretrain_record
 
     m = cfg.model
     weights = {t: tc.weight for t, tc in cfg.tasks.items()}
-    return _with_bar(
+    stop = dict(m.pretrain_stop_at or {})
+    unknown = sorted(set(stop) - set(envs))
+    if unknown:
+        raise ConfigError(f"model.pretrain_stop_at names tasks {unknown} that the run does not have ({sorted(envs)})")
+    model = _with_bar(
         m.pretrain_steps,
         "base model",
         quiet,
@@ -466,8 +478,15 @@ def _pretrain(base: Any, envs: dict[str, Any], cfg: TrainConfig, *, quiet: bool)
             seed=cfg.seed,
             weights=weights,
             progress=progress,
+            stop_at=stop or None,
         ),
     )
+    rec = pretrain_record(model)
+    if stop and not quiet:
+        acc = ", ".join(f"{t} {v:.2f}" for t, v in rec.get("accuracy", {}).items())
+        when = f"stopped at step {rec['stopped_at']}" if rec.get("stopped_at") else "ran every step"
+        print(f"base model: {when}; accuracy on worked training problems: {acc or '-'}", flush=True)
+    return model
 
 
 def _write_report(

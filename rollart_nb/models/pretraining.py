@@ -30,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import random
 import shutil
 from collections.abc import Callable, Sequence
@@ -41,7 +42,12 @@ from rollart_nb.envs.arithmetic import HELDOUT_SEED_BASE
 from rollart_nb.errors import ConfigError
 from rollart_nb.models.tiny import ModelRef, format_history
 
-__all__ = ["Example", "corpus", "pretrain", "supervised"]
+__all__ = ["Example", "corpus", "pretrain", "pretrain_record", "supervised", "training_accuracy"]
+
+#: Steps between two checks of ``pretrain(stop_at=...)``.
+CHECK_EVERY = 5
+#: Worked training problems per task that ``stop_at`` checks (drawn apart from the corpus).
+CHECK_EXAMPLES = 100
 
 log = logging.getLogger(__name__)
 
@@ -105,9 +111,20 @@ def supervised(
     out: Path,
     name: str,
     progress: Callable[[int, float], None] | None = None,
+    schedule: str = "constant",
+    max_grad_norm: float | None = None,
+    micro_batch_tokens: int | None = None,
+    stop: Callable[[int, Any], bool] | None = None,
 ) -> ModelRef:
     """Next-token training of ``model`` on ``examples`` (loss on the responses and their ``<eos>``),
-    ``batch`` examples a step in order, saved to ``out`` with the tokenizer files."""
+    ``batch`` examples a step in order, saved to ``out`` with the tokenizer files.
+
+    ``schedule``: ``"constant"`` or ``"cosine"`` (linear warm-up over the first 5% of steps, then
+    cosine decay to a tenth of ``lr``: the last weights are a settled model, not one caught in a
+    loss spike). ``max_grad_norm`` clips the gradient. ``micro_batch_tokens`` splits each step's
+    examples, sorted by length, into micro-batches of at most that many padded tokens whose
+    gradients add up to the step's (a short sum does not pay for a long walk's padding).
+    ``stop(step, net)``, called after each step, ends training early when it returns True."""
     import torch
 
     torch.manual_seed(seed)
@@ -115,28 +132,53 @@ def supervised(
     net = model.load_model()
     net.train()
     opt = torch.optim.AdamW(net.parameters(), lr=lr)
+    warm = max(1, steps // 20)
+
+    def lr_at(step: int) -> float:
+        if schedule == "constant":
+            return lr
+        if step < warm:
+            return lr * (step + 1) / warm
+        return lr * (0.1 + 0.45 * (1 + math.cos(math.pi * (step - warm) / max(1, steps - warm))))
+
     pairs = [(e.prompt, e.response) if isinstance(e, Example) else (e[0], e[1]) for e in examples]
     eos = tok.eos_token_id
     for step in range(steps):
         chunk = pairs[(step * batch) % len(pairs) :][:batch] or pairs[:batch]
-        seqs, masks = [], []
+        rows = []
         for prompt, resp in chunk:
             p = tok.encode(prompt)
             r = tok.encode(resp) + [eos]
-            seqs.append(p + r)
-            masks.append([0] * len(p) + [1] * len(r))
-        width = max(len(s) for s in seqs)
-        ids = torch.tensor([s + [0] * (width - len(s)) for s in seqs])
-        mask = torch.tensor([m + [0] * (width - len(m)) for m in masks], dtype=torch.float32)
-        attn = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in seqs])
-        logits = net(input_ids=ids, attention_mask=attn, use_cache=False).logits[:, :-1]
-        logp = torch.log_softmax(logits.float(), -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
-        loss = -(logp * mask[:, 1:]).sum() / mask[:, 1:].sum()
+            rows.append((p + r, [0] * len(p) + [1] * len(r)))
+        if micro_batch_tokens:
+            rows.sort(key=lambda x: len(x[0]))
+        n_tokens = sum(sum(m[1:]) for _, m in rows)  # the step's loss is the mean over all of them
+        parts: list[list[tuple[list[int], list[int]]]] = [[]]
+        for row in rows:  # sorted: a part's padded size is its count times its last (longest) row's length
+            if parts[-1] and micro_batch_tokens and (len(parts[-1]) + 1) * len(row[0]) > micro_batch_tokens:
+                parts.append([])
+            parts[-1].append(row)
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step)
         opt.zero_grad()
-        loss.backward()
+        total = 0.0
+        for part in parts:
+            width = max(len(s) for s, _ in part)
+            ids = torch.tensor([s + [0] * (width - len(s)) for s, _ in part])
+            mask = torch.tensor([m + [0] * (width - len(m)) for _, m in part], dtype=torch.float32)
+            attn = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s, _ in part])
+            logits = net(input_ids=ids, attention_mask=attn, use_cache=False).logits[:, :-1]
+            logp = torch.log_softmax(logits.float(), -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+            loss = -(logp * mask[:, 1:]).sum() / max(n_tokens, 1)
+            loss.backward()
+            total += float(loss.detach())
+        if max_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(net.parameters(), max_grad_norm)
         opt.step()
         if progress is not None:
-            progress(step, float(loss.detach()))
+            progress(step, total)
+        if stop is not None and stop(step, net):
+            break
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     net.save_pretrained(tmp)
@@ -147,6 +189,36 @@ def supervised(
     tmp.rename(out)
     log.info("%s saved to %s", name, out)
     return ModelRef(str(out), name, model.params, model.seed)
+
+
+def training_accuracy(net: Any, tok: Any, examples: Sequence[Example]) -> dict[str, float]:
+    """Per task, the share of ``examples`` whose response greedy decoding reproduces exactly
+    (every response token, then ``<eos>``). Prompts of one length decode as one batch."""
+    import torch
+
+    by_len: dict[int, list[tuple[list[int], list[int], str]]] = {}
+    for e in examples:
+        p = tok.encode(e.prompt)
+        by_len.setdefault(len(p), []).append((p, tok.encode(e.response) + [tok.eos_token_id], e.task))
+    right: dict[str, list[int]] = {}
+    was_training = net.training
+    net.eval()
+    with torch.no_grad():
+        for group in by_len.values():
+            ids = torch.tensor([p for p, _, _ in group])
+            width = max(len(r) for _, r, _ in group)
+            out = net.generate(
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=width,
+                do_sample=False,
+                pad_token_id=tok.eos_token_id,
+                eos_token_id=tok.eos_token_id,
+            )[:, ids.shape[1] :].tolist()
+            for said, (_, want, task) in zip(out, group, strict=True):
+                right.setdefault(task, []).append(int(said[: len(want)] == want))
+    net.train(was_training)
+    return {t: sum(v) / len(v) for t, v in sorted(right.items())}
 
 
 def pretrain(
@@ -160,30 +232,91 @@ def pretrain(
     weights: dict[str, float] | None = None,
     path: str | None = None,
     progress: Callable[[int, float], None] | None = None,
+    stop_at: dict[str, float] | None = None,
 ) -> ModelRef:
     """Return ``model`` after ``steps`` of next-token training: the base that RL starts from.
+
+    A small model learns a rule such as carrying in a sudden jump, from none of the held-out
+    problems to nearly all within a few steps, at a step that depends on the seed; a fixed
+    number of steps then gives a base that is either useless or already done. ``stop_at``
+    (task -> accuracy) stops at the jump instead: every :data:`CHECK_EVERY` steps it measures
+    :func:`training_accuracy` on :data:`CHECK_EXAMPLES` worked *training* problems per task
+    (never a validation one) and stops once each listed task reaches its value. The step it
+    stopped at and the accuracies are saved in ``pretrain.json`` beside the weights.
 
     Args:
         model: the model to train (e.g. :func:`~rollart_nb.models.tiny_qwen`); it is not changed.
         data: task -> env (the corpus is :func:`corpus` of ``steps * batch`` entries, ``weights``
             apportioning tasks), or a ready list of :class:`Example`.
-        steps, batch, lr: the supervised pass (AdamW). Few steps leave a partly right base; many
-            leave one that already solves what RL would have taught.
+        steps, batch, lr: the supervised pass (AdamW, warm-up then cosine decay to lr / 10, the
+            gradient clipped at norm 1). Few steps leave a partly right base; many leave one
+            that already solves what RL would have taught.
         seed: corpus draws and torch's seed.
         path: where to save; default beside ``model`` with a key of everything above.
         progress: called as ``progress(step, loss)`` after each step.
+        stop_at: task -> training-problem accuracy at which to stop (needs ``data`` as envs).
     """
     if steps < 1 or batch < 1 or not lr > 0:
         raise ConfigError(f"pretrain needs steps >= 1, batch >= 1 and lr > 0, got {steps}, {batch}, {lr}")
     examples = corpus(data, steps * batch, seed=seed, weights=weights) if isinstance(data, dict) else list(data)
     if not examples:
         raise ConfigError("pretrain got an empty corpus")
+    stop_at = dict(stop_at or {})
+    if stop_at:
+        bad = [t for t, v in stop_at.items() if not isinstance(data, dict) or t not in data or not 0 < v <= 1]
+        if bad:
+            raise ConfigError(
+                f"stop_at={stop_at} must map tasks of the corpus's envs to accuracies in (0, 1]; "
+                f"check {bad} (stop_at needs envs, not a list of examples)"
+            )
     digest = hashlib.sha1(json.dumps([(e.prompt, e.response) for e in examples]).encode()).hexdigest()[:12]
-    key = json.dumps({"recipe": 1, "m": model.path, "corpus": digest, "steps": steps, "batch": batch, "lr": lr})
+    key = json.dumps(
+        {"recipe": 2, "m": model.path, "corpus": digest, "steps": steps, "batch": batch, "lr": lr, "stop_at": stop_at}
+    )
     out = Path(path or f"{model.path}-base-{hashlib.sha1(key.encode()).hexdigest()[:10]}")
     name = f"{model.name}-base"
     if (out / "config.json").exists():
         return ModelRef(str(out), name, model.params, model.seed)
-    return supervised(
-        model, examples, steps=steps, batch=batch, lr=lr, seed=seed, out=out, name=name, progress=progress
+    record: dict[str, Any] = {"steps": steps, "stop_at": stop_at, "stopped_at": None, "accuracy": {}}
+    check = None
+    if stop_at:
+        assert isinstance(data, dict)
+        # drawn apart from the corpus (another seed), from training problems only, like it
+        held_in = [e for e in corpus(data, 4 * CHECK_EXAMPLES * len(data), seed=seed + 7919) if e.task in stop_at]
+        sample = [e for t in stop_at for e in [x for x in held_in if x.task == t][:CHECK_EXAMPLES]]
+        tok = model.load_tokenizer()
+
+        def check(step: int, net: Any) -> bool:
+            if (step + 1) % CHECK_EVERY:
+                return False
+            acc = training_accuracy(net, tok, sample)
+            record["accuracy"], record["trained_steps"] = acc, step + 1
+            if all(acc.get(t, 0.0) >= v for t, v in stop_at.items()):
+                record["stopped_at"] = step + 1
+                return True
+            return False
+
+    ref = supervised(
+        model,
+        examples,
+        steps=steps,
+        batch=batch,
+        lr=lr,
+        seed=seed,
+        out=out,
+        name=name,
+        progress=progress,
+        schedule="cosine",
+        max_grad_norm=1.0,
+        micro_batch_tokens=4096,
+        stop=check,
     )
+    (out / "pretrain.json").write_text(json.dumps(record))
+    return ref
+
+
+def pretrain_record(base: ModelRef) -> dict[str, Any]:
+    """What :func:`pretrain` saved about how ``base`` was made (``stopped_at``, ``accuracy``);
+    empty for a model that has no record."""
+    f = Path(base.path) / "pretrain.json"
+    return json.loads(f.read_text()) if f.is_file() else {}

@@ -129,3 +129,39 @@ def test_without_overlap_every_batch_is_sampled_by_the_weights_it_trains():
     assert p.returncode == 0, p.stderr[-2000:]
     ours = json.loads(p.stdout.strip().splitlines()[-1].removeprefix("RESULT "))["ours"]
     assert ours["steps"] > 0 and ours["behaviour_lag"] == 0.0
+
+
+def test_heldout_task_trains_on_training_problems_and_targets_the_base_plus_a_gain():
+    """--task heldout: one pretrained base, the target its held-out accuracy plus --gain; the
+    prompts both sides train on never hold a held-out problem, and evaluation asks only those."""
+    mod = _module()
+    mod.TASK = "heldout"
+    env = mod.make_env()
+    held = set(env.validation_problems())
+    drawn = {env.problem(s) for s in __import__("itertools").islice(mod.train_seeds(0, env), 3000)}
+    assert len(held) == 200 and len(drawn) > 1000 and not drawn & held
+    p = _run(
+        "--task",
+        "heldout",
+        "--base-steps",
+        "30",
+        "--base-stop-at",
+        "1.0",  # all 30 steps (a tiny base, not meant to be right)
+        "--gain",
+        "0.2",
+        "--seconds",
+        "3",
+        "--eval-every",
+        "1",
+        "--group",
+        "4",
+        "--prompts",
+        "4",
+    )
+    assert p.returncode == 0, p.stderr[-2000:]
+    res = json.loads(p.stdout.strip().splitlines()[-1].removeprefix("RESULT "))
+    assert res["task"] == "heldout" and res["base_steps"] == 30 and 0.0 <= res["base"] <= 1.0
+    assert res["target"] == round(res["base"] + 0.2, 3) and f"t_to_{res['target']:g}" in res["ours"]
+    assert res["ours"]["steps"] > 0 and 1 <= res["ours"]["response_tokens"] <= 6
+    p = _run("--gain", "0.2")
+    assert p.returncode == 2 and "--gain needs --task heldout" in p.stderr
