@@ -152,8 +152,8 @@ def test_dashboard_is_live_pauses_fast_and_shows_failures(lab, tmp_path):
                 const plots = [...document.querySelectorAll('.rollart-dashboard .rollart-plot')];
                 return {area: area.right, right: Math.max(...plots.map(p => p.getBoundingClientRect().right)),
                         n: plots.length}; }""")
-            # reward, training, failures, step time, staleness, throughput, utilization
-            assert fit["n"] == 7 and fit["right"] <= fit["area"] + 1, fit
+            # reward, per task, training, failures, step time, staleness, throughput, utilization
+            assert fit["n"] == 8 and fit["right"] <= fit["area"] + 1, fit
 
             # 2. Pause during a run of ~0.3 s steps stops it within two steps of the click
             page.wait_for_function(_CELLS_RUN, arg=3, timeout=60_000, polling=200)

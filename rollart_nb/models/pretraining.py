@@ -127,6 +127,8 @@ def supervised(
     ``stop(step, net)``, called after each step, ends training early when it returns True."""
     import torch
 
+    if schedule not in ("constant", "cosine"):
+        raise ConfigError(f"schedule={schedule!r} must be 'constant' or 'cosine'")
     torch.manual_seed(seed)
     tok = model.load_tokenizer()
     net = model.load_model()

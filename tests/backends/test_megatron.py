@@ -148,8 +148,13 @@ def test_matches_torch_trainer_and_checkpoints(ref, tmp_path, megatron_device):
     assert mt.version == 3
     ms, ts = mt.state_dict(), tt.state_dict()
     assert set(ms) == set(ts)
-    # three Adam steps at lr 3e-3 amplify 1e-6 gradient differences to ~5e-5 at most
-    assert max(float((ms[k] - ts[k]).abs().max()) for k in ts) <= 5e-4
+    # Adam moves each weight by about lr * sign(grad) whatever the gradient's size, so where a
+    # gradient is nearly 0, float noise between the two implementations flips the step: a few
+    # dozen of the ~1M weights differ by up to 3 steps * lr; every other weight agrees to 5e-5
+    n = sum(v.numel() for v in ts.values())
+    off = sum(int((ms[k] - ts[k]).abs().gt(5e-5).sum()) for k in ts)
+    assert off <= 1e-4 * n, f"{off} of {n} weights differ by more than 5e-5"
+    assert max(float((ms[k] - ts[k]).abs().max()) for k in ts) <= 3 * algo.lr
     gen = HFBackend(ref, device=megatron_device)  # generators load the HF-named state as is
     gen.load_weights(ms, mt.version)
     assert gen.recompute(prompt + [5, 6])[-2:] == pytest.approx(mt.logprobs(prompt, [5, 6]), abs=1e-4)

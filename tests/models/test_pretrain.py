@@ -98,6 +98,8 @@ def test_micro_batches_by_length_give_the_steps_own_gradient(tmp_path):
     assert changed <= 0.01 * sum(v.numel() for v in whole.values())
     losses = losses[1:]
     assert len(losses) == 1 and losses[0] > 0
+    with pytest.raises(ConfigError, match="schedule"):
+        supervised(init, examples, out=tmp_path / "bad", schedule="cosin", **kw)
 
 
 def test_stop_at_ends_the_stage_once_training_problems_reach_the_accuracy(tmp_path):
