@@ -193,11 +193,10 @@ def step_metrics(
     """
     sums.setdefault("entropy", math.nan)
     sums.setdefault("kl", sums.get("kl_ref", sums.get("approx_kl_old", math.nan)))
-    for key in [k for k in sums if k.startswith(("kl_ref/", "approx_kl_old/"))]:
-        task = key.partition("/")[2]  # per task, "kl" means what it means for the whole batch
-        sums.setdefault(f"kl/{task}", sums.get(f"kl_ref/{task}", sums.get(f"approx_kl_old/{task}", math.nan)))
-    for key in [k for k in sums if k.startswith(("kl_ref/", "approx_kl_old/"))]:
-        del sums[key]
+    for task in {k.partition("/")[2] for k in sums if k.startswith(("kl_ref/", "approx_kl_old/"))}:
+        # per task, "kl" means what it means for the whole batch
+        ref, old = sums.pop(f"kl_ref/{task}", None), sums.pop(f"approx_kl_old/{task}", math.nan)
+        sums.setdefault(f"kl/{task}", old if ref is None else ref)
     for task, n in (task_response_length or {}).items():
         sums[f"response_length/{task}"] = float(n)
     sums.update(

@@ -33,12 +33,14 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import json
 import logging
 import os
 import shutil
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, overload
 
@@ -499,9 +501,10 @@ class Pipeline:
             rep.failures.setdefault(task, []).append(reason)
         if self.validate_every and (rep.step + 1) % self.validate_every == 0:
             tv = self._clock()
-            rep.validation = self.validate()
-            if self.validate_pass_k > 1:
-                rep.pass_k = self.pass_at(self.validate_pass_k)
+            with self._held():  # greedy and sampled: one hold, no training turn in between
+                rep.validation = self._greedy(None)
+                if self.validate_pass_k > 1:
+                    rep.pass_k = self._sampled(self.validate_pass_k, None, self.cfg.rollout.temperature)
             rep.phases["validation"] = self._clock() - tv  # after step_s: not part of the step's time
         rep.events, self._new_events = self._new_events, []
         self.reports.append(rep)
@@ -755,19 +758,29 @@ class Pipeline:
         starts and no training turn is generated (turns, env steps and scoring already under way
         finish), so its seconds produce no batch tokens and bend no tokens/s."""
         self._check_open()
+        with self._held():  # once for every task: no training turn between two tasks' validations
+            return self._greedy(tasks)
+
+    def _greedy(self, tasks: list[str] | None) -> dict[str, float]:
         out = {}
-        self.rollout.hold()  # once for every task: no training turn between two tasks' validations
+        for task in tasks or list(self.tasks.envs):
+            res = self.rollout.evaluate(task, self.validation_seeds[task])
+            self.last_validation[task] = res
+            out[task] = res["score"]
+        return out
+
+    @contextlib.contextmanager
+    def _held(self) -> Iterator[None]:
+        """The rollout held for the block: no new training trajectory starts and no training
+        turn is generated (a step's greedy and sampled validations share one hold)."""
+        self.rollout.hold()
         try:
-            for task in tasks or list(self.tasks.envs):
-                res = self.rollout.evaluate(task, self.validation_seeds[task])
-                self.last_validation[task] = res
-                out[task] = res["score"]
+            yield
         finally:
             try:
                 self.rollout.release()
             except Exception:  # the rollout is gone: whatever failed says so, not this
                 log.exception("pipeline %s: could not release the rollout after a validation", self.name)
-        return out
 
     def pass_at(
         self, k: int = 8, tasks: list[str] | None = None, temperature: float | None = None
@@ -788,17 +801,14 @@ class Pipeline:
         temp = self.cfg.rollout.temperature if temperature is None else float(temperature)
         if k > 1 and temp <= 0:
             raise ConfigError(f"pass@{k} needs sampling: temperature must be > 0, got {temp}")
-        out: dict[str, dict[str, float]] = {}
-        self.rollout.hold()
-        try:
-            for task in tasks or list(self.tasks.envs):
-                res = self.rollout.evaluate(task, self.validation_seeds[task], temperature=temp, samples=k)
-                out[task] = {"pass@1": res["pass@1"], f"pass@{k}": res[f"pass@{k}"]}
-        finally:
-            try:
-                self.rollout.release()
-            except Exception:
-                log.exception("pipeline %s: could not release the rollout after a validation", self.name)
+        with self._held():
+            return self._sampled(k, tasks, temp)
+
+    def _sampled(self, k: int, tasks: list[str] | None, temperature: float) -> dict[str, dict[str, float]]:
+        out = {}
+        for task in tasks or list(self.tasks.envs):
+            res = self.rollout.evaluate(task, self.validation_seeds[task], temperature=temperature, samples=k)
+            out[task] = {"pass@1": res["pass@1"], f"pass@{k}": res[f"pass@{k}"]}
         return out
 
     def trajectories(

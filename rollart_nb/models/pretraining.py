@@ -127,6 +127,8 @@ def supervised(
     ``stop(step, net)``, called after each step, ends training early when it returns True."""
     import torch
 
+    from rollart_nb.backends.torch_train import micro_batches
+
     if schedule not in ("constant", "cosine"):
         raise ConfigError(f"schedule={schedule!r} must be 'constant' or 'cosine'")
     torch.manual_seed(seed)
@@ -155,11 +157,8 @@ def supervised(
         if micro_batch_tokens:
             rows.sort(key=lambda x: len(x[0]))
         n_tokens = sum(sum(m[1:]) for _, m in rows)  # the step's loss is the mean over all of them
-        parts: list[list[tuple[list[int], list[int]]]] = [[]]
-        for row in rows:  # sorted: a part's padded size is its count times its last (longest) row's length
-            if parts[-1] and micro_batch_tokens and (len(parts[-1]) + 1) * len(row[0]) > micro_batch_tokens:
-                parts.append([])
-            parts[-1].append(row)
+        spans = micro_batches([len(x) for x, _ in rows], len(rows), micro_batch_tokens or 0)
+        parts = [rows[lo:hi] for lo, hi in spans]
         for g in opt.param_groups:
             g["lr"] = lr_at(step)
         opt.zero_grad()

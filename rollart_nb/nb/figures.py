@@ -216,6 +216,7 @@ def task_figure(reports: Sequence[StepReport]) -> Any:
     )
     tasks = sorted({t for r in reports for t in (*r.reward, *r.validation, *r.pass_k, *per_task(r.train))})
     trained = [(r.step, per_task(r.train)) for r in reports]
+    panels = [name for name, _ in _TASK_PANELS]
     for i, task in enumerate(tasks):
         color = _TASK_COLORS[i % len(_TASK_COLORS)]
         series: list[tuple[str, list[tuple[int, float]], dict[str, Any]]] = [
@@ -230,7 +231,7 @@ def task_figure(reports: Sequence[StepReport]) -> Any:
         ]
         series += [(m, [(s, t[task][m]) for s, t in trained if m in t.get(task, {})], {}) for m in TASK_METRICS]
         for j, (panel, pts, line) in enumerate(series):
-            n = next(k for k, (name, _) in enumerate(_TASK_PANELS) if name == panel)
+            n = panels.index(panel)
             fig.add_trace(
                 go.Scatter(
                     x=[p[0] for p in pts],
