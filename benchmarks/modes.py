@@ -58,7 +58,13 @@ def run_mode(
         "step_s": statistics.mean(r.step_s for r in reps) / ts,
         "tok_per_s": statistics.mean(r.throughput for r in reps) * ts,
         "aborted_per_step": statistics.mean(r.counts.get("aborted_stale", 0) for r in reps),
+        "aborted_token_frac": _frac(reps),
     }
+
+
+def _frac(reps) -> float:
+    gen = sum(r.waste["generated_tokens"] for r in reps)
+    return sum(r.waste["aborted_tokens"] for r in reps) / gen if gen else float("nan")
 
 
 def main() -> None:
@@ -104,7 +110,7 @@ def main() -> None:
             r = res[mode]
             print(
                 f"{mode:>8}: step {r['step_s']:.3f}s  {r['tok_per_s']:.0f} tok/s  "
-                f"aborted/step {r['aborted_per_step']:.1f}",
+                f"aborted/step {r['aborted_per_step']:.1f} ({r['aborted_token_frac']:.0%} of generated tokens)",
                 flush=True,
             )
         over = {k: round(v["step_s"] / res["rollart"]["step_s"], 3) for k, v in res.items() if k != "rollart"}

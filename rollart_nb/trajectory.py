@@ -141,8 +141,12 @@ class Trajectory:
 
     @property
     def min_version(self) -> int:
-        """Oldest policy version that contributed to this trajectory."""
-        return min([self.start_version, *self.versions])
+        """Oldest policy version that generated a turn of this trajectory (the version it was
+        initiated by, in the staleness bound's sense; its start version while it has no turn).
+
+        A trajectory launched while the rollout is suspended for a weight update starts under
+        the old version but its first action comes from the new weights: that is its version."""
+        return min(self.versions, default=self.start_version)
 
     @property
     def max_version(self) -> int:

@@ -20,6 +20,7 @@ from typing import Any
 from rollart_nb.bench.hardware import pd_disaggregation, r1_affinity
 from rollart_nb.bench.modes import scaling, throughput_ladder
 from rollart_nb.bench.scheduling import alpha_sweep, redundant_rollouts
+from rollart_nb.bench.sensitivity import sensitivity, sensitivity_report
 from rollart_nb.errors import ConfigError
 
 __all__ = [
@@ -31,6 +32,8 @@ __all__ = [
     "redundant_rollouts",
     "run_experiments",
     "scaling",
+    "sensitivity",
+    "sensitivity_report",
     "throughput_ladder",
 ]
 
@@ -41,6 +44,7 @@ EXPERIMENTS: dict[str, Callable[..., dict[str, Any]]] = {
     "alpha_sweep": alpha_sweep,
     "scaling": scaling,
     "throughput_ladder": throughput_ladder,
+    "sensitivity": sensitivity_report,
 }
 """Experiment name -> function ``(out, quick, printer) -> result dict``."""
 
@@ -53,6 +57,7 @@ _ALIASES = {
     "r4": "alpha_sweep",
     "ladder": "throughput_ladder",
     "throughput": "throughput_ladder",
+    "sweep": "sensitivity",
 }
 
 
@@ -62,7 +67,8 @@ def run_experiments(
     """Run one experiment (or ``"all"``); returns ``{experiment: result}`` plus ``wall_s``.
 
     Args:
-        name: an :data:`EXPERIMENTS` key, a short alias ("r1", "pd", "alpha", ...), or "all".
+        name: an :data:`EXPERIMENTS` key, a short alias ("r1", "pd", "alpha", ...), or "all"
+            (every paper experiment; "sensitivity", some sixty simulated runs, only by name).
         out: directory for the figures (created).
         quick: fewer configurations and steps (a smoke run; ratios are noisier).
         printer: where the tables go (None: silent).
@@ -70,7 +76,7 @@ def run_experiments(
     key = _ALIASES.get(name, name)
     if key != "all" and key not in EXPERIMENTS:
         raise ConfigError(f"unknown experiment {name!r}; choose 'all' or one of {', '.join(EXPERIMENTS)}")
-    names = list(EXPERIMENTS) if key == "all" else [key]
+    names = [n for n in EXPERIMENTS if n != "sensitivity"] if key == "all" else [key]
     t0 = time.monotonic()
     res: dict[str, Any] = {n: EXPERIMENTS[n](out=out, quick=quick, printer=printer) for n in names}
     res["wall_s"] = round(time.monotonic() - t0, 1)

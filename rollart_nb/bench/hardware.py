@@ -55,26 +55,36 @@ def r1_affinity(
     raw: dict[str, dict[str, Any]] = {
         k: {**simulate(base.with_(rollout=v)), "rollout_gpus": v} for k, v in configs.items()
     }
+    # the same mix and workload with affinity routing off: least-loaded placement only
+    raw["mix_routing_off"] = {
+        **simulate(base.with_(rollout=configs["affinity_mix"], hw_affinity=False)),
+        "rollout_gpus": configs["affinity_mix"],
+    }
     mix = raw["affinity_mix"]["step_s"]
     ours = {
         "mix_over_h20_only": raw["h20_only"]["step_s"] / mix,
         "mix_over_h800_only": raw["h800_only"]["step_s"] / mix,
+        "routing_gain": raw["mix_routing_off"]["step_s"] / mix,
     }
-    paper = {"mix_over_h20_only": (1.30, 1.68), "mix_over_h800_only": (1.12, 1.37)}
+    paper: dict[str, Any] = {
+        "mix_over_h20_only": (1.30, 1.68),
+        "mix_over_h800_only": (1.12, 1.37),
+        "routing_gain": None,
+    }
     why = {
         "mix_over_h20_only": {
-            "below": "SimBackend keeps each trajectory's KV prefix (only new tokens are prefilled) and never lets a "
-            "prefill stall a decode, so the H20's weak compute costs little.",
-            "above": "SimBackend serves prefills one at a time per device (FCFS on its FLOP/s, no chunked prefill "
-            "mixed into decode batches), and re-prefills a whole history after every weight update; on "
-            "H20 those queues grow faster than on a real engine.",
+            "below": "SimBackend keeps each trajectory's KV between turns, so an SWE turn prefills only its new tool "
+            "output (and, after each weight update, its whole history once): on H20s the prefill chunks do stall "
+            "the decodes they share a pass with, but the stall per turn is short, and H20-only keeps 26 devices' "
+            "bandwidth for GEM-math's long decodes.",
+            "above": "The H20-only cluster prefills every SWE history recompute (after each weight update) at 148 "
+            "TFLOP/s, stalling its decodes meanwhile; the mix does those on H800s.",
         },
         "mix_over_h800_only": {
-            "below": "A decode is priced once at admission for the batch active then (SimBackend): later joiners "
-            "do not slow it, so spreading decodes over the mix's extra H20s gains less than on real engines.",
-            "above": "At this 1/8 scale H800-only has 9 devices for ~64 concurrent trajectories; the roofline "
-            "decode term grows with batch x context (KV read) and the FCFS prefill queue, and only the "
-            "extra devices of the mix relieve it (no TP communication or scheduler overhead offsets them).",
+            "below": "At 1/8 scale the mix is 8 H800 + 3 H20 against 9 H800: it gains what three H20s add for "
+            "GEM-math's decodes (1.19x an H800's bandwidth each) less the ninth H800.",
+            "above": "Routing GEM-math's long decodes to the H20s frees the H800s' passes from them, so SWE's "
+            "prefill chunks on the H800s stall fewer decodes.",
         },
     }
     res = result(
@@ -137,12 +147,12 @@ def pd_disaggregation(
     paper = {k: v for k, v in paper.items() if k in ours}
     why = {
         "*": {
-            "below": "SimBackend never lets a prefill stall a colocated decode (decodes are priced at admission), so "
-            "the interference PD disaggregation removes is not in the model; what remains is the H800's faster "
-            "prefill and the H20's bandwidth, minus the KV transfer and the un-sticky decode placement (every "
-            "turn's new KV moves to whichever H20 is least loaded).",
-            "above": "The colocated baseline routes by load only, so SWE prefills also land on H20 workers, whose "
-            "FCFS prefill queue (no chunked prefill) is slow; PD keeps every prefill on H800.",
+            "below": "The interference PD removes is modelled (a colocated prefill chunk stalls every decode in its "
+            "pass), but so are PD's costs: each turn's new KV crosses the 50 GB/s link to the trajectory's decode "
+            "node, every weight update makes the P node recompute whole SWE histories and send them again, and "
+            "all prefill queues on the P nodes (1P3D: one node).",
+            "above": "The colocated baseline places turns by load only, so SWE prefills also run on H20 workers, "
+            "where their chunks stall the decodes sharing those passes for 6.7x longer than on an H800.",
         }
     }
     res = result(

@@ -18,9 +18,11 @@ ratios are compressed toward 1.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import statistics
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -32,7 +34,7 @@ from rollart_nb.sim.session import SimSession
 from rollart_nb.sim.workloads import SimEnv, Workload, response_tokens_fn, workload
 from rollart_nb.workers.roles import SimGenerator, SimTrainer
 
-__all__ = ["RunSpec", "Stragglers", "equal_cost_counts", "pool_cost", "simulate"]
+__all__ = ["RunSpec", "Stragglers", "equal_cost_counts", "pool_cost", "pools_of", "sim_pipeline", "simulate"]
 
 GPUS_PER_NODE = 8
 
@@ -140,25 +142,14 @@ async def _lag_probe(period_s: float, out: list[float]) -> None:
         out.append(max(loop.time() - t0 - period_s, 0.0))
 
 
-def simulate(s: RunSpec) -> dict[str, float]:
-    """Run ``s`` on a fresh SimSession; returns modelled means over the measured steps.
-
-    Returns:
-        ``step_s`` (modelled seconds per step), ``rollout_s`` (waiting for the batch),
-        ``tokens_per_s`` (modelled), ``aborted_per_step`` (staleness aborts),
-        ``redundant_cancelled_per_step``, ``cost_per_hour`` (all GPUs), ``gpus``,
-        ``lag_frac`` (loop lag per probe period; see the module docstring), ``wall_s``.
-    """
+@contextlib.contextmanager
+def sim_pipeline(s: RunSpec) -> Iterator[tuple[SimSession, Any]]:
+    """A fresh SimSession with the trainer, generators, tasks and pipeline of ``s``; yields
+    ``(session, pipeline)`` and closes the session after."""
     ts = s.time_scale if s.time_scale is not None else (1.0 if s.virtual else 0.005)
     wls = s.workloads
-    gen_pools = {p.upper(): n for p, n in s.rollout.items() if n > 0}
-    pools: dict[str, int] = dict(gen_pools)
-    pools["H800"] = pools.get("H800", 0) + s.train_gpus
-    pools["cpu"] = 2
     m = model_spec(s.model)
-    t_wall = time.monotonic()
-    lags: list[float] = []
-    with SimSession(pools, seed=s.seed, gpus_per_node=GPUS_PER_NODE, virtual=s.virtual) as sess:
+    with SimSession(pools_of(s), seed=s.seed, gpus_per_node=GPUS_PER_NODE, virtual=s.virtual) as sess:
         train_slots = min(s.train_gpus, GPUS_PER_NODE)
         # rank 0 models the whole data-parallel group; the other ranks hold its GPUs in the pools
         train = sess.cluster(
@@ -173,6 +164,7 @@ def simulate(s: RunSpec) -> dict[str, float]:
             time_scale=ts,
             mfu=s.train_mfu,
         )
+        gen_pools = {p.upper(): n for p, n in s.rollout.items() if n > 0}
         order = list(gen_pools)
         replicas = sum(n // s.tp for n in gen_pools.values())
         gen = sess.cluster(
@@ -209,6 +201,33 @@ def simulate(s: RunSpec) -> dict[str, float]:
             hw_affinity=s.hw_affinity,
             rollout=rc,
         )
+        yield sess, pipe
+
+
+def pools_of(s: RunSpec) -> dict[str, int]:
+    """The SimSession pools of ``s``: its generation GPUs, the trainer's H800s, two CPU slots."""
+    pools = {p.upper(): n for p, n in s.rollout.items() if n > 0}
+    pools["H800"] = pools.get("H800", 0) + s.train_gpus
+    pools["cpu"] = 2
+    return pools
+
+
+def simulate(s: RunSpec) -> dict[str, float]:
+    """Run ``s`` on a fresh SimSession; returns modelled means over the measured steps.
+
+    Returns:
+        ``step_s`` (modelled seconds per step), ``rollout_s`` (waiting for the batch),
+        ``tokens_per_s`` (modelled), ``aborted_per_step`` (staleness aborts),
+        ``redundant_cancelled_per_step``, ``aborted_token_frac`` / ``wasted_token_frac`` (generated
+        tokens of the measured steps aborted as stale / aborted or cancelled, over all generated
+        tokens), ``cost_per_hour`` (all GPUs), ``gpus``,
+        ``lag_frac`` (loop lag per probe period; see the module docstring), ``wall_s``.
+    """
+    ts = s.time_scale if s.time_scale is not None else (1.0 if s.virtual else 0.005)
+    pools = pools_of(s)
+    t_wall = time.monotonic()
+    lags: list[float] = []
+    with sim_pipeline(s) as (sess, pipe):
         probe_period = 0.01
         # a virtual clock has no lag to measure (and a probe's timers would only add events)
         probe = None if s.virtual else asyncio.run_coroutine_threadsafe(_lag_probe(probe_period, lags), sess._loop)
@@ -227,8 +246,16 @@ def simulate(s: RunSpec) -> dict[str, float]:
         "tokens_per_s": tokens / sum(steps) if steps else math.nan,
         "aborted_per_step": statistics.mean(r.counts.get("aborted_stale", 0) for r in reps),
         "redundant_cancelled_per_step": statistics.mean(r.counts.get("redundant_cancelled", 0) for r in reps),
+        "aborted_token_frac": _frac(reps, "aborted_tokens"),
+        "wasted_token_frac": _frac(reps, "aborted_tokens", "cancelled_tokens"),
         "cost_per_hour": pool_cost({p: n for p, n in pools.items() if p != "cpu"}),
         "gpus": float(sum(n for p, n in pools.items() if p != "cpu")),
         "lag_frac": statistics.mean(lags) / probe_period if lags else 0.0,
         "wall_s": wall,
     }
+
+
+def _frac(reps: list[Any], *keys: str) -> float:
+    """Share of the steps' generated tokens counted under ``keys`` of their ``waste``."""
+    gen = sum(r.waste.get("generated_tokens", 0) for r in reps)
+    return sum(r.waste.get(k, 0) for r in reps for k in keys) / gen if gen else math.nan

@@ -3,6 +3,7 @@
 Every experiment returns the dict built by :func:`result`::
 
     {"experiment": "r1_affinity", "ours": {metric: ratio}, "paper": {metric: [lo, hi] or value},
+     "wasted": {run: share of its generated tokens aborted as stale},
      "deviation": {metric: relative gap to the paper's range (0 inside it)},
      "notes": [why a metric is > 25% off, naming the modelling simplification], "raw": {...},
      "figure": "<out>/r1_affinity.html", "wall_s": ...}
@@ -77,6 +78,7 @@ def result(
     return {
         "experiment": name,
         "description": description,
+        "wasted": _wasted(raw),
         "ours": {k: round(v, 3) for k, v in ours.items()},
         "paper": {k: (list(v) if isinstance(v, tuple) else v) for k, v in paper.items()},
         "deviation": {k: (None if math.isnan(d) else round(d, 3)) for k, d in dev.items()},
@@ -102,6 +104,12 @@ def format_table(res: dict[str, Any]) -> str:
     w = [max(len(r[i]) for r in rows) for i in range(4)]
     lines = [f"== {res['experiment']} ({res.get('wall_s', '?')} s): {res['description']}"]
     lines += ["  " + "  ".join(c.ljust(w[i]) for i, c in enumerate(r)) for r in rows]
+    wasted = {k: v for k, v in res.get("wasted", {}).items() if v}
+    if wasted:
+        lines.append(
+            "  wasted (stale-aborted share of generated tokens): "
+            + ", ".join(f"{k} {v:.0%}" for k, v in wasted.items())
+        )
     lines += [f"  note: {n}" for n in res["notes"]]
     return "\n".join(lines)
 
@@ -138,6 +146,19 @@ def finish(res: dict[str, Any], out: str, printer: Callable[[str], None] | None,
     if printer is not None:
         printer(format_table(res))
     return res
+
+
+def _wasted(raw: Any, prefix: str = "") -> dict[str, float]:
+    """Run name -> the share of its generated tokens aborted as stale, for every simulate() record in ``raw``."""
+    if not isinstance(raw, dict):
+        return {}
+    if "lag_frac" in raw:
+        frac = raw.get("aborted_token_frac", 0.0)
+        return {prefix: round(float(frac), 3)} if isinstance(frac, float) and not math.isnan(frac) else {}
+    out: dict[str, float] = {}
+    for k, v in raw.items():
+        out.update(_wasted(v, f"{prefix}/{k}" if prefix else str(k)))
+    return out
 
 
 def _runs(raw: Any) -> list[dict[str, Any]]:

@@ -17,6 +17,11 @@ growing :class:`~rollart_nb.tokens.TokenSeq` per trajectory, and each turn's ``p
 each request carries only the tokens the generator does not hold yet (``prefix_len`` counts
 those it does: earlier prompts and its own responses); a generator that lost them answers
 :class:`~rollart_nb.errors.HistoryMiss` and the turn is resent once with the whole history.
+
+Preemption: a turn stopped by a weight update (``finish_reason`` "preempted", see
+:meth:`~rollart_nb.control.proxy.LLMProxy.suspend`) is continued after the update from the whole
+history plus its tokens so far, within the same budget; the turn records the oldest version
+that wrote part of it and how often it was preempted (``timings["preempted"]``).
 """
 
 from __future__ import annotations
@@ -152,7 +157,9 @@ class EnvManager:
         self.abandoned += 1
         self._abandoned_now = True
 
-    async def _generate(self, traj: Trajectory, k: int, seq: TokenSeq, held: int, temp: float) -> Any:
+    async def _generate(
+        self, traj: Trajectory, k: int, seq: TokenSeq, held: int, temp: float, max_new: int | None = None
+    ) -> Any:
         """Turn ``k``'s generation: send the tokens of ``seq`` after the ``held`` ones the
         generator keeps; if it has lost them (:class:`HistoryMiss`), resend the whole history once."""
 
@@ -161,7 +168,7 @@ class EnvManager:
                 traj.id,
                 self.task,
                 seq.tail(prefix_len),
-                self.cfg.max_new_tokens,
+                self.cfg.max_new_tokens if max_new is None else max_new,
                 temp,
                 seed=request_seed(traj, k),
                 last_turn=k == self.max_turns - 1,
@@ -258,26 +265,44 @@ class EnvManager:
             self._call = f"generate of turn {k}"
             prompt_len = len(seq)
             res = await self._generate(traj, k, seq, held, temp)
+            parts = [res]
+            seq.extend(res.token_ids)
+            while res.finish_reason == "preempted" and len(seq) - prompt_len < self.cfg.max_new_tokens:
+                # stopped by a weight update: continue from the history plus the tokens so far, under
+                # the new weights (the generator dropped its copy, so the whole history goes again)
+                res = await self._generate(
+                    traj, k, seq, 0, temp, max_new=self.cfg.max_new_tokens - (len(seq) - prompt_len)
+                )
+                parts.append(res)
+                seq.extend(res.token_ids)
             t2 = clock()
-            action = res.text or self.tok.decode(res.token_ids)
-            response = seq.extend(res.token_ids)
+            response = seq.view(prompt_len, len(seq))
+            action = res.text if len(parts) == 1 and res.text else self.tok.decode(list(response))
             # An aborted generation drops the generator's copy: the next turn sends it all again.
-            held = len(seq) if res.finish_reason != "abort" else 0
+            held = len(seq) if res.finish_reason not in ("abort", "preempted") else 0
             turn = Turn(
                 observation=obs.text if isinstance(obs, Tokens) else obs,
                 action=action,
                 prompt_ids=seq.view(0, prompt_len),
                 response_ids=response,
-                logprobs=list(res.logprobs),
-                loss_mask=[1] * len(res.token_ids),
-                version=res.version,
-                timings={"t": wall, "generate": t2 - t1, "prefill_model": res.prefill_s, "decode_model": res.decode_s},
+                logprobs=_logprobs(parts),
+                loss_mask=[1] * len(response),
+                version=min(p.version for p in parts),  # the oldest weights that wrote part of it
+                timings={
+                    "t": wall,
+                    "generate": t2 - t1,
+                    "prefill_model": sum(p.prefill_s for p in parts),
+                    "decode_model": sum(p.decode_s for p in parts),
+                },
                 worker=res.worker,
             )
             if k == 0:
                 turn.timings["reset"] = reset_s
-            if res.recomputed_tokens:
-                turn.timings["recomputed_tokens"] = float(res.recomputed_tokens)
+            if len(parts) > 1:
+                turn.timings["preempted"] = float(len(parts) - 1)
+            recomputed = sum(p.recomputed_tokens for p in parts)
+            if recomputed:
+                turn.timings["recomputed_tokens"] = float(recomputed)
             traj.turns.append(turn)
             self._call = f"step of turn {k}"
             obs, reward, terminated, truncated, step_info = await env_step(
@@ -339,3 +364,10 @@ def request_seed(traj: Trajectory, turn: int) -> int:
 
 def _jsonable(d: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in d.items() if isinstance(v, int | float | str | bool | type(None))}
+
+
+def _logprobs(parts: list[Any]) -> list[float]:
+    """The turn's log-probabilities: its one result's list as is (no copy), or the parts' joined."""
+    if len(parts) == 1 and isinstance(parts[0].logprobs, list):
+        return parts[0].logprobs
+    return [lp for p in parts for lp in p.logprobs]

@@ -2,15 +2,24 @@
 
 Each mode is a handful of switches read by the RolloutScheduler and the Pipeline:
 
-========  ===============  ============  ==============  ==============  ===================
+========  ===============  ============  ==============  ==============  =============================
 mode      env interaction  reward        launch          train overlap   staleness
-========  ===============  ============  ==============  ==============  ===================
+========  ===============  ============  ==============  ==============  =============================
 sync      batch-level      after batch   per iteration   no              none (all fresh)
 sync+     trajectory       overlapped    per iteration   no              none (all fresh)
 one-off   trajectory       overlapped    per iteration   yes (1 step)    all finish, stale 1
-areal     trajectory       overlapped    continuous      yes             checked at start
-rollart   trajectory       overlapped    continuous      yes             per trajectory, α
-========  ===============  ============  ==============  ==============  ===================
+areal     trajectory       overlapped    windowed        yes             checked at start
+rollart   trajectory       overlapped    windowed        yes             at start and every version, α
+========  ===============  ============  ==============  ==============  =============================
+
+"windowed": continuous, but a group starts only while the groups started (less those given up)
+stay within (batches taken + α + 1) batches. Under the paper's rule (a trajectory begun more than
+α versions ago is aborted), a group opened beyond that window would wait for a batch until it is
+too stale to train on: launching it could only produce aborted work. RollArt then also aborts,
+at every version bump, any trajectory (running or buffered) begun more than α versions ago;
+AReaL keeps those and trains on them. Both preempt the turns in flight at a weight update
+(``preempt``): they continue under the new weights after a KV recompute, so an update never
+waits for the longest generation; the other modes' updates wait for every turn in flight.
 """
 
 from __future__ import annotations
@@ -33,8 +42,11 @@ class Mode:
         continuous: keep every env busy across iterations (else launch one iteration's quota).
         overlap_train: run train_step concurrently with the next rollout.
         abort_stale: abort in-flight and buffered trajectories older than α at every version bump.
-        admit_by_version: AReaL's rule: start a new trajectory only while the number started
-            stays within (version + α + 1) batches.
+        admit_by_version: start a new group only while the groups started (less those given
+            up) stay within (batches taken + α + 1) batches (the "windowed" launch above).
+        preempt: a weight update stops the turns in flight (suspend) and they continue under
+            the new weights, their KV recomputed, instead of the update waiting for the
+            longest of them to end (RollArt's steps 2-5; AReaL's interruptible rollout).
     """
 
     name: str
@@ -44,6 +56,7 @@ class Mode:
     overlap_train: bool = True
     abort_stale: bool = True
     admit_by_version: bool = False
+    preempt: bool = False
 
 
 MODES: dict[str, Mode] = {
@@ -52,8 +65,10 @@ MODES: dict[str, Mode] = {
     ),
     "sync+": Mode("sync+", continuous=False, overlap_train=False, abort_stale=False),
     "one-off": Mode("one-off", continuous=False, overlap_train=True, abort_stale=False),
-    "areal": Mode("areal", continuous=True, overlap_train=True, abort_stale=False, admit_by_version=True),
-    "rollart": Mode("rollart", continuous=True, overlap_train=True, abort_stale=True),
+    "areal": Mode("areal", continuous=True, overlap_train=True, abort_stale=False, admit_by_version=True, preempt=True),
+    "rollart": Mode(
+        "rollart", continuous=True, overlap_train=True, abort_stale=True, admit_by_version=True, preempt=True
+    ),
 }
 
 

@@ -2,8 +2,10 @@
 
 Each :meth:`Pipeline.step`::
 
-    (1) get_batch   wait until the SampleBuffer holds a batch of whole groups, take it
-    (2) suspend     the LLMProxy stops admitting requests (in-flight trajectories are kept)
+    (1) get_batch   wait until the SampleBuffer holds a batch of whole groups, take it (then,
+                    when training overlaps, wait for the previous step's train_step)
+    (2) suspend     the LLMProxy stops admitting requests (in-flight trajectories are kept);
+                    modes with ``preempt`` stop the turns in flight instead of waiting for them
     (3) update      generation workers load the trainer's newest weights; the version bumps
                     and the staleness bound aborts / evicts what it now excludes
     (4) resume      the proxy admits requests again
@@ -47,7 +49,7 @@ from typing import TYPE_CHECKING, Any, Literal, overload
 from rollart_nb.config import PipelineConfig, portable
 from rollart_nb.control.checkpoint import PipelineCheckpoint, latest_reward_sources, write_checkpoint
 from rollart_nb.control.modes import mode as get_mode
-from rollart_nb.control.report import StepReport, count_deltas, env_fault_deltas
+from rollart_nb.control.report import StepReport, count_deltas, env_fault_deltas, waste
 from rollart_nb.control.scheduler import SchedulerConfig
 from rollart_nb.control.shards import ShardedRollout, auto_shards, plan_shards
 from rollart_nb.errors import ConfigError, StateError, WorkerDiedError
@@ -150,15 +152,15 @@ class Pipeline:
         # experiment trackers (TensorBoard, W&B, MLflow, ...): each StepReport goes to each of them
         self.trackers = resolve_trackers(list(c.trackers) or None, run_dir=self.run_dir, name=name)
         self._tracking_started = False  # trackers get the run's config before its first step
-        # task -> preferred hardware: the generator's @hw_mapping, else the env's shape hint
+        # task -> preferred hardware: the generator's @hw_mapping, else the env's shape hint until
+        # the task's measured token profile decides (in the rollout's proxy)
+        tagged = {t: gen.affinity("generate", t) for t in tasks.envs} if c.hw_affinity else {}
         self.affinity = (
-            {
-                t: gen.affinity("generate", t) or shape_affinity(getattr(env, "shape", None))
-                for t, env in tasks.envs.items()
-            }
+            {t: tagged[t] or shape_affinity(getattr(env, "shape", None)) for t, env in tasks.envs.items()}
             if c.hw_affinity
             else {}
         )
+        measured = sorted(t for t, tag in tagged.items() if not tag)
         targets = [(h.actor, h.binding.worker, h.binding.hardware, h.binding.pool) for h in gen.workers]
         self.rollout = ShardedRollout(
             runtime,
@@ -167,6 +169,7 @@ class Pipeline:
             model=gen.model,
             targets=targets,
             task_affinity=self.affinity,
+            measured=measured,
             pd=c.pd,
             max_inflight=c.max_inflight,
             dispatch=c.dispatch,
@@ -200,6 +203,7 @@ class Pipeline:
         self.reports: list[StepReport] = []
         self._train_fut: Any = None
         self._counts: dict[str, int] = {}  # cumulative endings by kind, at the last step
+        self._token_events: dict[str, int] = {}  # cumulative generated / wasted tokens, at the last step
         self._task_counts: dict[str, dict[str, int]] = {}  # task -> kind -> endings, at the last step
         self._env_faults: dict[str, int] = {}  # cumulative env fault counters at the last step
         self._thread: threading.Thread | None = None
@@ -240,15 +244,15 @@ class Pipeline:
         if not m.overlap_train:  # sync, sync+
             metrics = self.train.train_step(batch)
             rep.phases["train"] = rep.train_s = self._clock() - t1
-        t2 = self._clock()
-        self.rollout.suspend()  # (2) suspend
-        t3 = self._clock()
-        rep.phases["suspend"] = t3 - t2
-        if m.overlap_train and self._train_fut is not None:  # previous step's training
+        if m.overlap_train and self._train_fut is not None:  # previous step's training, rollout still running
+            t2 = self._clock()
             metrics = self._train_fut.result()
-            rep.phases["train"] = self._clock() - t3
+            rep.phases["train"] = self._clock() - t2
             rep.train_s = metrics.get("step_s", metrics.get("modelled_s", 0.0))
+        t3 = self._clock()
+        self.rollout.suspend(preempt=m.preempt)  # (2) suspend
         t4 = self._clock()
+        rep.phases["suspend"] = t4 - t3
         if metrics:  # (3) update
             rep.weights = self._update_weights(int(metrics["version"]))
             rep.weights.update({k: metrics[k] for k in ("push_s", "push_bytes") if k in metrics})
@@ -488,6 +492,9 @@ class Pipeline:
         rep.engines = list(stats.get("proxy", {}).get("engines", []))
         # endings during this step (events only grow; "counts" moves evicted samples between statuses)
         rep.counts, self._counts = count_deltas(stats["events"], self._counts), stats["events"]
+        tokens = stats.get("token_events", {})
+        rep.waste = waste(count_deltas(tokens, self._token_events), rep.counts.get("aborted_stale", 0))
+        self._token_events = tokens
         per_task = stats.get("task_events", {})
         for task, kinds in per_task.items():
             delta = count_deltas(kinds, self._task_counts.get(task, {}))

@@ -44,7 +44,12 @@ from typing import Any
 
 from rollart_nb.errors import GenerationError, HistoryMiss
 from rollart_nb.protocols import GenerationRequest, GenerationResult
-from rollart_nb.workers.routing import pick_worker
+from rollart_nb.workers.routing import (
+    MIN_PROFILE_TURNS,
+    TokenProfile,
+    assign_affinity,
+    pick_worker,
+)
 
 __all__ = ["GenTarget", "LLMProxy"]
 
@@ -101,6 +106,14 @@ class LLMProxy:
         dispatch: "direct" (one actor call per turn) or "batched" (turns streamed in and out).
         max_batch: most turns in one ``submit`` call of batched dispatch.
         failover_wait_s: how long a turn waits for a replacement while every worker is dead.
+        measured: tasks routed by their measured token profile: once a task has run
+            ``MIN_PROFILE_TURNS`` turns (and again every so many), the roofline prices its mean
+            turn in device-seconds on each kind of hardware in the cluster, and its entry in
+            ``affinity`` becomes the kind it has the comparative advantage on
+            (:func:`~rollart_nb.workers.routing.assign_affinity`): compute-optimized for
+            prefill-heavy, long-context turns, bandwidth-optimized for decode-heavy ones. Until
+            then the entry given (e.g. the env's declared shape) routes.
+        model_spec: the served model's :class:`~rollart_nb.models.ModelSpec` (needed by ``measured``).
     """
 
     def __init__(
@@ -113,6 +126,8 @@ class LLMProxy:
         dispatch: str = "direct",
         max_batch: int = 64,
         failover_wait_s: float = 300.0,
+        measured: set[str] | frozenset[str] = frozenset(),
+        model_spec: Any = None,
     ) -> None:
         if not targets:
             raise GenerationError("LLMProxy needs at least one generation worker")
@@ -138,11 +153,18 @@ class LLMProxy:
         self.history_misses = 0
         self.targets = targets
         self.affinity = dict(affinity or {})
+        self.measured = set(measured) if model_spec is not None else set()
+        self.model_spec = model_spec
+        self.profiles: dict[str, TokenProfile] = {}  # task -> measured tokens per turn
+        self._batch: float | None = None  # mean turns in flight per worker, as measured turns end
         self.max_inflight, self.pd = max_inflight, pd
         self._inflight = [0] * len(targets)
         self._sticky: dict[str, int] = {}
+        self._sticky_d: dict[str, int] = {}  # PD: each trajectory's decode worker
         self._running: dict[str, int] = {}  # traj id -> worker index of its in-flight request
         self._aborted: set[str] = set()
+        self._preempted: set[str] = set()  # in-flight turns stopped by suspend(preempt=True)
+        self.preemptions = 0
         self._admit = asyncio.Event()
         self._admit.set()
         self._idle = asyncio.Event()
@@ -180,6 +202,21 @@ class LLMProxy:
         self.fallbacks += int(fell_back)
         self._sticky[traj_id] = idx
         return idx
+
+    def _observe(self, req: GenerationRequest, res: GenerationResult) -> None:
+        """Add a finished turn to its task's token profile; re-decide the task's hardware every
+        ``MIN_PROFILE_TURNS`` turns."""
+        prof = self.profiles.setdefault(req.task, TokenProfile())
+        # prompt tokens the worker computed: those it did not hold, or the whole history when new
+        # weights made its cached KV stale
+        new = max(len(req.prompt_ids), res.recomputed_tokens)
+        prof.observe(new, req.full_len - new, len(res.token_ids))
+        # the decode batch a turn shares: turns in flight per live worker, averaged over turns
+        now = (sum(self._inflight) + 1) / max(len(self.targets) - len(self.dead), 1)
+        self._batch = now if self._batch is None else 0.9 * self._batch + 0.1 * now
+        if prof.turns % MIN_PROFILE_TURNS == 0:
+            hardware = [t.hardware for t in self.targets]
+            self.affinity.update(assign_affinity(self.model_spec, hardware, self.profiles, max(self._batch, 1.0)))
 
     def limits(self) -> list[int]:
         """Turns one worker holds before it counts as busy: its engine's capacity, else max_inflight."""
@@ -224,11 +261,20 @@ class LLMProxy:
             await self._wait_for_live()
             try:
                 if self.pd:
-                    return await self._generate_pd(req)
-                idx = self.route(req.traj_id, req.task)
-                if self.dispatch == "batched":
-                    return await self._enqueue(idx, req)
-                return await self._call(idx, req, "generate", req, req.task)
+                    res = await self._generate_pd(req)
+                else:
+                    idx = self.route(req.traj_id, req.task)
+                    if self.dispatch == "batched":
+                        res = await self._enqueue(idx, req)
+                    else:
+                        res = await self._call(idx, req, "generate", req, req.task)
+                if req.traj_id in self._preempted:
+                    self._preempted.discard(req.traj_id)
+                    if res.finish_reason == "abort":  # stopped for a weight update: the sender continues it
+                        res.finish_reason = "preempted"
+                if req.task in self.measured and res.finish_reason in ("stop", "length"):
+                    self._observe(req, res)
+                return res
             except _TargetDied:
                 self.rerouted += 1  # a live worker recomputes the KV (from the history, resent on a miss)
             except HistoryMiss:
@@ -423,14 +469,17 @@ class LLMProxy:
 
     async def _generate_pd(self, req: GenerationRequest) -> GenerationResult:
         p = self.route(req.traj_id, req.task, pref="compute")
-        d, fell_back = pick_worker(
-            [(t.hardware, t.pool) for t in self.targets],
-            self._inflight,
-            "bandwidth",
-            self.max_inflight,
-            exclude=frozenset(self.dead),
-        )
-        self.fallbacks += int(fell_back)
+        d = self._sticky_d.get(req.traj_id)  # the decode node keeps the trajectory's KV between turns
+        if d is None or d in self.dead:
+            d, fell_back = pick_worker(
+                [(t.hardware, t.pool) for t in self.targets],
+                self._inflight,
+                "bandwidth",
+                self.max_inflight,
+                exclude=frozenset(self.dead),
+            )
+            self.fallbacks += int(fell_back)
+            self._sticky_d[req.traj_id] = d
         prefilled = await self._call(p, req, "prefill", req)
         return await self._call(d, req, "decode", req, prefilled)
 
@@ -460,12 +509,22 @@ class LLMProxy:
                 self._idle.set()
 
     # -- control ---------------------------------------------------------------------
-    async def suspend(self, timeout_s: float | None = None) -> None:
+    async def suspend(self, timeout_s: float | None = None, preempt: bool = False) -> None:
         """Stop admitting requests; return once the in-flight ones have finished.
 
         In-flight *trajectories* are preserved: their next turn waits for :meth:`resume`.
+        ``preempt``: do not wait for in-flight turns to run to their end: stop them now (each
+        returns the tokens it has, with ``finish_reason`` "preempted", and its worker drops its
+        KV); the sender continues the turn after :meth:`resume`, under the new weights, from
+        the whole history plus those tokens (the KV recompute of step 5). Without it, suspend
+        lasts as long as the longest turn in flight.
         """
         self._admit.clear()
+        if preempt and self._running:
+            running = [(tid, idx) for tid, idx in self._running.items() if idx not in self.dead]
+            self._preempted.update(tid for tid, _ in running)
+            self.preemptions += len(running)
+            await asyncio.gather(*(self._quiet(self.targets[idx].handle.abort.remote(tid)) for tid, idx in running))
         await asyncio.wait_for(self._idle.wait(), timeout=timeout_s)
 
     def resume(self) -> None:
@@ -508,9 +567,14 @@ class LLMProxy:
         """Drop routing state of a finished trajectory; its worker drops what it keeps for it
         (history, prefix KV) with the next :data:`FORGET_BATCH` ended trajectories."""
         idx = self._sticky.pop(traj_id, None)
+        d = self._sticky_d.pop(traj_id, None)
         self._aborted.discard(traj_id)
-        if idx is None or idx in self.dead:
-            return
+        self._preempted.discard(traj_id)
+        for i in {idx, d} - {None}:  # a PD decode node holds its KV too
+            if i is not None and i not in self.dead:
+                self._queue_forget(i, traj_id)
+
+    def _queue_forget(self, idx: int, traj_id: str) -> None:
         pending = self._forget[idx]
         pending.append(traj_id)
         if len(pending) >= FORGET_BATCH:
@@ -549,6 +613,9 @@ class LLMProxy:
             "inflight": list(self._inflight),
             "sticky": len(self._sticky),
             "suspended_s": self.suspended_s,
+            "preemptions": self.preemptions,
+            "affinity": dict(self.affinity),
+            "profiles": {t: dict(vars(p)) for t, p in self.profiles.items()},
             "held_s": self.held_s,
             "batches": self.batches,
             "dispatch": self.dispatch,

@@ -9,7 +9,7 @@ from typing import Any
 
 from rollart_nb.algo.grpo import TRAIN_METRICS
 
-__all__ = ["ENV_FAULTS", "PHASES", "StepReport", "count_deltas", "env_fault_deltas"]
+__all__ = ["ENV_FAULTS", "PHASES", "StepReport", "count_deltas", "env_fault_deltas", "waste"]
 
 PHASES = ("rollout_wait", "suspend", "update", "resume", "train")
 """Step-time phases, in protocol order (train is the part not hidden behind rollout)."""
@@ -26,6 +26,26 @@ def env_fault_deltas(now: dict[str, Any], before: dict[str, Any]) -> dict[str, i
 def count_deltas(now: dict[str, int], before: dict[str, int]) -> dict[str, int]:
     """This step's endings: cumulative counters now minus at the last step, zeros left out."""
     return {k: n - before.get(k, 0) for k, n in now.items() if n - before.get(k, 0)}
+
+
+def waste(token_deltas: dict[str, int], aborted: int) -> dict[str, float]:
+    """A step's wasted work from its :func:`count_deltas` of the rollout's ``token_events``
+    (``ended``, ``aborted_stale``, ``cancelled``) and its number of stale aborts.
+
+    Example:
+        >>> waste({"ended": 1000, "aborted_stale": 250, "cancelled": 50}, aborted=3)["wasted_frac"]
+        0.3
+    """
+    gen = int(token_deltas.get("ended", 0))
+    ab, ca = int(token_deltas.get("aborted_stale", 0)), int(token_deltas.get("cancelled", 0))
+    return {
+        "generated_tokens": gen,
+        "aborted_tokens": ab,
+        "cancelled_tokens": ca,
+        "aborted": aborted,
+        "aborted_frac": ab / gen if gen else math.nan,
+        "wasted_frac": (ab + ca) / gen if gen else math.nan,
+    }
 
 
 @dataclass
@@ -56,6 +76,12 @@ class StepReport:
             that completed in an earlier step and is evicted as stale in this one counts as
             aborted_stale here.
         task_counts: the same per task (task -> kind -> count; kinds with 0 left out).
+        waste: generated work this step lost, as :func:`waste` returns it: ``generated_tokens``
+            (response tokens of every trajectory that ended this step), ``aborted_tokens`` (of
+            those aborted as stale, evictions from the buffer included), ``cancelled_tokens``
+            (redundant members and closed groups), ``aborted`` (trajectories aborted as stale)
+            and ``aborted_frac`` / ``wasted_frac`` (aborted, and aborted plus cancelled, tokens
+            over generated tokens; NaN when nothing ended).
         failures: a few failure reasons seen during the step (task -> reasons).
         env: env faults during the step (see :data:`ENV_FAULTS`): ``restarts`` (envs replaced by
             a fresh copy after a failure), ``timeouts`` (env calls past ``env_timeout_s``) and
@@ -89,6 +115,7 @@ class StepReport:
     staleness: dict[int, int] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)
     task_counts: dict[str, dict[str, int]] = field(default_factory=dict)
+    waste: dict[str, float] = field(default_factory=dict)
     failures: dict[str, list[str]] = field(default_factory=dict)
     env: dict[str, int] = field(default_factory=dict)
     weights: dict[str, float] = field(default_factory=dict)
@@ -122,6 +149,9 @@ class StepReport:
         r.update({f"val/{k}": round(v, 3) for k, v in self.validation.items()})
         r.update({f"val/{t}/{k}": round(v, 3) for t, ks in self.pass_k.items() for k, v in ks.items()})
         r["aborted"] = self.counts.get("aborted_stale", 0)
+        frac = self.waste.get("aborted_frac")
+        if isinstance(frac, int | float) and not math.isnan(frac):
+            r["aborted_frac"] = round(float(frac), 3)
         r["failed"] = self.counts.get("failed", 0)
         if self.counts.get("penalized"):
             r["penalized"] = self.counts["penalized"]

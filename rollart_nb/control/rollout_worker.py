@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import logging
 from collections import Counter
 from typing import Any
 
@@ -22,7 +23,9 @@ from rollart_nb.trajectory import Status, Trajectory
 from rollart_nb.workers.decorators import register
 from rollart_nb.workers.worker import Worker
 
-__all__ = ["RolloutWorker"]
+__all__ = ["RolloutWorker", "model_spec"]
+
+log = logging.getLogger(__name__)
 
 
 class RolloutWorker(Worker):
@@ -39,6 +42,9 @@ class RolloutWorker(Worker):
         max_inflight: per generation worker, before the proxy routes elsewhere.
         dispatch: "direct" (one actor call per turn) or "batched" (turns queued for a busy worker
             go together in one call).
+        measured: tasks routed by their measured token profile (see
+            :class:`~rollart_nb.control.proxy.LLMProxy`); needs the model's shape, from a
+            :class:`~rollart_nb.models.ModelSpec` or the model directory's ``config.json``.
     """
 
     default_pool = "cpu"
@@ -53,8 +59,10 @@ class RolloutWorker(Worker):
         pd: bool = False,
         max_inflight: int = 256,
         dispatch: str = "direct",
+        measured: list[str] | None = None,
     ) -> None:
         self._args = (envs, model, targets, task_affinity, config, pd, max_inflight, dispatch)
+        self._measured = set(measured or ())
         self.rewards = RewardDispatcher()
         self.sched: RolloutScheduler | None = None
 
@@ -76,7 +84,13 @@ class RolloutWorker(Worker):
         if self.sched is None:
             envs, model, targets, affinity, config, pd, max_inflight, dispatch = self._args
             proxy = LLMProxy(
-                [GenTarget(*t) for t in targets], affinity, max_inflight=max_inflight, pd=pd, dispatch=dispatch
+                [GenTarget(*t) for t in targets],
+                affinity,
+                max_inflight=max_inflight,
+                pd=pd,
+                dispatch=dispatch,
+                measured=self._measured,
+                model_spec=model_spec(model) if self._measured else None,
             )
             self.sched = RolloutScheduler(envs, model.load_tokenizer(), proxy, self.rewards, config, id_salt=self.role)
             # nothing runs or is buffered yet: starting at ``version`` aborts and evicts nothing
@@ -131,8 +145,8 @@ class RolloutWorker(Worker):
         return await self._s().set_version(version, rollback=rollback)
 
     @register("one")
-    async def suspend(self, timeout_s: float | None = None) -> None:
-        await self._s().proxy.suspend(timeout_s)
+    async def suspend(self, timeout_s: float | None = None, preempt: bool = False) -> None:
+        await self._s().proxy.suspend(timeout_s, preempt=preempt)
 
     @register("one")
     def resume(self) -> None:
@@ -250,3 +264,19 @@ class RolloutWorker(Worker):
             return {}
         await self.sched.close()
         return dict(self.sched.counts)
+
+
+def model_spec(model: Any) -> Any:
+    """The shape of ``model`` for routing by token profile: a ModelSpec as is, else read from the
+    model directory's ``config.json`` (None when it has none)."""
+    from rollart_nb.models.spec import ModelSpec
+
+    if isinstance(model, ModelSpec):
+        return model
+    try:
+        from rollart_nb.sim.calibrate import tiny_spec
+
+        return tiny_spec(model)
+    except Exception as e:  # no config.json, an unknown layout: routing keeps the declared hints
+        log.info("routing by token profile is off: no model shape for %r (%s)", model, e)
+        return None

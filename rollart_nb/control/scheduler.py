@@ -28,6 +28,7 @@ import logging
 import random
 import re
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -174,6 +175,37 @@ class GroupState:
     close_reason: str = ""
 
 
+class EndedLog:
+    """The most recently ended trajectories, whole (for the viewer and ``pipe.trajectories``),
+    bounded by count and by tokens: the oldest leave first, so a long run's memory stays flat
+    whatever its trajectories' lengths.
+
+    Args:
+        max_trajectories: most trajectories kept.
+        max_tokens: most tokens kept (each trajectory's conversation plus its generated tokens,
+            whose log-probabilities and masks are stored per token).
+    """
+
+    def __init__(self, max_trajectories: int = 4096, max_tokens: int = 1 << 21) -> None:
+        self.max_trajectories, self.max_tokens = max_trajectories, max_tokens
+        self._items: collections.deque[tuple[Trajectory, int]] = collections.deque()
+        self.tokens = 0
+
+    def append(self, traj: Trajectory) -> None:
+        last = traj.turns[-1] if traj.turns else None
+        size = (len(last.prompt_ids) + len(last.response_ids) if last is not None else 0) + _generated(traj)
+        self._items.append((traj, size))
+        self.tokens += size
+        while self._items and (len(self._items) > self.max_trajectories or self.tokens > self.max_tokens):
+            self.tokens -= self._items.popleft()[1]
+
+    def __iter__(self) -> Iterator[Trajectory]:
+        return (t for t, _ in self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
 class RolloutScheduler:
     """Trajectory-level rollout over many EnvManagers (runs inside one asyncio loop).
 
@@ -250,11 +282,15 @@ class RolloutScheduler:
         self.events: collections.Counter[str] = collections.Counter()
         # generated (response) tokens of ended trajectories, by how they ended: wasted work shows here
         self.generated: collections.Counter[str] = collections.Counter()
+        # the same as events that only grow: "ended" (every trajectory once, at its first ending)
+        # and, by kind, tokens that became waste ("aborted_stale", "cancelled": at the ending or
+        # when the buffer evicts a completed sample), so a step's wasted share is a difference
+        self.token_events: collections.Counter[str] = collections.Counter()
         # the same per task: task -> kind -> count (every step's per-task endings come from it)
         self.task_events: collections.defaultdict[str, collections.Counter[str]] = collections.defaultdict(
             collections.Counter
         )
-        self.ended: collections.deque[Trajectory] = collections.deque(maxlen=4096)
+        self.ended = EndedLog()
         self._buffered_ids: set[str] = set()  # counted completed and still in the buffer
         self.failure_reasons: collections.deque[tuple[str, str]] = collections.deque(maxlen=64)
         self.started_groups = 0
@@ -271,6 +307,7 @@ class RolloutScheduler:
         self.launched = 0
         self.batches_taken = 0
         self.started_by_task: collections.Counter[str] = collections.Counter()
+        self.given_up_by_task: collections.Counter[str] = collections.Counter()  # closed, never batched
         self._tasks: set[asyncio.Task] = set()
 
     # -- launching -------------------------------------------------------------------
@@ -285,9 +322,12 @@ class RolloutScheduler:
             return self.quota.get(task, 0) > 0
         # Per-task limits, so a fast task cannot crowd out a slow one that the batch also needs.
         quota = max(self._batch_quota[task], 1)
-        if self.mode.admit_by_version:  # AReaL: bound staleness at trajectory start only
-            # started <= (versions since start + alpha + 1) batches; one version per batch taken
-            return self.started_by_task[task] < (self.batches_taken + self.cfg.alpha + 1) * quota
+        if self.mode.admit_by_version:
+            # groups a batch will still take (opened, less those given up) <= (batches taken + alpha + 1)
+            # batches' worth, one version per batch taken: a group opened beyond that would be
+            # trained on at least alpha + 1 versions after it began (too stale to use)
+            live = self.started_by_task[task] - self.given_up_by_task[task]
+            return live < (self.batches_taken + self.cfg.alpha + 1) * quota
         return ahead[task] < (self.cfg.alpha + 1) * quota * self.cfg.group_size + self._envs_of[task]
 
     def _ahead(self) -> collections.Counter[str]:
@@ -476,6 +516,7 @@ class RolloutScheduler:
             self._buffered_ids.add(traj.id)
             self.counts["completed"] += 1
             self.generated["completed"] += _generated(traj)
+            self.token_events["ended"] += _generated(traj)
             self._count(traj.task, "completed")
             if penalized:  # counted only once it is in: a stale or surplus one ends as such instead
                 self._count(traj.task, "penalized")
@@ -536,11 +577,16 @@ class RolloutScheduler:
         self.proxy.forget(traj.id)
         traj.finish(Status.CANCELLED, "cancelled before it started", now=time.time())
         self._end(traj, g)
+        self.schedule()  # its env is free again
 
     def _end(self, traj: Trajectory, g: GroupState | None) -> None:
         """Account a trajectory that ended without entering the buffer (or left it)."""
+        n = _generated(traj)
         self.counts[traj.status.value] += 1
-        self.generated[traj.status.value] += _generated(traj)
+        self.generated[traj.status.value] += n
+        self.token_events["ended"] += n
+        if traj.status in (Status.ABORTED_STALE, Status.CANCELLED):
+            self.token_events[traj.status.value] += n
         self._count(traj.task, traj.status.value)
         self.ended.append(traj)
         if traj.status is Status.FAILED:
@@ -569,6 +615,7 @@ class RolloutScheduler:
                 n = _generated(t)
                 self.generated["completed"] -= n
                 self.generated[t.status.value] += n
+                self.token_events[t.status.value] += n  # trained on by nobody after all
                 self._count(t.task, t.status.value)  # events only grow: a step reports its own endings
                 if g is None:  # its group was given up while it waited in the buffer
                     continue
@@ -589,9 +636,12 @@ class RolloutScheduler:
             self._count(traj.task, "redundant_cancelled")
             task.cancel()
 
-    def _close_group(self, g: GroupState, reason: str) -> None:
+    def _close_group(self, g: GroupState, reason: str, taken: bool = False) -> None:
         """Close ``g``: its running members end cancelled. Members it has buffered stay there
-        (counted completed) until the staleness bound or the buffer's capacity evicts them."""
+        (counted completed) until the staleness bound or the buffer's capacity evicts them.
+        ``taken``: a batch took the group (else it is given up)."""
+        if not g.closed and not taken:
+            self.given_up_by_task[g.task] += 1
         g.closed, g.budget, g.close_reason = True, 0, reason
         for tid in list(g.running):
             traj, task, _ = self.running[tid]
@@ -623,21 +673,41 @@ class RolloutScheduler:
                 await self.proxy.abort([t.id for t, _ in newer])
                 await asyncio.sleep(0)
         self.version = version
-        self._on_evicted(self.buffer.set_version(version))
+        evicted = self.buffer.set_version(version)
+        stale: list[tuple[Trajectory, asyncio.Task]] = []
         if self.mode.abort_stale:
             floor = version - self.cfg.alpha
             stale = [(t, task) for t, task, _ in self.running.values() if t.min_version < floor]
-            for t, task in stale:
+            for t, _ in stale:
                 t.finish(
                     Status.ABORTED_STALE,
                     f"stale: began at version {t.min_version}, policy is at {version}, alpha={self.cfg.alpha}",
                     now=time.time(),
                 )
+            # A GRPO group is trained whole: once a member is too stale the group can no longer be,
+            # so its other members go too (a replacement would join a group whose older members
+            # expire before it ends) and a fresh group takes its place.
+            gids = {t.group_id for t in evicted} | {t.group_id for t, _ in stale}
+            if gids:
+                why = f"stale group: a member began before version {floor}, policy is at {version}, alpha={self.cfg.alpha}"
+                evicted += self.buffer.evict(lambda t: t.group_id in gids, why)
+                stale += [
+                    (t, task) for t, task, _ in self.running.values() if t.group_id in gids and not t.status.terminal
+                ]
+                for t, _ in stale:
+                    t.finish(Status.ABORTED_STALE, why, now=time.time())
+                for gid in gids:
+                    g = self.groups.get(gid)
+                    if g is not None:
+                        self._close_group(g, why)
+            for _, task in stale:
                 task.cancel()
             aborted += len(stale)
             if stale:
                 await self.proxy.abort([t.id for t, _ in stale])
-                await asyncio.sleep(0)  # let the cancelled tasks account themselves
+        self._on_evicted(evicted)
+        if stale:
+            await asyncio.sleep(0)  # let the cancelled tasks account themselves
         self.schedule()
         return {"aborted_in_flight": aborted}
 
@@ -728,7 +798,7 @@ class RolloutScheduler:
         for gid in {t.group_id for t in batch}:
             g = self.groups.get(gid)
             if g is not None:
-                self._close_group(g, "redundant: group taken by a batch")
+                self._close_group(g, "redundant: group taken by a batch", taken=True)
         self.schedule()
         return batch
 
@@ -792,7 +862,9 @@ class RolloutScheduler:
 
     def stats(self) -> dict[str, Any]:
         """Live rollout stats. Keys include ``counts`` (by current status), ``generated_tokens``
-        (response tokens of ended trajectories, by the same statuses), ``events`` (endings,
+        (response tokens of ended trajectories, by the same statuses), ``token_events``
+        (response tokens as growing counters: ``ended``, and ``aborted_stale`` / ``cancelled``
+        once they became waste), ``events`` (endings,
         only growing), ``accounting`` (:meth:`accounting`), ``env`` (restarts, timeouts,
         abandoned_threads, hung_threads, threads, thread_cap, at_cap, cap_hits) and ``rewards``
         (the RewardDispatcher's calls, failures, timeouts and reward thread pool)."""
@@ -800,6 +872,7 @@ class RolloutScheduler:
             "version": self.version,
             "counts": dict(self.counts),
             "generated_tokens": dict(self.generated),
+            "token_events": dict(self.token_events),
             "events": dict(self.events),
             "task_events": {t: dict(c) for t, c in self.task_events.items()},
             "running": len(self.running),

@@ -336,8 +336,8 @@ class ShardedRollout:
     def start_iteration(self) -> None:
         self._all("start_iteration")
 
-    def suspend(self, timeout_s: float | None = None) -> None:
-        self._all("suspend", timeout_s)
+    def suspend(self, timeout_s: float | None = None, preempt: bool = False) -> None:
+        self._all("suspend", timeout_s, preempt=preempt)
 
     def resume(self) -> None:
         self._all("resume")

@@ -8,7 +8,7 @@ formula is written out in its docstring.
 
 Units: ``bf16_tflops`` is 10^12 FLOP/s per device, ``mem_bw_gbps`` and every ``gbps`` here
 are GB/s (10^9 bytes/s; 200 Gbit/s Ethernet is 25 GB/s). ``tp`` devices split a model evenly
-(tensor parallelism; its communication is not modelled).
+(tensor parallelism), and every pass pays its all-reduces over NVLink (:func:`tp_comm_time`).
 
 Example:
     >>> from rollart_nb.models.spec import spec
@@ -24,15 +24,46 @@ from rollart_nb.models.spec import ModelSpec
 from rollart_nb.resources.profiles import HardwareProfile
 
 __all__ = [
+    "ACT_BYTES",
     "attention_flops",
     "decode_step_time",
+    "decode_steps_within",
     "decode_time",
+    "grad_sync_time",
+    "iteration_time",
     "prefill_flops",
     "prefill_time",
+    "tp_comm_time",
     "train_time",
     "weight_sync_time",
     "weights_read_bytes",
 ]
+
+
+ACT_BYTES = 2
+"""Bytes per activation element moved by tensor-parallel all-reduces (bf16)."""
+
+
+def tp_comm_time(spec: ModelSpec, hw: HardwareProfile, tokens: int, tp: int) -> float:
+    """Modelled seconds of a pass's tensor-parallel all-reduces over ``tokens`` tokens.
+
+    Megatron-style tensor parallelism all-reduces the activations twice per layer (after the
+    attention and after the MLP block). A ring all-reduce of ``n`` bytes moves
+    ``2 * (tp - 1) / tp * n`` bytes through each device's link::
+
+        time = 2 * layers * 2 * (tp - 1) / tp * tokens * hidden * ACT_BYTES / (nvlink_gbps * 1e9)
+
+    Bandwidth only: the fixed latency of each all-reduce (microseconds) is not modelled, so
+    small decode batches under-count it. 0 for ``tp == 1``.
+
+    Raises:
+        ValueError: ``tp > 1`` on a device without a link (``nvlink_gbps == 0``).
+    """
+    if tp <= 1 or tokens <= 0:
+        return 0.0
+    if hw.nvlink_gbps <= 0:
+        raise ValueError(f"{hw.name} has no device interconnect (nvlink_gbps=0): tp must be 1, got {tp}")
+    return 4.0 * spec.layers * (tp - 1) / tp * tokens * spec.hidden * ACT_BYTES / (hw.nvlink_gbps * 1e9)
 
 
 def _check(tp: int, eff: float, what: str) -> None:
@@ -95,10 +126,11 @@ def prefill_time(
     """Modelled seconds to prefill ``tokens`` new tokens after ``context`` cached ones.
 
     Compute-bound, with the weight read as a floor (a short prefill still streams the
-    weights once)::
+    weights once), plus the profile's fixed cost of a pass::
 
         time = max(prefill_flops(spec, tokens, context) / (tp * bf16_tflops * 1e12 * mfu),
                    weights_read_bytes(spec, tokens) / (tp * mem_bw_gbps * 1e9))
+               + tp_comm_time(spec, hw, tokens, tp) + pass_overhead_s
 
     Args:
         spec: the model.
@@ -113,7 +145,7 @@ def prefill_time(
         return 0.0
     compute = prefill_flops(spec, tokens, context) / (tp * hw.bf16_tflops * 1e12 * mfu)
     floor = weights_read_bytes(spec, tokens) / (tp * hw.mem_bw_gbps * 1e9)
-    return max(compute, floor)
+    return max(compute, floor) + tp_comm_time(spec, hw, tokens, tp) + hw.pass_overhead_s
 
 
 def _step_terms(
@@ -148,6 +180,7 @@ def decode_step_time(
         flops = 2 * active_params * batch + 4 * layers * hidden * context_tokens_total
         time  = max(bytes / (tp * mem_bw_gbps * 1e9 * mbu),
                     flops / (tp * bf16_tflops * 1e12 * mfu))
+                + tp_comm_time(spec, hw, batch, tp) + pass_overhead_s
 
     For MoE models ``weights_read_bytes`` counts only the experts the batch touches.
 
@@ -165,7 +198,8 @@ def decode_step_time(
     if batch <= 0:
         return 0.0
     a_m, b_m, a_c, b_c = _step_terms(spec, hw, batch, tp, mbu, mfu)
-    return max(a_m + b_m * context_tokens_total, a_c + b_c * context_tokens_total)
+    fixed = tp_comm_time(spec, hw, batch, tp) + hw.pass_overhead_s
+    return max(a_m + b_m * context_tokens_total, a_c + b_c * context_tokens_total) + fixed
 
 
 def _sum_max_linear(a1: float, b1: float, a2: float, b2: float, n: int) -> float:
@@ -223,18 +257,109 @@ def decode_time(
     # Substitute C = batch * (context + i): each line becomes (a + b*batch*context) + (b*batch)*i.
     return _sum_max_linear(
         a_m + b_m * batch * context, b_m * batch, a_c + b_c * batch * context, b_c * batch, new_tokens
+    ) + new_tokens * (tp_comm_time(spec, hw, batch, tp) + hw.pass_overhead_s)
+
+
+def decode_steps_within(
+    spec: ModelSpec,
+    hw: HardwareProfile,
+    seconds: float,
+    context: float,
+    batch: int,
+    limit: int,
+    tp: int = 1,
+    mbu: float = 0.7,
+    mfu: float = 0.5,
+) -> int:
+    """How many whole decode steps (at most ``limit``) fit in ``seconds``: the largest ``k``
+    with ``decode_time(spec, hw, k, context, batch, ...) <= seconds`` (a binary search over the
+    closed form, so O(log limit))."""
+    lo, hi = 0, max(limit, 0)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if decode_time(spec, hw, mid, context, batch=batch, tp=tp, mbu=mbu, mfu=mfu) <= seconds * (1 + 1e-12):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def iteration_time(
+    spec: ModelSpec,
+    hw: HardwareProfile,
+    batch: int,
+    context_tokens_total: float,
+    prefill: list[tuple[int, int]] | tuple[()] = (),
+    tp: int = 1,
+    mbu: float = 0.7,
+    mfu: float = 0.5,
+) -> float:
+    """Modelled seconds of one engine iteration with chunked prefill: one forward pass that
+    decodes a token for each of ``batch`` sequences (``context_tokens_total`` cached tokens
+    among them) and prefills the chunks in ``prefill``, ``(new tokens, cached tokens before
+    them)`` each. This is how a prefill slows the decodes that share its device::
+
+        tokens = batch + sum(new)
+        bytes  = weights_read_bytes(spec, tokens) + kv_bytes_per_token * (context_tokens_total + sum(cached))
+        flops  = 2 * active_params * tokens + 4 * layers * hidden * context_tokens_total
+                 + sum(attention_flops(spec, new, cached))
+        time   = max(bytes / (tp * mem_bw_gbps * 1e9 * mbu), flops / (tp * bf16_tflops * 1e12 * mfu))
+                 + tp_comm_time(spec, hw, tokens, tp) + pass_overhead_s
+
+    With no prefill it equals :func:`decode_step_time`.
+    """
+    _check(tp, mbu, "mbu")
+    _check(tp, mfu, "mfu")
+    new = sum(n for n, _ in prefill)
+    tokens = batch + new
+    if tokens <= 0:
+        return 0.0
+    nbytes = weights_read_bytes(spec, tokens) + spec.kv_bytes_per_token * (
+        context_tokens_total + sum(c for _, c in prefill)
     )
+    flops = (
+        2.0 * spec.active_params * tokens
+        + 4.0 * spec.layers * spec.hidden * context_tokens_total
+        + sum(attention_flops(spec, n, c) for n, c in prefill)
+    )
+    mem = nbytes / (tp * hw.mem_bw_gbps * 1e9 * mbu)
+    cmp = flops / (tp * hw.bf16_tflops * 1e12 * mfu)
+    return max(mem, cmp) + tp_comm_time(spec, hw, tokens, tp) + hw.pass_overhead_s
 
 
-def train_time(spec: ModelSpec, hw: HardwareProfile, tokens: int, gpus: int, mfu: float = 0.4) -> float:
+def grad_sync_time(spec: ModelSpec, hw: HardwareProfile, gpus: int, gpus_per_node: int = 8) -> float:
+    """Modelled seconds of one step's data-parallel gradient all-reduce over ``gpus`` devices.
+
+    A ring all-reduce of the bf16 gradients (``params * ACT_BYTES`` bytes) moves
+    ``2 * (gpus - 1) / gpus`` of them through each device's slowest link: NVLink within one
+    node (``gpus <= gpus_per_node``), else the network (``net_gbps``)::
+
+        time = 2 * (gpus - 1) / gpus * params * ACT_BYTES / (link_gbps * 1e9)
+
+    Not overlapped with the backward pass (real trainers hide part of it), so an upper bound.
+    0 on one device, or where the profile has no such link.
+    """
+    if gpus <= 1:
+        return 0.0
+    link = hw.nvlink_gbps if gpus <= gpus_per_node else hw.net_gbps
+    if link <= 0:
+        return 0.0
+    return 2.0 * (gpus - 1) / gpus * spec.params * ACT_BYTES / (link * 1e9)
+
+
+def train_time(
+    spec: ModelSpec, hw: HardwareProfile, tokens: int, gpus: int, mfu: float = 0.4, gpus_per_node: int = 8
+) -> float:
     """Modelled seconds of one optimizer step over ``tokens`` tokens on ``gpus`` devices.
 
     Formula: ``6 * active_params * tokens / (gpus * bf16_tflops * 1e12 * mfu)`` (forward 2 +
     backward 4 FLOPs per active parameter per token; attention and the old-policy logprob
-    pass are folded into ``mfu``). ``active_params == params`` for dense models.
+    pass are folded into ``mfu``) plus :func:`grad_sync_time`. ``active_params == params``
+    for dense models.
     """
     _check(gpus, mfu, "mfu")
-    return 6.0 * spec.active_params * max(tokens, 0) / (gpus * hw.bf16_tflops * 1e12 * mfu)
+    compute = 6.0 * spec.active_params * max(tokens, 0) / (gpus * hw.bf16_tflops * 1e12 * mfu)
+    return compute + grad_sync_time(spec, hw, gpus, gpus_per_node)
 
 
 def weight_sync_time(spec: ModelSpec, gbps: float) -> float:

@@ -47,6 +47,7 @@ class SimTokenizer:
         self.vocab_size = vocab_size
         self._words: dict[int, str] = {}
         self._ids: dict[str, int] = {}  # word -> id memo, at most MEMO_WORDS entries
+        self._names: list[str] | None = None  # id -> decoded word ("" for specials), built on first decode
 
     def token_id(self, word: str) -> int:
         """The id of one word."""
@@ -63,14 +64,25 @@ class SimTokenizer:
             if i is None:
                 word = words[k]
                 ids[k] = i = self.token_id(word)
-                self._words.setdefault(i, word)  # first word wins on a collision: decode stays stable
+                if i not in self._words:  # first word wins on a collision: decode stays stable
+                    self._words[i] = word
+                    if self._names is not None:
+                        self._names[i] = word
                 if len(memo) < MEMO_WORDS:
                     memo[word] = i
         return ids  # type: ignore[return-value]  # every None was replaced
 
     def decode(self, ids: list[int]) -> str:
         """Words joined by single spaces; special ids are skipped."""
-        return " ".join(self._words.get(i, f"w{i}") for i in ids if i not in self._SPECIAL)
+        names = self._names
+        if names is None:
+            names = self._names = [self._words.get(i, f"w{i}") for i in range(self.vocab_size)]
+            for i in self._SPECIAL:
+                names[i] = ""
+        try:
+            return " ".join(filter(None, map(names.__getitem__, ids)))  # a table lookup a token, in C
+        except (IndexError, TypeError):  # an id outside the vocabulary
+            return " ".join(self._words.get(i, f"w{i}") for i in ids if i not in self._SPECIAL)
 
     def __len__(self) -> int:
         return self.vocab_size

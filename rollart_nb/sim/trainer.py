@@ -88,6 +88,7 @@ class SimTrainBackend:
         self.time_scale, self.mfu = time_scale, mfu
         self.version = 0
         self.modelled_s = 0.0  # total modelled training seconds
+        self.published_at: float | None = None
 
     def train_step(self, batch: list[Trajectory]) -> dict[str, float]:
         """One optimizer step over ``batch``: sleep the modelled time, bump the version.
@@ -119,6 +120,10 @@ class SimTrainBackend:
     def _finish(self, batch: list[Trajectory], tokens: int, modelled_s: float) -> dict[str, float]:
         self.modelled_s += modelled_s
         self.version += 1
+        try:  # when these weights were published (loop time), for the generators' background pull
+            self.published_at = asyncio.get_running_loop().time()
+        except RuntimeError:  # called off any loop (train_step on a thread): the pull starts when asked
+            self.published_at = None
         rewards = [t.reward for t in batch if not math.isnan(t.reward)]
         return {
             "tokens": float(tokens),
@@ -153,8 +158,9 @@ class SimTrainBackend:
         self.version, self.modelled_s = int(state["version"]), float(state["modelled_s"])
 
     def state_dict(self) -> dict[str, Any]:
-        """A tiny stand-in for the weights: ``{"version": v}`` (what SimBackend.load_weights needs)."""
-        return {"version": self.version}
+        """A tiny stand-in for the weights: ``{"version": v, "published_at": loop time}`` (what
+        :meth:`~rollart_nb.sim.backend.SimBackend.aload_weights` needs to price the pull)."""
+        return {"version": self.version, "published_at": self.published_at}
 
     def __repr__(self) -> str:
         return f"SimTrainBackend({self.spec.name} on {self.gpus}x{self.hardware.name}, version={self.version})"

@@ -174,6 +174,13 @@ class SimGenerator(GeneratorWorker):
 
         return SimBackend(model, PROFILES.get(self.hardware, PROFILES["H20"]), **kwargs)
 
+    @register()
+    async def load_weights(self, state: Any, version: int) -> int:  # type: ignore[override]
+        """Load a new policy version after the modelled weight transfer
+        (:meth:`~rollart_nb.sim.backend.SimBackend.aload_weights`)."""
+        await self.backend.aload_weights(state, version)
+        return self.backend.version
+
 
 class HFGenerator(GeneratorWorker):
     """Generation with ``transformers`` (float32 on CPU, batches concurrent requests)."""

@@ -28,8 +28,10 @@ def test_prefill_4096_tokens_by_hand():
     assert flops == pytest.approx(7.2118e13, rel=1e-4)
     assert prefill_time(Q8, H800, 4096) == pytest.approx(flops / (989e12 * 0.5), rel=1e-9)  # ~0.146 s
     assert prefill_time(Q8, H20, 4096) == pytest.approx(flops / (148e12 * 0.5), rel=1e-9)  # ~0.975 s
-    # tp splits the FLOPs evenly; context adds attention FLOPs only.
-    assert prefill_time(Q8, H800, 4096, tp=2) == pytest.approx(prefill_time(Q8, H800, 4096) / 2)
+    # tp splits the FLOPs evenly and adds two all-reduces of the activations per layer over NVLink
+    # (400 GB/s on an H800): 2 * 36 * 2 * (1/2) * 4096 tokens * 4096 hidden * 2 bytes / 400e9 ~ 3 ms.
+    allreduce = 2 * 36 * 2 * 0.5 * 4096 * 4096 * 2 / 400e9
+    assert prefill_time(Q8, H800, 4096, tp=2) == pytest.approx(prefill_time(Q8, H800, 4096) / 2 + allreduce)
     with_ctx = 2 * 8.2e9 * 4096 + 4 * 36 * 4096 * 4096 * (8000 + 2048)
     assert prefill_time(Q8, H800, 4096, context=8000) == pytest.approx(with_ctx / (989e12 * 0.5))
 
@@ -98,8 +100,12 @@ def test_sum_max_linear(a1, b1, a2, b2, n):
 
 
 def test_train_time_and_weight_sync_by_hand():
-    assert train_time(Q8, H800, 1_000_000, gpus=32) == pytest.approx(6 * 8.2e9 * 1e6 / (32 * 989e12 * 0.4))
-    # MoE trains on active parameters.
+    # 32 GPUs span 4 nodes: the bf16 gradients' ring all-reduce goes over the 50 GB/s network.
+    grads = 2 * 31 / 32 * 8.2e9 * 2 / 50e9  # ~0.64 s
+    assert train_time(Q8, H800, 1_000_000, gpus=32) == pytest.approx(6 * 8.2e9 * 1e6 / (32 * 989e12 * 0.4) + grads)
+    # Inside one node it goes over NVLink (400 GB/s on an H800).
+    assert roofline.grad_sync_time(Q8, H800, 8) == pytest.approx(2 * 7 / 8 * 8.2e9 * 2 / 400e9)
+    # MoE trains on active parameters (one device: nothing to all-reduce).
     assert train_time(MOE, H800, 1000, gpus=1) == pytest.approx(6 * 3.3e9 * 1000 / (989e12 * 0.4))
     assert weight_sync_time(Q8, 25.0) == pytest.approx(16.4e9 / 25e9)  # 200 Gbit/s Ethernet: 0.656 s
     assert weight_sync_time(Q8, 50.0) == pytest.approx(weight_sync_time(Q8, 25.0) / 2)
@@ -145,3 +151,28 @@ def test_cost_normalized_affinity():
     decode = {hw.name: dollars(hw, decode_time(Q8, hw, 1000, context=1000, batch=32)) for hw in (H800, H20)}
     assert prefill["H800"] < prefill["H20"]
     assert decode["H20"] < decode["H800"] / 2
+
+
+def test_iteration_with_a_prefill_chunk_stalls_its_decodes_more_on_h20():
+    """Chunked prefill: the decodes sharing a pass with a prefill chunk wait for its FLOPs."""
+    decode_only = roofline.iteration_time(Q8, H20, 16, 16 * 4000)
+    assert decode_only == pytest.approx(decode_step_time(Q8, H20, 16, 16 * 4000))
+    mixed = {hw.name: roofline.iteration_time(Q8, hw, 16, 16 * 4000, [(8192, 0)]) for hw in (H800, H20)}
+    # 8192 prompt tokens: ~1.3e14 FLOPs, 2.1 s on an H20 against 0.31 s on an H800 (6.7x less compute)
+    assert mixed["H20"] > 200 * decode_only and mixed["H20"] > 6 * mixed["H800"]
+    flops = 2 * 8.2e9 * (16 + 8192) + 4 * 36 * 4096 * 16 * 4000 + roofline.attention_flops(Q8, 8192, 0)
+    assert mixed["H20"] == pytest.approx(flops / (148e12 * 0.5))
+
+
+def test_decode_steps_within_inverts_decode_time():
+    t = decode_time(Q8, H20, 100, 4000, batch=16)
+    assert roofline.decode_steps_within(Q8, H20, t, 4000, 16, limit=1000) == 100
+    assert roofline.decode_steps_within(Q8, H20, t * 0.999, 4000, 16, limit=1000) == 99
+    assert roofline.decode_steps_within(Q8, H20, t, 4000, 16, limit=50) == 50
+    assert roofline.decode_steps_within(Q8, H20, 0.0, 4000, 16, limit=50) == 0
+
+
+def test_tensor_parallelism_needs_a_link():
+    assert roofline.tp_comm_time(Q8, PROFILES["CPU"], 100, tp=1) == 0.0
+    with pytest.raises(ValueError, match="tp must be 1"):
+        roofline.tp_comm_time(Q8, PROFILES["CPU"], 100, tp=2)

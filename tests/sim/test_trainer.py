@@ -11,7 +11,7 @@ from rollart_nb.errors import ConfigError
 from rollart_nb.models.spec import spec
 from rollart_nb.protocols import TrainBackend
 from rollart_nb.resources.profiles import PROFILES
-from rollart_nb.sim import SimTrainBackend, train_time
+from rollart_nb.sim import SimTrainBackend, roofline, train_time
 from rollart_nb.sim.trainer import trajectory_tokens
 from rollart_nb.trajectory import Trajectory, Turn
 
@@ -47,7 +47,7 @@ def test_train_step_times_bumps_version_and_reports_honest_metrics():
     assert m["reward_mean"] == pytest.approx(0.5)  # the unscored one is left out
     assert "loss" not in m  # it has none, so it reports none
     assert t.version == 1 and m["version"] == 1
-    assert t.state_dict() == {"version": 1}
+    assert t.state_dict()["version"] == 1
     assert math.isnan(t.train_step([traj([10])])["reward_mean"])
     assert t.version == 2 and t.modelled_s == pytest.approx(modelled + train_time(Q8, H800, 20, 8))
 
@@ -55,7 +55,8 @@ def test_train_step_times_bumps_version_and_reports_honest_metrics():
 def test_more_gpus_train_faster():
     one = SimTrainBackend(Q8, H800, gpus=1, time_scale=0).train_step([traj([4000])])["modelled_s"]
     many = SimTrainBackend(Q8, H800, gpus=32, time_scale=0).train_step([traj([4000])])["modelled_s"]
-    assert one == pytest.approx(32 * many)
+    # compute splits 32 ways; the 32 GPUs then all-reduce the gradients over the network
+    assert one == pytest.approx(32 * (many - roofline.grad_sync_time(Q8, H800, 32)))
 
 
 def test_config_errors():
