@@ -1,0 +1,302 @@
+"""Sim-to-real check: one small workload run for real and simulated, phase by phase.
+
+The workload is the demo's (``rollart-nb demo``): the tiny Qwen-style model with its format-only
+warm start, FrozenLake and Arithmetic (weights 1 : 3, math trained on ``close_answer``), the ``hf``
+generator and the ``torch`` GRPO trainer, 4 new tokens per turn. It runs twice per mode (sync,
+one-off, rollart):
+
+* **measured**: for real on ``rn.Session.local()`` (wall seconds);
+* **predicted**: on ``rn.Session.sim()`` (simulated seconds on a virtual clock) with a CPU profile
+  measured at start (:mod:`rollart_nb.sim.calibrate`: matmul FLOP/s, memory bandwidth, the fixed
+  cost of one forward pass of the tiny model) and workloads with the token and turn statistics of
+  real episodes of the two envs played by the same model.
+
+Printed: predicted and measured mean step time and per-phase time per mode (after ``--warmup``
+steps), the relative error ``(predicted - measured) / measured`` of each, whether the modes rank the
+same, and for every phase off by more than the 25% target the effect the sim leaves out. Nothing
+is fitted to the measured run: the sim sees only the calibration.
+
+The last line is ``RESULT {json}``: ``measured`` and ``predicted`` (mode -> ``step_s`` and each
+phase, seconds), ``error`` (mode -> phase -> relative error; null where the measured time is 0),
+``step_error`` (mode -> relative error of the step time), ``within_target``, ``ranked_same``,
+``rank`` (modes fastest first, both sides), ``profile`` and ``calibration``.
+
+About 3-4 minutes on 2 idle cores (the first run also builds the warm-started model: +90 s);
+``--quick`` is a ~1 minute smoke run with tiny settings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+import rollart_nb as rn  # noqa: E402
+from rollart_nb.config import RolloutConfig  # noqa: E402
+from rollart_nb.control.report import PHASES  # noqa: E402
+from rollart_nb.envs import Arithmetic, FrozenLake  # noqa: E402
+from rollart_nb.rewards import close_answer, exact_answer  # noqa: E402
+from rollart_nb.sim import SimEnv, response_tokens_fn  # noqa: E402
+from rollart_nb.sim.calibrate import Calibration, calibrate  # noqa: E402
+from rollart_nb.train import demo_config  # noqa: E402
+from rollart_nb.workers.roles import HFGenerator, SimGenerator, SimTrainer, TorchTrainer  # noqa: E402
+
+TARGET = 0.25
+"""Relative error per phase the issue asks for."""
+
+COLUMNS = ("step_s", *PHASES, "train_s")
+"""Compared per mode: the step, its phases, and the train step's own duration (overlapped or not)."""
+
+WHY = {
+    "rollout_wait": (
+        "the sim prices a turn as roofline passes only; a real turn also pays the hf backend's batch "
+        "gathering (5 ms per batch), Ray calls between the env manager, proxy and generator, "
+        "tokenization and Python per token; and the sim prices the fixed pass cost once per "
+        "request (prefills queue FCFS), where hf runs a whole batch in one pass"
+    ),
+    "suspend": "the sim's suspend is an in-process call; the real one is Ray calls to the rollout actors",
+    "update": (
+        "sim weights are a version number: no state_dict to serialize, push through the object "
+        "store and load into the generator (the sim prices no weight sync on a SimSession)"
+    ),
+    "resume": "the sim's resume is an in-process call; the real one is Ray calls to the rollout actors",
+    "train": (
+        "the train step as exposed: the sim trainer is 6-8 FLOPs per parameter and token at the "
+        "measured rate, without padding, attention, the optimizer or Ray transfer of the batch"
+    ),
+    "train_s": (
+        "the sim trainer is 6-8 FLOPs per parameter and token at the measured rate, without "
+        "padding, attention, softmax over the vocabulary, the optimizer step or the batch's "
+        "transfer; and on 2 cores a real overlapped step shares them with generation"
+    ),
+    "step_s": "the sum of the phases above",
+}
+
+
+def _parse() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--modes", default="sync,one-off,rollart", help="comma-separated pipeline modes")
+    ap.add_argument("--steps", type=int, default=8, help="steps per mode that are compared")
+    ap.add_argument("--warmup", type=int, default=2, help="steps per mode run first and not compared")
+    ap.add_argument("--batch", type=int, default=32, help="trajectories per step")
+    ap.add_argument("--group", type=int, default=8, help="GRPO group size")
+    ap.add_argument("--envs-per-task", type=int, default=8)
+    ap.add_argument("--alpha", type=int, default=2, help="staleness bound (the demo's)")
+    ap.add_argument("--warm-steps", type=int, default=60, help="format-only warm start steps (cached)")
+    ap.add_argument("--calib-seconds", type=float, default=2.0, help="budget of the hardware microbenchmark")
+    ap.add_argument("--episodes", type=int, default=16, help="real episodes per task for the token statistics")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--quick", action="store_true", help="a smoke run: 2+1 steps, batch 8, group 4, 4 episodes")
+    a = ap.parse_args()
+    if a.quick:
+        a.steps, a.warmup, a.batch, a.group, a.envs_per_task = 2, 1, 8, 4, 4
+        a.episodes, a.calib_seconds = 4, 0.5
+    bad = [
+        f"--{k.replace('_', '-')} must be >= 1"
+        for k in ("steps", "batch", "group", "envs_per_task", "episodes")
+        if getattr(a, k) < 1
+    ]
+    if a.batch % a.group:
+        bad.append(f"--batch {a.batch} must be a multiple of --group {a.group}")
+    if bad:
+        ap.error("; ".join(bad))
+    return a
+
+
+def _envs() -> dict[str, Any]:
+    return {"frozenlake": FrozenLake(), "math": Arithmetic()}
+
+
+def _model(envs: dict[str, Any], warm_steps: int, seed: int) -> Any:
+    from rollart_nb.models import tiny_qwen
+    from rollart_nb.models.warmstart import format_warm_start
+
+    vocab = sorted({w for e in envs.values() for w in getattr(e, "vocab", ())})
+    model = tiny_qwen(task_vocab=vocab, size="s", seed=seed)
+    return format_warm_start(model, envs, steps=warm_steps, seed=seed) if warm_steps else model
+
+
+def _mean_phases(reports: list[Any]) -> dict[str, float]:
+    out = {"step_s": statistics.fmean(r.step_s for r in reports)}
+    for p in PHASES:
+        out[p] = statistics.fmean(r.phases.get(p, 0.0) for r in reports)
+    out["train_s"] = statistics.fmean(r.train_s for r in reports)
+    return out
+
+
+def _run_modes(sess: Any, gen: Any, train: Any, tasks: Any, a: argparse.Namespace, algo: Any) -> dict[str, Any]:
+    res: dict[str, Any] = {}
+    for mode in a.modes.split(","):
+        pipe = sess.pipeline(
+            train,
+            gen,
+            tasks,
+            algo=algo,
+            name=f"s2r-{mode}",
+            batch_size=a.batch,
+            mode=mode,
+            alpha=a.alpha,
+            rollout=RolloutConfig(max_new_tokens=4, temperature=1.0),
+            seed=a.seed,
+        )
+        try:
+            if a.warmup:
+                pipe.run(a.warmup, progress=False)
+            reps = pipe.run(a.steps, progress=False)
+        finally:
+            pipe.close()
+        res[mode] = _mean_phases(reps)
+        res[mode]["tokens"] = statistics.fmean(r.tokens for r in reps)
+        res[mode]["aborted"] = statistics.fmean(r.counts.get("aborted_stale", 0) for r in reps)
+        print(f"  {mode:>8}: step {res[mode]['step_s']:.3f} s", flush=True)
+    return res
+
+
+def run_real(model: Any, a: argparse.Namespace, algo: Any) -> dict[str, Any]:
+    """The workload on ``Session.local()``: wall seconds."""
+    sess = rn.Session.local(seed=a.seed)
+    try:
+        gen = sess.cluster("actor_gen", HFGenerator, pool="H20", model=model, seed=a.seed)
+        train = sess.cluster("actor_train", TorchTrainer, pool="H800", model=model, algo=algo, seed=a.seed)
+        tasks = sess.tasks(_envs(), envs_per_task=a.envs_per_task, weights={"frozenlake": 1.0, "math": 3.0})
+        sess.reward("math", close_answer, validate_with=exact_answer)
+        return _run_modes(sess, gen, train, tasks, a, algo)
+    finally:
+        sess.close()
+
+
+def run_sim(cal: Calibration, a: argparse.Namespace, algo: Any) -> dict[str, Any]:
+    """The same workload on ``Session.sim()`` with the measured profile: simulated seconds."""
+    pool = cal.profile.name
+    sess = rn.Session.sim({pool: 2, "cpu": 4}, seed=a.seed)
+    try:
+        gen = sess.cluster(
+            "actor_gen",
+            SimGenerator,
+            pool=pool,
+            model=cal.spec,
+            seed=a.seed,
+            mfu=cal.mfu,
+            mbu=cal.mbu,
+            response_tokens=response_tokens_fn(cal.workloads, seed=a.seed),
+        )
+        train = sess.cluster("actor_train", SimTrainer, pool=pool, model=cal.spec, gpus=1, mfu=cal.train_mfu)
+        envs = {t: SimEnv(w, seed=a.seed) for t, w in cal.workloads.items()}
+        tasks = sess.tasks(envs, envs_per_task=a.envs_per_task, weights={"frozenlake": 1.0, "math": 3.0})
+        return _run_modes(sess, gen, train, tasks, a, algo)
+    finally:
+        sess.close()
+
+
+def relative_error(predicted: float, measured: float) -> float | None:
+    """``(predicted - measured) / measured``; None when nothing was measured."""
+    return None if measured == 0 else (predicted - measured) / measured
+
+
+def compare(measured: dict[str, Any], predicted: dict[str, Any]) -> dict[str, Any]:
+    """Errors per mode and column, the step errors, and whether the modes rank the same."""
+    error = {
+        m: {c: relative_error(predicted[m][c], measured[m][c]) for c in COLUMNS if c != "step_s"} for m in measured
+    }
+    step_error = {m: relative_error(predicted[m]["step_s"], measured[m]["step_s"]) for m in measured}
+    within = {
+        m: {c: e is not None and abs(e) <= TARGET for c, e in [("step_s", step_error[m]), *error[m].items()]}
+        for m in measured
+    }
+    rank_m = sorted(measured, key=lambda m: measured[m]["step_s"])
+    rank_p = sorted(predicted, key=lambda m: predicted[m]["step_s"])
+    return {
+        "error": error,
+        "step_error": step_error,
+        "within_target": within,
+        "rank": {"measured": rank_m, "predicted": rank_p},
+        "ranked_same": rank_m == rank_p,
+    }
+
+
+def _fmt_err(e: float | None) -> str:
+    return "   -" if e is None else f"{e:+.0%}"
+
+
+def print_table(measured: dict[str, Any], predicted: dict[str, Any], cmp: dict[str, Any]) -> None:
+    print(f"\n{'mode':>8} {'column':>13} {'measured':>9} {'predicted':>9} {'error':>7}")
+    for m in measured:
+        for c in COLUMNS:
+            e = cmp["step_error"][m] if c == "step_s" else cmp["error"][m][c]
+            flag = "" if cmp["within_target"][m][c] else "  <- off target"
+            print(f"{m:>8} {c:>13} {measured[m][c]:>9.4f} {predicted[m][c]:>9.4f} {_fmt_err(e):>7}{flag}")
+    print(f"\nrank (fastest first): measured {cmp['rank']['measured']}, predicted {cmp['rank']['predicted']}")
+    print(f"ranked the same: {cmp['ranked_same']}")
+    off = sorted({c for m in measured for c, ok in cmp["within_target"][m].items() if not ok})
+    if off:
+        print(f"\noff the {TARGET:.0%} target, and what the sim leaves out:")
+        for c in off:
+            print(f"  {c}: {WHY[c]}")
+
+
+def _rounded(d: dict[str, Any], digits: int = 4) -> Any:
+    if isinstance(d, dict):
+        return {k: _rounded(v, digits) for k, v in d.items()}
+    return round(d, digits) if isinstance(d, float) else d
+
+
+def main() -> None:
+    a = _parse()
+    t0 = time.monotonic()
+    cfg = demo_config()
+    algo = dataclasses.replace(cfg.algo, group_size=a.group)  # the demo's GRPO settings
+    envs = _envs()
+    print(f"building tiny-qwen-s (+{a.warm_steps} warm-start steps; cached after the first run) ...", flush=True)
+    model = _model(envs, a.warm_steps, a.seed)
+    print("calibrating: microbenchmark, then real episodes for the token statistics ...", flush=True)
+    cal = calibrate(
+        model,
+        copy.deepcopy(envs),
+        algo=algo,
+        seconds=a.calib_seconds,
+        episodes=a.episodes,
+        max_new_tokens=4,
+        max_turns=RolloutConfig().max_turns,
+        seed=a.seed,
+    )
+    hw = cal.profile
+    print(
+        f"  {hw.name}: {hw.bf16_tflops * 1e3:.1f} GFLOP/s float32 matmul, {hw.mem_bw_gbps:.1f} GB/s copy, "
+        f"{hw.pass_overhead_s * 1e3:.2f} ms fixed per forward pass; mfu {cal.mfu:.2f} at the model's shapes, "
+        f"trainer mfu {cal.train_mfu:.2f} ({cal.threads} thread, {cal.seconds:.1f} s)"
+    )
+    for t, s in cal.episodes.items():
+        print(f"  {t}: {s}")
+    print(f"real run on Session.local() ({a.warmup} warm-up + {a.steps} steps per mode, batch {a.batch}) ...")
+    measured = run_real(model, a, algo)
+    print("simulated run on Session.sim() with the measured profile ...")
+    predicted = run_sim(cal, a, algo)
+    cmp = compare(measured, predicted)
+    print_table(measured, predicted, cmp)
+    print(f"\nwall {time.monotonic() - t0:.0f} s")
+    result = {
+        "measured": _rounded(measured, 6),
+        "predicted": _rounded(predicted, 6),
+        **_rounded(cmp),
+        "target": TARGET,
+        "profile": _rounded(cal.as_dict()["profile"], 6),
+        "calibration": _rounded({k: v for k, v in cal.as_dict().items() if k != "profile"}, 6),
+        "settings": {
+            k: getattr(a, k) for k in ("modes", "steps", "warmup", "batch", "group", "envs_per_task", "alpha")
+        },
+    }
+    print("RESULT " + json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,534 @@
+"""Calibrate the simulator to this machine: a measured CPU profile and the real envs' token shapes.
+
+The sim prices work with :mod:`rollart_nb.sim.roofline` from a
+:class:`~rollart_nb.resources.profiles.HardwareProfile`, a :class:`~rollart_nb.models.ModelSpec`
+and a :class:`~rollart_nb.sim.workloads.Workload` per task. For a sim-to-real check
+(``benchmarks/sim_to_real.py``) all three must describe what ``Session.local()`` really runs:
+
+* :func:`measure_cpu`: peak matmul FLOP/s, memory bandwidth and the fixed cost of one forward
+  pass of the tiny model, measured with torch on this CPU. The tiny model runs in **float32**
+  here (:meth:`~rollart_nb.models.tiny.ModelRef.load_model`'s default, used by the ``hf``
+  generator and the ``torch`` trainer), so float32 is what is measured; the profile's
+  ``bf16_tflops`` field holds that float32 figure (the field is named for GPUs' usual dtype).
+  Every measurement uses ``threads`` torch threads, 1 by default: ``Session.local()`` starts its
+  workers as Ray actors with ``num_cpus=0``, and Ray then sets ``OMP_NUM_THREADS=1`` in them.
+* :func:`tiny_spec`: the tiny model's :class:`ModelSpec` from its ``config.json``.
+* :func:`sample_episodes` and :func:`workload_from_stats`: prompt, observation, response and
+  turn statistics of real episodes of the real envs played by the real model, as Workloads.
+* :func:`calibrate` does all of it and :func:`register_profile` makes the profile a pool name a
+  :class:`~rollart_nb.sim.SimSession` accepts.
+
+Nothing here is tuned to a result: each number is a measurement or follows from one by the
+formula in its docstring.
+
+Example:
+    >>> hw = measure_cpu(seconds=0.3)  # doctest: +SKIP
+    >>> hw.bf16_tflops > 0 and hw.mem_bw_gbps > 0  # doctest: +SKIP
+    True
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import json
+import statistics
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rollart_nb.errors import ConfigError
+from rollart_nb.models.spec import ModelSpec
+from rollart_nb.resources.profiles import PROFILES, HardwareProfile
+from rollart_nb.sim.roofline import prefill_flops, weights_read_bytes
+from rollart_nb.sim.workloads import Workload
+
+__all__ = [
+    "MEASURED_PROFILE",
+    "Calibration",
+    "EpisodeStats",
+    "calibrate",
+    "matmul_efficiency",
+    "matmul_flops",
+    "measure_cpu",
+    "memory_bandwidth",
+    "pass_overhead",
+    "register_profile",
+    "sample_episodes",
+    "tiny_spec",
+    "train_flops_factor",
+    "workload_from_stats",
+]
+
+MEASURED_PROFILE = "CPU-MEASURED"
+"""Default name of a measured profile (and of the SimSession pool that uses it)."""
+
+MATMUL_N = 512
+"""Side of the square float32 matmul timed for peak FLOP/s: 2 * 512^3 = 268 MFLOP per product,
+large enough that one product is compute-bound (3 MB of operands per 268 MFLOP) and short enough
+(a few ms on one core) to repeat many times within the budget."""
+
+COPY_BYTES = 128 * 2**20
+"""Bytes of the source tensor copied to time memory bandwidth: 128 MiB, well past any CPU's
+last-level cache, so the copy streams from and to DRAM."""
+
+PASS_CONTEXT = 16
+"""Cached tokens before the timed 1-token forward passes (a short prompt, as a decode step of
+the tiny tasks sees: FrozenLake's first prompt is ~20 tokens, Arithmetic's ~10)."""
+
+PASSES_PER_CACHE = 32
+"""Timed decode passes on one KV cache before a fresh one; the context then stays within
+``PASS_CONTEXT + 32`` tokens, still short."""
+
+
+@contextlib.contextmanager
+def _threads(n: int) -> Iterator[None]:
+    import torch
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
+
+
+def _timed(fn: Callable[[], Any], seconds: float, min_reps: int = 3) -> float:
+    """Median wall seconds of ``fn()`` over repetitions filling about ``seconds`` (after one
+    untimed warm-up call). The median, not the mean: a 2-core machine shared with other work
+    has outliers."""
+    fn()
+    times: list[float] = []
+    t_end = time.perf_counter() + seconds
+    while len(times) < min_reps or time.perf_counter() < t_end:
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def matmul_flops(seconds: float = 0.5, threads: int = 1, n: int = MATMUL_N) -> float:
+    """Peak float32 FLOP/s of a square matmul: ``2 * n**3 / t`` for the median time ``t`` of one
+    ``[n, n] @ [n, n]`` product (one multiply and one add per inner-product term)."""
+    import torch
+
+    with _threads(threads):
+        a, b = torch.randn(n, n), torch.randn(n, n)
+        out = torch.empty(n, n)
+        t = _timed(lambda: torch.matmul(a, b, out=out), seconds)
+    return 2.0 * n**3 / t
+
+
+def matmul_efficiency(
+    spec: ModelSpec, peak_flops: float, tokens: int = 1024, seconds: float = 0.3, threads: int = 1
+) -> float:
+    """Fraction of ``peak_flops`` reached by the model's own widest matmul.
+
+    Formula: ``(2 * tokens * hidden * 3 * hidden / t) / peak_flops`` for the median time ``t`` of
+    ``[tokens, hidden] @ [hidden, 3 * hidden]`` (the tiny models' MLP widening is 3x, e.g. 128 ->
+    384), clipped to (0, 1]. A model of ``hidden`` 128 multiplies thin matrices, which may run
+    below the square matmul's rate (short inner products) or at it (operands that stay in cache:
+    then the clip gives 1); this is the ``mfu`` the roofline should use for it. ``tokens``: 1024,
+    the demo's ``micro_batch_tokens`` (rows the trainer multiplies at once).
+    """
+    import torch
+
+    h = spec.hidden
+    with _threads(threads):
+        x, w = torch.randn(tokens, h), torch.randn(h, 3 * h)
+        out = torch.empty(tokens, 3 * h)
+        t = _timed(lambda: torch.matmul(x, w, out=out), seconds)
+    return min(1.0, max(2.0 * tokens * h * 3 * h / t / peak_flops, 1e-6))
+
+
+def memory_bandwidth(seconds: float = 0.5, threads: int = 1, nbytes: int = COPY_BYTES) -> float:
+    """Memory bandwidth in bytes/s: ``2 * nbytes / t`` for the median time ``t`` of copying a
+    ``nbytes`` float32 tensor into another (each byte is read once and written once)."""
+    import torch
+
+    with _threads(threads):
+        src = torch.ones(nbytes // 4)
+        dst = torch.empty_like(src)
+        t = _timed(lambda: dst.copy_(src), seconds)
+    return 2.0 * nbytes / t
+
+
+def tiny_spec(model: Any) -> ModelSpec:
+    """The :class:`ModelSpec` of a Hugging Face model directory (a ModelRef or a path).
+
+    From its ``config.json``: ``layers = num_hidden_layers``, ``hidden = hidden_size``,
+    ``kv_heads = num_key_value_heads``, ``head_dim = head_dim`` or ``hidden_size /
+    num_attention_heads``; ``params`` is the ModelRef's count (or counted from the weights);
+    ``bytes_per_param`` 4 (float32, as the tiny model is loaded here). Dense: ``active_params ==
+    params``. Tied embeddings count once, which matches the FLOPs: the input lookup is free and the
+    output projection multiplies by the same matrix.
+    """
+    path = Path(getattr(model, "path", model))
+    cfg = json.loads((path / "config.json").read_text())
+    params = float(getattr(model, "params", 0) or 0)
+    if not params:
+        from transformers import AutoModelForCausalLM
+
+        params = float(sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(path).parameters()))
+    heads = cfg["num_attention_heads"]
+    return ModelSpec(
+        name=getattr(model, "name", path.name),
+        params=params,
+        active_params=params,
+        layers=cfg["num_hidden_layers"],
+        hidden=cfg["hidden_size"],
+        kv_heads=cfg.get("num_key_value_heads", heads),
+        head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+        bytes_per_param=4,
+    )
+
+
+def _cache_kw(lm: Any) -> str:
+    # transformers >= 5.2x names the KV cache "cache"; older releases "past_key_values" (as HFBackend).
+    return "cache" if "cache" in inspect.signature(lm.forward).parameters else "past_key_values"
+
+
+def pass_time(model: Any, seconds: float = 0.5, threads: int = 1, context: int = PASS_CONTEXT) -> float:
+    """Median wall seconds of one decode forward pass of ``model`` as the ``hf`` backend calls it
+    (with an attention mask and explicit positions): batch 1, one new token, a KV cache of
+    ``context`` to ``context + PASSES_PER_CACHE`` tokens, float32, no gradients.
+
+    Each run of ``PASSES_PER_CACHE`` passes starts with a fresh cache, whose prefill is inside one
+    timed call; the median leaves that call out."""
+    import torch
+
+    with _threads(threads), torch.no_grad():
+        lm = model.load_model(dtype=torch.float32)
+        kw = _cache_kw(lm)
+        prompt = torch.full((1, context), 5, dtype=torch.long)
+        state: dict[str, Any] = {"cache": None, "n": PASSES_PER_CACHE}
+        one = torch.tensor([[5]])
+
+        def step() -> None:
+            if state["n"] >= PASSES_PER_CACHE:
+                state["cache"] = getattr(lm(input_ids=prompt, use_cache=True), kw)
+                state["n"] = 0
+            n = context + state["n"]
+            lm(
+                input_ids=one,
+                attention_mask=torch.ones(1, n + 1, dtype=torch.long),
+                position_ids=torch.tensor([[n]]),
+                use_cache=True,
+                **{kw: state["cache"]},
+            )
+            state["n"] += 1
+
+        return _timed(step, seconds, min_reps=2 * PASSES_PER_CACHE)
+
+
+def pass_overhead(
+    spec: ModelSpec, t_pass: float, peak_flops: float, mem_bw: float, context: int = PASS_CONTEXT
+) -> float:
+    """The fixed seconds of a forward pass: its measured time less what the roofline prices.
+
+    Formula: ``max(0, t_pass - max(prefill_flops(spec, 1, context) / peak_flops,
+    weights_read_bytes(spec, 1) / mem_bw))`` (the roofline of a 1-token pass at MFU = MBU = 1;
+    the rest is framework dispatch, kernel launches and Python, the same for any small pass).
+    """
+    roofline = max(prefill_flops(spec, 1, context) / peak_flops, weights_read_bytes(spec, 1) / mem_bw)
+    return max(0.0, t_pass - roofline)
+
+
+def measure_cpu(
+    model: Any = None, *, seconds: float = 2.0, threads: int = 1, name: str = MEASURED_PROFILE
+) -> HardwareProfile:
+    """A :class:`HardwareProfile` of this CPU, measured with torch.
+
+    ``bf16_tflops`` = :func:`matmul_flops` / 1e12 (float32: see the module docstring),
+    ``mem_bw_gbps`` = :func:`memory_bandwidth` / 1e9, ``pass_overhead_s`` = :func:`pass_overhead`
+    of ``model``'s decode pass (0 without a model), ``mem_gb`` the machine's RAM (psutil; 0 if
+    unknown), ``price_per_hour`` 0 (not a rented device), ``kind`` "cpu", ``optimized_for``
+    "general". ``seconds`` is the whole budget, split evenly over the measurements.
+    """
+    if seconds <= 0 or threads < 1:
+        raise ConfigError(f"seconds={seconds!r} must be > 0 and threads={threads!r} >= 1", where="measure_cpu")
+    share = seconds / (3 if model is not None else 2)
+    flops = matmul_flops(share, threads)
+    bw = memory_bandwidth(share, threads)
+    overhead = 0.0
+    if model is not None:
+        overhead = pass_overhead(tiny_spec(model), pass_time(model, share, threads), flops, bw)
+    try:
+        import psutil
+
+        mem_gb = psutil.virtual_memory().total / 1e9
+    except ImportError:  # psutil is a dev dependency; memory only bounds the sim's KV cache
+        mem_gb = 16.0
+    return HardwareProfile(name, "cpu", flops / 1e12, bw / 1e9, mem_gb, 0.0, "general", pass_overhead_s=overhead)
+
+
+def register_profile(hw: HardwareProfile) -> HardwareProfile:
+    """Make ``hw`` a hardware type by its name, so ``SimSession({hw.name: n})`` builds a pool of it
+    and sim workers bound there are priced with it. Returns ``hw``.
+
+    A later call with the same name replaces the profile (a fresh measurement).
+    """
+    PROFILES[hw.name] = hw
+    return hw
+
+
+def train_flops_factor(algo: Any) -> float:
+    """FLOPs per parameter and token of one ``torch`` train step, over the roofline's 6.
+
+    Formula: ``(2 + 4) * epochs + (2 if kl_coef > 0 else 0)``, divided by 6: forward and backward
+    per epoch, plus one reference forward per batch when a KL term is on
+    (:class:`~rollart_nb.backends.torch_train.TorchTrainBackend`). The trainer's ``mfu`` is divided
+    by this, since :func:`~rollart_nb.sim.roofline.train_time` counts 6 per parameter and token.
+    """
+    epochs = int(getattr(algo, "epochs", 1))
+    ref = 2.0 if getattr(algo, "kl_coef", 0.0) > 0 else 0.0
+    return (6.0 * epochs + ref) / 6.0
+
+
+# -- the envs' token profile -----------------------------------------------------------------------
+@dataclass
+class EpisodeStats:
+    """Token and turn counts of real episodes of one task (tokens of the real tokenizer).
+
+    Attributes:
+        prompt_tokens: per episode, tokens of the first observation.
+        obs_tokens: per later turn, tokens of its observation.
+        response_tokens: per turn, tokens the model generated.
+        turns: per episode, turns played.
+        env_step_s: per ``env.step`` call, wall seconds.
+        env_reset_s: per ``env.reset`` call, wall seconds.
+
+    Observation counts are of ``"<|user|> {obs} <|assistant|>"`` less the two tags, as the
+    rollout encodes an observation (the sim tokenizer adds the same two tags, one token each).
+    """
+
+    prompt_tokens: list[int] = field(default_factory=list)
+    obs_tokens: list[int] = field(default_factory=list)
+    response_tokens: list[int] = field(default_factory=list)
+    turns: list[int] = field(default_factory=list)
+    env_step_s: list[float] = field(default_factory=list)
+    env_reset_s: list[float] = field(default_factory=list)
+
+    def summary(self) -> dict[str, float | None]:
+        """Means (None where there are no samples) and the turn range."""
+
+        def mean(xs: list[float] | list[int]) -> float | None:
+            return statistics.fmean(xs) if xs else None
+
+        def rounded(x: float | None, digits: int) -> float | None:
+            return None if x is None else round(x, digits)
+
+        return {
+            "episodes": len(self.turns),
+            "turns_mean": rounded(mean(self.turns), 2),
+            "turns_min": min(self.turns, default=0),
+            "turns_max": max(self.turns, default=0),
+            "prompt_tokens": rounded(mean(self.prompt_tokens), 1),
+            "obs_tokens": rounded(mean(self.obs_tokens), 1),
+            "response_tokens": rounded(mean(self.response_tokens), 2),
+            "env_step_s": rounded(mean(self.env_step_s), 6),
+        }
+
+
+def _sample(lm: Any, ids: list[int], max_new: int, eos: int, gen: Any) -> list[int]:
+    """Sample up to ``max_new`` tokens at temperature 1 (stopping after ``eos``), KV-cached."""
+    import torch
+
+    out: list[int] = []
+    x = torch.tensor([ids])
+    kw = _cache_kw(lm)
+    cache = None
+    for _ in range(max_new):
+        res = lm(input_ids=x, use_cache=True, **({kw: cache} if cache is not None else {}))
+        cache = getattr(res, kw)
+        probs = torch.softmax(res.logits[0, -1].float(), -1)
+        nxt = int(torch.multinomial(probs, 1, generator=gen))
+        out.append(nxt)
+        if nxt == eos:
+            break
+        x = torch.tensor([[nxt]])
+    return out
+
+
+def sample_episodes(
+    model: Any,
+    envs: Mapping[str, Any],
+    *,
+    episodes: int = 16,
+    max_new_tokens: int = 4,
+    max_turns: int = 16,
+    seed: int = 0,
+    threads: int = 1,
+) -> dict[str, EpisodeStats]:
+    """Play ``episodes`` real episodes of each env with ``model`` (sampling at temperature 1) and
+    count their tokens and turns.
+
+    Prompts are built as the rollout builds them (:func:`~rollart_nb.models.tiny.format_history`:
+    the history of observations and actions); an episode ends when the env says so or after
+    ``min(max_turns, env.max_turns)`` turns, as in the pipeline. Seeds are ``seed, seed + 1, ...``.
+    """
+    import torch
+
+    from rollart_nb.models.tiny import format_history
+
+    tok = model.load_tokenizer()
+    eos = tok.eos_token_id
+    tags = len(tok.encode("<|user|> <|assistant|>"))
+    gen = torch.Generator().manual_seed(seed)
+    out: dict[str, EpisodeStats] = {}
+    with _threads(threads), torch.no_grad():
+        lm = model.load_model(dtype=torch.float32)
+        for task, env in envs.items():
+            st = out[task] = EpisodeStats()
+            limit = min(max_turns, int(getattr(env, "max_turns", max_turns)))
+            for k in range(episodes):
+                t0 = time.perf_counter()
+                obs, _ = env.reset(seed=seed + k)
+                st.env_reset_s.append(time.perf_counter() - t0)
+                st.prompt_tokens.append(len(tok.encode(f"<|user|> {obs} <|assistant|>")) - tags)
+                history: list[tuple[str, str | None]] = [(obs, None)]
+                turns = 0
+                while turns < limit:
+                    ids = tok.encode(format_history(history))
+                    resp = _sample(lm, ids, max_new_tokens, eos, gen)
+                    st.response_tokens.append(len(resp))
+                    action = tok.decode(resp, skip_special_tokens=True)
+                    history[-1] = (history[-1][0], action)
+                    t0 = time.perf_counter()
+                    obs, _, terminated, truncated, _ = env.step(action)
+                    st.env_step_s.append(time.perf_counter() - t0)
+                    turns += 1
+                    if terminated or truncated or turns >= limit:
+                        break
+                    st.obs_tokens.append(len(tok.encode(f"<|user|> {obs} <|assistant|>")) - tags)
+                    history.append((obs, None))
+                st.turns.append(turns)
+    return out
+
+
+def _mean_std(xs: list[float] | list[int]) -> tuple[float, float]:
+    if not xs:
+        return 0.0, 0.0
+    return float(statistics.fmean(xs)), float(statistics.pstdev(xs)) if len(xs) > 1 else 0.0
+
+
+def workload_from_stats(name: str, stats: EpisodeStats, max_response_tokens: int) -> Workload:
+    """A :class:`Workload` with the statistics of ``stats``.
+
+    * ``prompt_tokens``: the mean first-observation length, rounded (at least 1).
+    * ``obs_tokens``, ``response_tokens``, ``env_latency_s``, ``reset_latency_s``: (mean,
+      population std) of the samples.
+    * ``turns``: :class:`SimEnv` draws turns uniformly on ``[lo, hi]``, so ``lo`` is the fewest
+      turns seen and ``hi = clip(round(2 * mean - lo), lo, most seen)``: the mean matches (up to
+      rounding and the clip), the shape need not (real episodes may be bimodal: a hole at turn 1
+      or a walk to the turn limit).
+    * ``shape``: "prefill" when episodes average more than one turn, else "decode".
+    """
+    if not stats.turns:
+        raise ConfigError(f"no episodes of {name!r} to build a workload from", where="workload_from_stats")
+    mean_turns = statistics.fmean(stats.turns)
+    lo, most = min(stats.turns), max(stats.turns)
+    hi = min(max(round(2 * mean_turns - lo), lo), most)
+    return Workload(
+        name,
+        "prefill" if mean_turns > 1 else "decode",
+        (lo, hi),
+        max(1, round(statistics.fmean(stats.prompt_tokens))),
+        _mean_std(stats.obs_tokens),
+        _mean_std(stats.response_tokens),
+        _mean_std(stats.env_step_s),
+        reset_latency_s=_mean_std(stats.env_reset_s),
+        max_response_tokens=max_response_tokens,
+    )
+
+
+# -- everything at once ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Calibration:
+    """What a sim run needs to mirror a real one on this machine.
+
+    Attributes:
+        profile: the measured hardware (registered: a SimSession pool may be named after it).
+        spec: the model's shape.
+        mfu: fraction of the profile's FLOP/s the model's matmuls reach (:func:`matmul_efficiency`);
+            the generator's ``mfu``.
+        train_mfu: the trainer's ``mfu``: ``mfu / train_flops_factor(algo)``.
+        mbu: the generator's ``mbu``: 1, since ``mem_bw_gbps`` is itself an achieved bandwidth.
+        workloads: task -> Workload from real episodes.
+        episodes: task -> the statistics' summary.
+        threads: torch threads every measurement used.
+        seconds: wall seconds the calibration took.
+    """
+
+    profile: HardwareProfile
+    spec: ModelSpec
+    mfu: float
+    train_mfu: float
+    mbu: float
+    workloads: dict[str, Workload]
+    episodes: dict[str, dict[str, float | None]]
+    threads: int
+    seconds: float
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready: the profile, the spec, the efficiencies and the episode statistics."""
+        return {
+            "profile": asdict(self.profile),
+            "spec": asdict(self.spec),
+            "mfu": self.mfu,
+            "train_mfu": self.train_mfu,
+            "mbu": self.mbu,
+            "episodes": self.episodes,
+            "threads": self.threads,
+            "seconds": round(self.seconds, 2),
+        }
+
+
+def calibrate(
+    model: Any,
+    envs: Mapping[str, Any],
+    *,
+    algo: Any = None,
+    seconds: float = 2.0,
+    episodes: int = 16,
+    max_new_tokens: int = 4,
+    max_turns: int = 16,
+    threads: int = 1,
+    seed: int = 0,
+    name: str = MEASURED_PROFILE,
+) -> Calibration:
+    """Measure the profile (:func:`measure_cpu`, registered under ``name``), the model's matmul
+    efficiency and the envs' workloads (:func:`sample_episodes`) for a sim of ``model`` on ``envs``.
+
+    Args:
+        model: the tiny model (a ModelRef) the real run serves and trains.
+        envs: task name -> env, the real run's envs (stepped here; pass copies if they matter).
+        algo: the real run's GRPO settings (for :func:`train_flops_factor`; None: 6 FLOPs).
+        seconds: budget of the hardware measurements.
+        episodes: real episodes per task for the token statistics.
+        max_new_tokens, max_turns: the real run's rollout limits.
+        threads: torch threads (1: as in ``Session.local()``'s workers).
+        seed: episode seeds start here.
+        name: the profile's (and pool's) name.
+    """
+    t0 = time.perf_counter()
+    hw = register_profile(measure_cpu(model, seconds=seconds, threads=threads, name=name))
+    spec = tiny_spec(model)
+    mfu = matmul_efficiency(spec, hw.bf16_tflops * 1e12, seconds=seconds / 6, threads=threads)
+    factor = train_flops_factor(algo) if algo is not None else 1.0
+    stats = sample_episodes(
+        model, envs, episodes=episodes, max_new_tokens=max_new_tokens, max_turns=max_turns, seed=seed, threads=threads
+    )
+    return Calibration(
+        profile=hw,
+        spec=spec,
+        mfu=mfu,
+        train_mfu=mfu / factor,
+        mbu=1.0,
+        workloads={t: workload_from_stats(t, s, max_new_tokens) for t, s in stats.items()},
+        episodes={t: s.summary() for t, s in stats.items()},
+        threads=threads,
+        seconds=time.perf_counter() - t0,
+    )
