@@ -144,7 +144,9 @@ def test_quick_directions(quick):
 def test_sensitivity_sweeps_one_parameter_and_draws_it(tmp_path):
     from rollart_nb.bench.sensitivity import sensitivity_report
 
-    res = sensitivity_report(out=str(tmp_path), quick=True, printer=None, ratios=["rollart_over_areal"], params=["turns"])
+    res = sensitivity_report(
+        out=str(tmp_path), quick=True, printer=None, ratios=["rollart_over_areal"], params=["turns"]
+    )
     s = res["sweeps"]["rollart_over_areal"]["turns"]
     assert s["values"] == [0.5, 1.0, 2.0] and len(s["ours"]) == 3 and all(v > 0 for v in s["ours"])
     # longer trajectories outlive the staleness window more often: RollArt aborts more of its work
