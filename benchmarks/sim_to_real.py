@@ -66,8 +66,8 @@ WHY = {
     ),
     "suspend": "the sim's suspend is an in-process call; the real one is Ray calls to the rollout actors",
     "update": (
-        "sim weights are a version number: no state_dict to serialize, push through the object "
-        "store and load into the generator (the sim prices no weight sync on a SimSession)"
+        "the sim prices the weights' bytes over the network and PCIe (microseconds for the tiny model), "
+        "not serializing the state_dict, pushing it through the object store and Ray calls to load it"
     ),
     "resume": "the sim's resume is an in-process call; the real one is Ray calls to the rollout actors",
     "train": (

@@ -64,7 +64,7 @@ class RunSpec:
         rollout: pool -> generation GPUs (e.g. ``{"H800": 64, "H20": 24}``); a mix binds the
             first pool's workers first.
         train_gpus: H800 GPUs of the trainer (one SimTrainer models them all).
-        tp: GPUs per generation worker (one TP group; its communication is not modelled).
+        tp: GPUs per generation worker (one TP group; its all-reduces go over NVLink).
         tasks: task name -> workload preset name or :class:`Workload`.
         envs_per_task: env instances per task.
         batch / group: trajectories per step / GRPO group size.
