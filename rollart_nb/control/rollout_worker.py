@@ -21,6 +21,7 @@ from rollart_nb.errors import StateError
 from rollart_nb.serverless.client import Endpoint
 from rollart_nb.trajectory import Status, Trajectory
 from rollart_nb.workers.decorators import register
+from rollart_nb.workers.routing import hardware_kinds
 from rollart_nb.workers.worker import Worker
 
 __all__ = ["RolloutWorker", "model_spec"]
@@ -89,8 +90,9 @@ class RolloutWorker(Worker):
                 max_inflight=max_inflight,
                 pd=pd,
                 dispatch=dispatch,
+                # routing by token profile only has a choice where both kinds of hardware serve
                 measured=self._measured,
-                model_spec=model_spec(model) if self._measured else None,
+                model_spec=model_spec(model) if self._measured and hardware_kinds([t[2] for t in targets]) else None,
             )
             self.sched = RolloutScheduler(envs, model.load_tokenizer(), proxy, self.rewards, config, id_salt=self.role)
             # nothing runs or is buffered yet: starting at ``version`` aborts and evicts nothing
@@ -268,11 +270,15 @@ class RolloutWorker(Worker):
 
 def model_spec(model: Any) -> Any:
     """The shape of ``model`` for routing by token profile: a ModelSpec as is, else read from the
-    model directory's ``config.json`` (None when it has none)."""
+    model directory's ``config.json`` with the parameter count the model reference gives (None
+    when either is missing)."""
     from rollart_nb.models.spec import ModelSpec
 
     if isinstance(model, ModelSpec):
         return model
+    if not getattr(model, "params", 0):  # counting them would load the weights here, on the rollout's CPU
+        log.info("routing by token profile is off: %r does not say its parameter count", model)
+        return None
     try:
         from rollart_nb.sim.calibrate import tiny_spec
 

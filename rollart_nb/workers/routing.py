@@ -16,6 +16,7 @@ from rollart_nb.resources.profiles import PROFILES
 __all__ = [
     "TokenProfile",
     "assign_affinity",
+    "hardware_kinds",
     "hardware_matches",
     "pick_worker",
     "profile_affinity",
@@ -131,8 +132,17 @@ def profile_affinity(spec: Any, hardware: Sequence[str], profile: TokenProfile, 
     on the fastest device of each kind, so no threshold is tuned: the devices' own FLOP/s and
     bandwidth decide.
     """
-    if profile.turns < MIN_PROFILE_TURNS:
+    kinds = hardware_kinds(hardware)
+    if profile.turns < MIN_PROFILE_TURNS or kinds is None:
         return None
+    best = {k: _best_seconds(spec, hs, profile, batch) for k, hs in kinds.items()}
+    return "compute" if best["bandwidth"] > best["compute"] else "bandwidth"
+
+
+def hardware_kinds(hardware: Sequence[str]) -> dict[str, list[str]] | None:
+    """The cluster's hardware types by kind, ``{"compute": [...], "bandwidth": [...]}``; None
+    unless both kinds are there and every type is a known profile (routing by token profile has
+    nothing to choose between otherwise)."""
     kinds: dict[str, list[str]] = {"compute": [], "bandwidth": []}
     for h in set(hardware):
         prof = PROFILES.get(h.upper())
@@ -140,10 +150,12 @@ def profile_affinity(spec: Any, hardware: Sequence[str], profile: TokenProfile, 
             return None
         if prof.optimized_for in kinds:
             kinds[prof.optimized_for].append(h)
-    if not kinds["compute"] or not kinds["bandwidth"]:
-        return None
-    best = {k: min(turn_device_seconds(spec, h, profile, batch) for h in hs) for k, hs in kinds.items()}
-    return "compute" if best["bandwidth"] > best["compute"] else "bandwidth"
+    return kinds if kinds["compute"] and kinds["bandwidth"] else None
+
+
+def _best_seconds(spec: Any, hardware: Sequence[str], profile: TokenProfile, batch: float) -> float:
+    """Device time of the mean turn on the fastest of ``hardware``."""
+    return min(turn_device_seconds(spec, h, profile, batch) for h in hardware)
 
 
 def assign_affinity(
@@ -162,22 +174,15 @@ def assign_affinity(
     little faster for every task, but not equally so).
     """
     ready = {t: p for t, p in profiles.items() if p.turns >= MIN_PROFILE_TURNS}
-    kinds: dict[str, list[str]] = {"compute": [], "bandwidth": []}
-    for h in set(hardware):
-        prof = PROFILES.get(h.upper())
-        if prof is None:
-            return {}
-        if prof.optimized_for in kinds:
-            kinds[prof.optimized_for].append(h)
-    if not ready or not kinds["compute"] or not kinds["bandwidth"]:
+    kinds = hardware_kinds(hardware)
+    if not ready or kinds is None:
         return {}
     if len(ready) == 1:
         ((t, p),) = ready.items()
         pref = profile_affinity(spec, hardware, p, batch)
         return {t: pref} if pref else {}
     ratio = {
-        t: min(turn_device_seconds(spec, h, p, batch) for h in kinds["bandwidth"])
-        / min(turn_device_seconds(spec, h, p, batch) for h in kinds["compute"])
+        t: _best_seconds(spec, kinds["bandwidth"], p, batch) / _best_seconds(spec, kinds["compute"], p, batch)
         for t, p in ready.items()
     }
     mean = math.exp(sum(math.log(r) for r in ratio.values()) / len(ratio))
