@@ -96,6 +96,7 @@ class _Job:
     prefill_done: float | None = None
     aborted: bool = False
     reserve: int = 0  # KV tokens held while it runs (prompt + response)
+    kv_ready: bool = False  # its prompt's KV arrived with it (a PD decode node): nothing to prefill
     extra_s: float = 0.0  # modelled seconds before it may decode (a PD node's KV transfer)
     ready_at: float = 0.0
     parts: dict[str, Any] = field(default_factory=dict)
@@ -455,7 +456,7 @@ class SimBackend:
             self._wake, self._abort_ev = asyncio.Event(), asyncio.Event()
         job = _Job(traj_id, prompt, total, self._now(), loop.create_future(), extra_s=extra_s)
         if kv_ready:
-            job.reuse, job.left = prompt, 0
+            job.kv_ready, job.reuse, job.left = True, prompt, 0
         self._waiting.append(job)
         if self._engine is None or self._engine.done():
             self._engine = loop.create_task(self._loop())
@@ -483,26 +484,22 @@ class SimBackend:
             own = mine.tokens if mine is not None else 0
             need = job.prompt + job.total
             busy = self._kv_used > 0
-            while self._kv_used + self._cached_tokens - own + need > self.kv_capacity_tokens and self._evict_one(
-                job.traj_id
-            ):
+            while not self._fits(need - own) and self._evict_one(job.traj_id):
                 pass
-            if busy and self._kv_used + self._cached_tokens - own + need > self.kv_capacity_tokens:
+            if busy and not self._fits(need - own):
                 if not job.parts.get("waited"):
                     job.parts["waited"] = True
                     self._stats["kv_waits"] += 1
                 return  # head-of-line: wait for a running sequence to end (an idle device takes anything)
             self._waiting.popleft()
             job.version = self.version
-            if job.left == 0 and job.reuse == job.prompt:  # decode-only: the KV came with the request
-                pass
-            elif mine is not None and mine.version != job.version:
-                job.recomputed, job.reuse = job.prompt, 0  # weights changed: the whole history's KV is stale
-            elif mine is not None:
-                job.reuse = max(min(mine.tokens, job.prompt - 1), 0)  # the last prompt token runs, for its logits
-            else:
-                job.reuse = 0
-            if not (job.left == 0 and job.reuse == job.prompt):
+            if not job.kv_ready:  # (a decode-only job's KV came with the request)
+                if mine is not None and mine.version != job.version:
+                    job.recomputed, job.reuse = job.prompt, 0  # weights changed: the whole history's KV is stale
+                elif mine is not None:
+                    job.reuse = max(min(mine.tokens, job.prompt - 1), 0)  # the last prompt token runs, for its logits
+                else:
+                    job.reuse = 0
                 job.left = job.prompt - job.reuse
             if mine is not None:  # its cached KV is now the job's own
                 self._cache.pop(job.traj_id)
@@ -514,6 +511,10 @@ class SimBackend:
                 self._prefilling.append(job)
             else:
                 self._start_decode(job, now)
+
+    def _fits(self, tokens: int) -> bool:
+        """True if ``tokens`` more KV fit beside the admitted jobs and the prefix cache."""
+        return self._kv_used + self._cached_tokens + tokens <= self.kv_capacity_tokens
 
     def _evict_one(self, keep: str) -> bool:
         for tid in self._cache:
