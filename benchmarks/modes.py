@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 import rollart_nb as rn  # noqa: E402
+from rollart_nb.bench.harness import waste_share  # noqa: E402
 from rollart_nb.control.env_manager import RolloutConfig  # noqa: E402
 from rollart_nb.models import spec  # noqa: E402
 from rollart_nb.sim import SimEnv, response_tokens_fn, workload  # noqa: E402
@@ -58,13 +59,8 @@ def run_mode(
         "step_s": statistics.mean(r.step_s for r in reps) / ts,
         "tok_per_s": statistics.mean(r.throughput for r in reps) * ts,
         "aborted_per_step": statistics.mean(r.counts.get("aborted_stale", 0) for r in reps),
-        "aborted_token_frac": _frac(reps),
+        "aborted_token_frac": waste_share(reps, "aborted_tokens"),
     }
-
-
-def _frac(reps) -> float:
-    gen = sum(r.waste["generated_tokens"] for r in reps)
-    return sum(r.waste["aborted_tokens"] for r in reps) / gen if gen else float("nan")
 
 
 def main() -> None:

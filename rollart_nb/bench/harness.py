@@ -34,7 +34,16 @@ from rollart_nb.sim.session import SimSession
 from rollart_nb.sim.workloads import SimEnv, Workload, response_tokens_fn, workload
 from rollart_nb.workers.roles import SimGenerator, SimTrainer
 
-__all__ = ["RunSpec", "Stragglers", "equal_cost_counts", "pool_cost", "pools_of", "sim_pipeline", "simulate"]
+__all__ = [
+    "RunSpec",
+    "Stragglers",
+    "equal_cost_counts",
+    "pool_cost",
+    "pools_of",
+    "sim_pipeline",
+    "simulate",
+    "waste_share",
+]
 
 GPUS_PER_NODE = 8
 
@@ -246,8 +255,8 @@ def simulate(s: RunSpec) -> dict[str, float]:
         "tokens_per_s": tokens / sum(steps) if steps else math.nan,
         "aborted_per_step": statistics.mean(r.counts.get("aborted_stale", 0) for r in reps),
         "redundant_cancelled_per_step": statistics.mean(r.counts.get("redundant_cancelled", 0) for r in reps),
-        "aborted_token_frac": _frac(reps, "aborted_tokens"),
-        "wasted_token_frac": _frac(reps, "aborted_tokens", "cancelled_tokens"),
+        "aborted_token_frac": waste_share(reps, "aborted_tokens"),
+        "wasted_token_frac": waste_share(reps, "aborted_tokens", "cancelled_tokens"),
         "cost_per_hour": pool_cost({p: n for p, n in pools.items() if p != "cpu"}),
         "gpus": float(sum(n for p, n in pools.items() if p != "cpu")),
         "lag_frac": statistics.mean(lags) / probe_period if lags else 0.0,
@@ -255,7 +264,8 @@ def simulate(s: RunSpec) -> dict[str, float]:
     }
 
 
-def _frac(reps: list[Any], *keys: str) -> float:
-    """Share of the steps' generated tokens counted under ``keys`` of their ``waste``."""
+def waste_share(reps: list[Any], *keys: str) -> float:
+    """Share of the generated tokens of the StepReports ``reps`` counted under ``keys`` of their
+    ``waste`` (e.g. "aborted_tokens"); NaN when they generated none."""
     gen = sum(r.waste.get("generated_tokens", 0) for r in reps)
     return sum(r.waste.get(k, 0) for r in reps for k in keys) / gen if gen else math.nan

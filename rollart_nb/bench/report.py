@@ -148,26 +148,31 @@ def finish(res: dict[str, Any], out: str, printer: Callable[[str], None] | None,
     return res
 
 
-def _wasted(raw: Any, prefix: str = "") -> dict[str, float]:
+def _wasted(raw: Any) -> dict[str, float]:
     """Run name -> the share of its generated tokens aborted as stale, for every simulate() record in ``raw``."""
-    if not isinstance(raw, dict):
-        return {}
-    if "lag_frac" in raw:
-        frac = raw.get("aborted_token_frac", 0.0)
-        return {prefix: round(float(frac), 3)} if isinstance(frac, float) and not math.isnan(frac) else {}
     out: dict[str, float] = {}
-    for k, v in raw.items():
-        out.update(_wasted(v, f"{prefix}/{k}" if prefix else str(k)))
+    for name, run in _named_runs(raw).items():
+        frac = run.get("aborted_token_frac", 0.0)
+        if isinstance(frac, float) and not math.isnan(frac):
+            out[name] = round(frac, 3)
     return out
 
 
 def _runs(raw: Any) -> list[dict[str, Any]]:
     """Every simulate() record nested in ``raw``."""
-    if isinstance(raw, dict):
-        if "lag_frac" in raw:
-            return [raw]
-        return [r for v in raw.values() for r in _runs(v)]
-    return []
+    return list(_named_runs(raw).values())
+
+
+def _named_runs(raw: Any, prefix: str = "") -> dict[str, dict[str, Any]]:
+    """Every simulate() record nested in ``raw``, by its path of keys ("moe_2P2D/pd")."""
+    if not isinstance(raw, dict):
+        return {}
+    if "lag_frac" in raw:
+        return {prefix: raw}
+    out: dict[str, dict[str, Any]] = {}
+    for k, v in raw.items():
+        out.update(_named_runs(v, f"{prefix}/{k}" if prefix else str(k)))
+    return out
 
 
 def _lo(p: Paper) -> float:
