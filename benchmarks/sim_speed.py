@@ -5,14 +5,17 @@ generate (one worker per H800), Qwen3-14B, SWE-shaped and GEM-math-shaped tasks 
 per task per 8 GPUs, batch 64, group 8, RollArt mode, on the virtual clock. Each size runs in a
 fresh Python process (so one size's memory does not show in the next), for ``--warmup`` steps
 and then ``--steps`` measured steps; it reports wall seconds per simulated step and how much the
-process's resident memory grew from the end of warm-up to the last step.
+process's resident memory grew from the end of warm-up to the last step, and over the second half
+of the measured steps alone: the bounded stores (ended trajectories kept for the viewer, the
+sample buffer, the engines' prefix caches) fill during the first steps, so flat memory shows as a
+second half that barely grows.
 
 A notebook sweep of dozens of configurations needs both: seconds per step, and memory that does
 not grow with the number of steps.
 
 Usage: ``python benchmarks/sim_speed.py [--sizes 128,1024] [--steps 100] [--warmup 2]``.
 The last line is ``RESULT {json}``: per size ``wall_s_per_step``, ``rss_growth_mib`` (over the
-measured steps), ``rss_mib`` (at the end), ``sim_s_per_step`` (simulated seconds a step) and
+measured steps), ``rss_growth_second_half_mib``, ``rss_mib`` (at the end), ``sim_s_per_step`` (simulated seconds a step) and
 ``steps``.
 """
 
@@ -60,7 +63,7 @@ def one(gpus: int, steps: int, warmup: int) -> dict:
         group=8,
         mode="rollart",
     )
-    walls, sims = [], []
+    walls, sims, rss = [], [], []
     t0 = time.monotonic()
     with sim_pipeline(spec) as (_, pipe):
         setup_s = time.monotonic() - t0
@@ -72,6 +75,7 @@ def one(gpus: int, steps: int, warmup: int) -> dict:
             if i >= warmup:
                 walls.append(time.monotonic() - w0)
                 sims.append(rep.step_s)
+                rss.append(rss_mib())
                 if len(walls) % 10 == 0:
                     print(f"  {gpus} GPUs: step {len(walls)}/{steps}, {statistics.mean(walls):.2f} s/step, "
                           f"rss {rss_mib():.0f} MiB", file=sys.stderr, flush=True)  # fmt: skip
@@ -83,6 +87,7 @@ def one(gpus: int, steps: int, warmup: int) -> dict:
         "wall_s_per_step": round(statistics.mean(walls), 3),
         "sim_s_per_step": round(statistics.mean(sims), 1),
         "rss_growth_mib": round(rss1 - rss0, 1),
+        "rss_growth_second_half_mib": round(rss[-1] - rss[len(rss) // 2 - 1], 1) if len(rss) > 1 else 0.0,
         "rss_mib": round(rss1, 1),
     }
 
@@ -106,7 +111,8 @@ def main() -> None:
         print(
             f"{g:5d} GPUs: {r['wall_s_per_step']:.2f} s of wall time per simulated step ({r['sim_s_per_step']:.0f} "
             f"simulated s), memory {r['rss_mib']:.0f} MiB, grew {r['rss_growth_mib']:+.0f} MiB over "
-            f"{r['steps']} steps (setup {r['setup_s']:.1f} s)",
+            f"{r['steps']} steps, {r['rss_growth_second_half_mib']:+.1f} MiB over the last {r['steps'] - r['steps'] // 2} "
+            f"(setup {r['setup_s']:.1f} s)",
             flush=True,
         )
     print("RESULT " + json.dumps(res), flush=True)

@@ -49,7 +49,14 @@ from typing import TYPE_CHECKING, Any, Literal, overload
 from rollart_nb.config import PipelineConfig, portable
 from rollart_nb.control.checkpoint import PipelineCheckpoint, latest_reward_sources, write_checkpoint
 from rollart_nb.control.modes import mode as get_mode
-from rollart_nb.control.report import StepReport, count_deltas, env_fault_deltas, waste
+from rollart_nb.control.report import (
+    ENGINE_REPORTS,
+    StepReport,
+    count_deltas,
+    env_fault_deltas,
+    mean_occupancy,
+    waste,
+)
 from rollart_nb.control.scheduler import SchedulerConfig
 from rollart_nb.control.shards import ShardedRollout, auto_shards, plan_shards
 from rollart_nb.errors import ConfigError, StateError, WorkerDiedError
@@ -490,6 +497,7 @@ class Pipeline:
         rep.train = {k: float(v) for k, v in metrics.items() if isinstance(v, int | float)}
         stats = self.rollout.stats()
         rep.engines = list(stats.get("proxy", {}).get("engines", []))
+        rep.engine_occupancy = mean_occupancy(rep.engines)
         # endings during this step (events only grow; "counts" moves evicted samples between statuses)
         rep.counts, self._counts = count_deltas(stats["events"], self._counts), stats["events"]
         tokens = stats.get("token_events", {})
@@ -515,6 +523,8 @@ class Pipeline:
             rep.phases["validation"] = self._clock() - tv  # after step_s: not part of the step's time
         rep.events, self._new_events = self._new_events, []
         self.reports.append(rep)
+        if len(self.reports) > ENGINE_REPORTS:  # older steps keep their occupancy, not every engine's dict
+            self.reports[-ENGINE_REPORTS - 1].engines = []
         self._record(rep)
         self._track(rep, batch)
         return rep

@@ -9,7 +9,16 @@ from typing import Any
 
 from rollart_nb.algo.grpo import TRAIN_METRICS
 
-__all__ = ["ENV_FAULTS", "PHASES", "StepReport", "count_deltas", "env_fault_deltas", "waste"]
+__all__ = [
+    "ENGINE_REPORTS",
+    "ENV_FAULTS",
+    "PHASES",
+    "StepReport",
+    "count_deltas",
+    "env_fault_deltas",
+    "mean_occupancy",
+    "waste",
+]
 
 PHASES = ("rollout_wait", "suspend", "update", "resume", "train")
 """Step-time phases, in protocol order (train is the part not hidden behind rollout)."""
@@ -46,6 +55,16 @@ def waste(token_deltas: dict[str, int], aborted: int) -> dict[str, float]:
         "aborted_frac": ab / gen if gen else math.nan,
         "wasted_frac": (ab + ca) / gen if gen else math.nan,
     }
+
+
+ENGINE_REPORTS = 8
+"""Reports of a pipeline, newest first, that keep their per-engine snapshot (``engines``)."""
+
+
+def mean_occupancy(engines: list[dict[str, Any]]) -> float | None:
+    """Mean ``occupancy`` of the engines that know theirs (None when none does)."""
+    occupied = [e["occupancy"] for e in engines if e.get("occupancy") is not None]
+    return sum(occupied) / len(occupied) if occupied else None
 
 
 @dataclass
@@ -97,7 +116,10 @@ class StepReport:
         engines: the generation engines at the end of the step, one dict each: ``name``,
             ``inflight`` (turns on it), ``queued`` (waiting in the proxy, batched dispatch),
             ``capacity`` (sequences it serves at once; None: unknown) and ``occupancy``
-            (inflight / capacity; None: unknown).
+            (inflight / capacity; None: unknown). Kept on the newest
+            :data:`ENGINE_REPORTS` reports of a pipeline only (a thousand-engine simulation would
+            otherwise grow by a dict per engine every step); ``engine_occupancy`` stays on all.
+        engine_occupancy: the engines' mean ``occupancy`` at the end of the step (None: unknown).
     """
 
     step: int
@@ -123,6 +145,7 @@ class StepReport:
     started_at: float = 0.0
     events: list[dict[str, Any]] = field(default_factory=list)
     engines: list[dict[str, Any]] = field(default_factory=list)
+    engine_occupancy: float | None = None
 
     @property
     def mean_reward(self) -> float:
@@ -163,9 +186,9 @@ class StepReport:
         r["env_timeouts"] = self.env.get("timeouts", 0)
         r["replaced"] = sum(e["kind"] == "generator_replaced" for e in self.events)
         r["restored"] = sum(e["kind"] == "trainer_restored" for e in self.events)
-        occupied = [e["occupancy"] for e in self.engines if e.get("occupancy") is not None]
-        if occupied:
-            r["engine_occupancy"] = round(sum(occupied) / len(occupied), 3)
+        occupancy = self.engine_occupancy if self.engine_occupancy is not None else mean_occupancy(self.engines)
+        if occupancy is not None:
+            r["engine_occupancy"] = round(occupancy, 3)
         for k in TRAIN_METRICS:  # what the train step measured (absent ones are left out)
             v = self.train.get(k)
             if isinstance(v, int | float):

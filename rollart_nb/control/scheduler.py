@@ -365,9 +365,12 @@ class RolloutScheduler:
     def schedule(self) -> None:
         """Give every idle EnvManager a trajectory to run, if the mode allows one.
 
-        O(idle envs + G) per call (G open groups): it runs after every trajectory ends, and a
-        what-if study has thousands of envs. Each idle env (in env order) joins the oldest open
-        group of its task with budget left, else opens a group if the admission rule allows.
+        It runs after every trajectory ends, and a what-if study has thousands of envs, most of
+        them idle while the admission rule holds their task back: so a task that can take no
+        trajectory is found once per call (not once per idle env), and a call where no task
+        can take one costs O(tasks + G) (G open groups), else O(idle envs + G). Each idle env
+        (in env order) joins the oldest open group of its task with budget left, else opens a
+        group if the admission rule allows.
         """
         if self._closed or getattr(self.proxy, "held", False):
             return  # a validation holds the rollout: no new trajectory until it ends
@@ -375,22 +378,33 @@ class RolloutScheduler:
             return  # batch-level: the next wave starts when this one (and its scoring) is done
         if not self._idle:
             return
-        idle = [self.managers[i] for i in sorted(self._idle)]
         ahead = self._ahead()  # as of this call; the plan's own launches are not counted
         open_groups: dict[str, collections.deque[GroupState]] = collections.defaultdict(collections.deque)
         for g in self.groups.values():  # insertion order: oldest group first
             if not g.closed and g.budget > 0:
                 open_groups[g.task].append(g)
+        # Tasks that can take no trajectory now: broken ones (wait_ready is about to stop the
+        # run), and those with no open group and no admission. Within one call, opening a group
+        # only turns _may_open_group from True to False (``ahead`` is fixed; the quota and the
+        # groups started only move toward the limit), so a task found full stays full.
+        full = {
+            t for t in self.tasks if self._is_broken(t) or not open_groups[t] and not self._may_open_group(t, ahead)
+        }
+        if len(full) == len(self.tasks):
+            return
         plan: list[tuple[EnvManager, GroupState]] = []
-        broken = {t for t in self.tasks if self._is_broken(t)}  # wait_ready is about to stop the run
-        for m in idle:
-            if m.task in broken:
+        for i in sorted(self._idle):
+            m = self.managers[i]
+            if m.task in full:
                 continue
             q = open_groups[m.task]
-            if not q and self._may_open_group(m.task, ahead):
-                q.append(self._open_group(m.task))
             if not q:
-                continue
+                if not self._may_open_group(m.task, ahead):
+                    full.add(m.task)
+                    if len(full) == len(self.tasks):
+                        break
+                    continue
+                q.append(self._open_group(m.task))
             g = q[0]
             g.budget -= 1
             if g.budget <= 0:
@@ -785,7 +799,7 @@ class RolloutScheduler:
     def _stalled_task(self) -> str | None:
         """A task the batch needs whose recent trajectories all failed (a batch cannot form)."""
         for task, q in self._batch_quota.items():
-            envs = sum(1 for m in self.managers if m.task == task)
+            envs = self._envs_of[task]
             if q > 0 and self.consecutive_failures[task] >= max(4 * envs, 4 * self.cfg.group_size, 16):
                 return task
         return None

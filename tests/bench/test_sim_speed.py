@@ -25,3 +25,4 @@ def test_sim_speed_reports_wall_time_and_memory_growth_per_size():
     for r in res.values():
         assert r["steps"] == 2 and r["wall_s_per_step"] > 0 and r["sim_s_per_step"] > 0
         assert isinstance(r["rss_growth_mib"], float) and r["rss_mib"] > 50
+        assert isinstance(r["rss_growth_second_half_mib"], float)
