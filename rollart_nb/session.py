@@ -198,7 +198,12 @@ class Session(SessionBase[RayRuntime]):
 
     @staticmethod
     def sim(
-        pools: dict[str, int] | None = None, seed: int = 0, *, gpus_per_node: int = 8, virtual: bool = True
+        pools: dict[str, int] | None = None,
+        seed: int = 0,
+        *,
+        gpus_per_node: int = 8,
+        virtual: bool = True,
+        call_latency_s: float = 0.0,
     ) -> SimSession:
         """A simulated cluster in this process, for what-if studies: same API, sim workers.
 
@@ -206,7 +211,8 @@ class Session(SessionBase[RayRuntime]):
         ``{"H800": 64, "H20": 24, "cpu": 8}``; workers are in-process objects on one event loop,
         timed by roofline models on a virtual clock). Build clusters of
         :class:`~rollart_nb.workers.SimGenerator` / :class:`~rollart_nb.workers.SimTrainer` and
-        pipelines exactly as on a real session.
+        pipelines exactly as on a real session. ``call_latency_s``: modelled seconds of every
+        call to a worker (a Ray actor call's round trip; 0 by default).
 
         Example:
             >>> with rn.Session.sim({"H800": 8, "H20": 8, "cpu": 4}) as sim:    # doctest: +SKIP
@@ -214,7 +220,7 @@ class Session(SessionBase[RayRuntime]):
         """
         from rollart_nb.sim.session import SimSession
 
-        return SimSession(pools, seed, gpus_per_node=gpus_per_node, virtual=virtual)
+        return SimSession(pools, seed, gpus_per_node=gpus_per_node, virtual=virtual, call_latency_s=call_latency_s)
 
     @property
     def token_path(self) -> str | None:

@@ -22,6 +22,7 @@ __all__ = [
     "grpo_loss",
     "loss_weights",
     "mean_response_length",
+    "micro_batches",
     "per_task",
     "step_metrics",
     "task_weights",
@@ -290,6 +291,22 @@ def group_advantages(
         centred = rg - rg.mean()
         adv[members] = centred / (rg.std(unbiased=False) + eps) if first[g] else centred
     return adv
+
+
+def micro_batches(lengths: list[int], max_rows: int, max_tokens: int = 0) -> list[tuple[int, int]]:
+    """Split rows (sorted by length, ascending) into ``[lo, hi)`` micro-batches of at most
+    ``max_rows`` rows and, when ``max_tokens`` > 0, at most ``max_tokens`` padded tokens
+    (rows x the longest row); a row longer than ``max_tokens`` goes alone."""
+    out, lo = [], 0
+    while lo < len(lengths):
+        hi = lo + 1
+        while (
+            hi < len(lengths) and hi - lo < max_rows and (not max_tokens or (hi - lo + 1) * lengths[hi] <= max_tokens)
+        ):
+            hi += 1
+        out.append((lo, hi))
+        lo = hi
+    return out
 
 
 def batch_advantages(algo: GRPO, batch: Sequence[Any]) -> tuple[Any, Any]:

@@ -47,9 +47,13 @@ from rollart_nb.errors import GenerationError, WeightSyncError
 from rollart_nb.models.tiny import ModelRef, from_pretrained
 from rollart_nb.protocols import GenerationRequest, GenerationResult
 
-__all__ = ["HFBackend", "sample_rows"]
+__all__ = ["BATCH_WAIT_S", "HFBackend", "sample_rows"]
 
 log = logging.getLogger(__name__)
+
+BATCH_WAIT_S = 0.005
+"""Default seconds a batch waits for requests to join before it runs (a few ms: concurrent turns
+of a rollout arrive within about a Ray call of each other)."""
 
 
 @dataclass
@@ -126,7 +130,7 @@ class HFBackend:
         device: str | None = None,
         name: str = "hf",
         max_batch_size: int = 32,
-        batch_wait_s: float = 0.005,
+        batch_wait_s: float = BATCH_WAIT_S,
         seed: int = 0,
         kv_reuse: bool = True,
         kv_cache_tokens: int = 1 << 16,

@@ -46,6 +46,7 @@ from rollart_nb.algo.grpo import (
     grpo_loss,
     loss_weights,
     mean_response_length,
+    micro_batches,
     step_metrics,
     task_weights,
 )
@@ -79,22 +80,6 @@ class Row:
     old_logprobs: list[float]
     traj: int
     ref_logprobs: list[float] = field(default_factory=list)
-
-
-def micro_batches(lengths: list[int], max_rows: int, max_tokens: int = 0) -> list[tuple[int, int]]:
-    """Split rows (sorted by length, ascending) into ``[lo, hi)`` micro-batches of at most
-    ``max_rows`` rows and, when ``max_tokens`` > 0, at most ``max_tokens`` padded tokens
-    (rows x the longest row); a row longer than ``max_tokens`` goes alone."""
-    out, lo = [], 0
-    while lo < len(lengths):
-        hi = lo + 1
-        while (
-            hi < len(lengths) and hi - lo < max_rows and (not max_tokens or (hi - lo + 1) * lengths[hi] <= max_tokens)
-        ):
-            hi += 1
-        out.append((lo, hi))
-        lo = hi
-    return out
 
 
 def row_groups(traj: Trajectory) -> list[tuple[list[int], list[Turn]]]:

@@ -30,6 +30,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import json
 import statistics
@@ -48,17 +49,19 @@ from rollart_nb.sim.workloads import Workload
 __all__ = [
     "MEASURED_PROFILE",
     "Calibration",
+    "TrainerCost",
+    "call_latency",
     "EpisodeStats",
     "calibrate",
     "matmul_efficiency",
     "matmul_flops",
     "measure_cpu",
+    "measure_trainer",
     "memory_bandwidth",
     "pass_overhead",
     "register_profile",
     "sample_episodes",
     "tiny_spec",
-    "train_flops_factor",
     "workload_from_stats",
 ]
 
@@ -274,17 +277,119 @@ def register_profile(hw: HardwareProfile) -> HardwareProfile:
     return hw
 
 
-def train_flops_factor(algo: Any) -> float:
-    """FLOPs per parameter and token of one ``torch`` train step, over the roofline's 6.
+CALL_PAYLOAD_TOKENS = 64
+"""Token ids carried by each timed call of :func:`call_latency` (a turn's prompt is tens to
+hundreds of tokens; the payload barely matters at this size)."""
 
-    Formula: ``(2 + 4) * epochs + (2 if kl_coef > 0 else 0)``, divided by 6: forward and backward
-    per epoch, plus one reference forward per batch when a KL term is on
-    (:class:`~rollart_nb.backends.torch_train.TorchTrainBackend`). The trainer's ``mfu`` is divided
-    by this, since :func:`~rollart_nb.sim.roofline.train_time` counts 6 per parameter and token.
+
+def call_latency(seconds: float = 0.5) -> float:
+    """Median seconds of one Ray actor call from one async actor to another and back, carrying
+    :data:`CALL_PAYLOAD_TOKENS` token ids: what a turn pays to reach a generator worker and
+    return in a real session (``SimGenerator(turn_latency_s=...)``). Needs a running Ray
+    (``rn.Session.local()`` starts one); the two actors take no CPU reservation, as the
+    session's own workers.
     """
-    epochs = int(getattr(algo, "epochs", 1))
-    ref = 2.0 if getattr(algo, "kl_coef", 0.0) > 0 else 0.0
-    return (6.0 * epochs + ref) / 6.0
+    import ray
+
+    if not ray.is_initialized():
+        raise ConfigError(
+            "call_latency needs a running Ray; open rn.Session.local() (or ray.init()) first", where="call_latency"
+        )
+
+    @ray.remote(num_cpus=0)
+    class _Echo:
+        async def echo(self, ids: list[int]) -> int:
+            return len(ids)
+
+    @ray.remote(num_cpus=0)
+    class _Caller:
+        async def time_calls(self, target: Any, seconds: float) -> float:
+            ids = list(range(CALL_PAYLOAD_TOKENS))
+            times: list[float] = []
+            await target.echo.remote(ids)  # warm-up: the first call resolves the actor
+            t_end = time.perf_counter() + seconds
+            while len(times) < 20 or time.perf_counter() < t_end:
+                t0 = time.perf_counter()
+                await target.echo.remote(ids)
+                times.append(time.perf_counter() - t0)
+            return statistics.median(times)
+
+    echo, caller = _Echo.remote(), _Caller.remote()  # type: ignore[attr-defined]
+    try:
+        return float(ray.get(caller.time_calls.remote(echo, seconds), timeout=60 + 2 * seconds))
+    finally:
+        for a in (echo, caller):
+            ray.kill(a)
+
+
+@dataclass(frozen=True)
+class TrainerCost:
+    """What one real ``torch`` train step costs on this machine: ``fixed_s + per_token_s * padded``
+    seconds for ``padded`` tokens (:func:`~rollart_nb.sim.trainer.padded_tokens`)."""
+
+    per_token_s: float
+    fixed_s: float
+
+    def mfu(self, spec: ModelSpec, peak_flops: float, algo: Any) -> float:
+        """The trainer ``mfu`` that makes the roofline price a padded token at ``per_token_s``:
+        ``6 * flops_factor(algo) * active_params / (per_token_s * peak_flops)``, clipped to (0, 1]."""
+        from rollart_nb.sim.trainer import flops_factor
+
+        flops = 6.0 * flops_factor(algo) * spec.active_params
+        return min(1.0, max(flops / (self.per_token_s * peak_flops), 1e-6))
+
+
+TRAIN_ROWS = ((8, 32), (32, 128))
+"""The two synthetic batches :func:`measure_trainer` times, ``(trajectories, tokens each)``:
+one small micro-batch (256 padded tokens) and, at the demo's 1024-token micro-batches, four
+full ones (4096): a line through the two separates the cost per token from the fixed cost."""
+
+
+def _synthetic_batch(rows: int, length: int, group_size: int) -> list[Any]:
+    """``rows`` scored single-turn trajectories of ``length`` tokens (a quarter of them
+    generated), in groups of ``group_size`` with distinct rewards (every row is trained)."""
+    from rollart_nb.trajectory import Trajectory, Turn
+
+    resp = max(1, length // 4)
+    out = []
+    for i in range(rows):
+        t = Trajectory(task="calibrate", seed=i, group_id=f"g{i // max(1, group_size)}")
+        t.turns.append(
+            Turn(
+                observation="",
+                prompt_ids=[5 + (i + j) % 7 for j in range(length - resp)],
+                response_ids=[6] * resp,
+                logprobs=[-1.0] * resp,
+                loss_mask=[1] * resp,
+            )
+        )
+        t.reward = float(i % max(1, group_size))
+        out.append(t)
+    return out
+
+
+def measure_trainer(model: Any, algo: Any, seconds: float = 2.0, threads: int = 1) -> TrainerCost:
+    """Time the real :class:`~rollart_nb.backends.torch_train.TorchTrainBackend` (``model``,
+    ``algo``) on the two synthetic batches of :data:`TRAIN_ROWS` and fit
+    ``seconds = fixed_s + per_token_s * padded_tokens`` through their median step times.
+
+    The batches are not the run's: only the trainer's own cost per padded token and per step is
+    taken from them; the sim applies it to the padded tokens of the batches it trains
+    (:func:`~rollart_nb.sim.trainer.padded_tokens`). ``fixed_s`` is clipped at 0.
+    """
+    from rollart_nb.backends.torch_train import TorchTrainBackend
+    from rollart_nb.sim.trainer import padded_tokens
+
+    with _threads(threads):
+        trainer = TorchTrainBackend(model, algo, seed=0)
+        points = []
+        for rows, length in TRAIN_ROWS:
+            batch = _synthetic_batch(rows, length, int(getattr(algo, "group_size", 8)))
+            t = _timed(functools.partial(trainer.train_step, batch), seconds / len(TRAIN_ROWS))
+            points.append((padded_tokens([length] * rows, algo), t))
+    (p1, t1), (p2, t2) = points
+    per_token = max((t2 - t1) / (p2 - p1), 1e-12)
+    return TrainerCost(per_token_s=per_token, fixed_s=max(0.0, t1 - per_token * p1))
 
 
 # -- the envs' token profile -----------------------------------------------------------------------
@@ -420,17 +525,16 @@ def workload_from_stats(name: str, stats: EpisodeStats, max_response_tokens: int
     * ``prompt_tokens``: the mean first-observation length, rounded (at least 1).
     * ``obs_tokens``, ``response_tokens``, ``env_latency_s``, ``reset_latency_s``: (mean,
       population std) of the samples.
-    * ``turns``: :class:`SimEnv` draws turns uniformly on ``[lo, hi]``, so ``lo`` is the fewest
-      turns seen and ``hi = clip(round(2 * mean - lo), lo, most seen)``: the mean matches (up to
-      rounding and the clip), the shape need not (real episodes may be bimodal: a hole at turn 1
-      or a walk to the turn limit).
+    * ``turns``: the fewest and most turns seen, with ``turn_weights`` the count of episodes
+      of each length in between: :class:`SimEnv` plays the observed distribution (FrozenLake's
+      is bimodal: a hole at turn 1 or a walk to the turn limit), not only its mean.
     * ``shape``: "prefill" when episodes average more than one turn, else "decode".
     """
     if not stats.turns:
         raise ConfigError(f"no episodes of {name!r} to build a workload from", where="workload_from_stats")
     mean_turns = statistics.fmean(stats.turns)
-    lo, most = min(stats.turns), max(stats.turns)
-    hi = min(max(round(2 * mean_turns - lo), lo), most)
+    lo, hi = min(stats.turns), max(stats.turns)
+    weights = tuple(float(stats.turns.count(k)) for k in range(lo, hi + 1))
     return Workload(
         name,
         "prefill" if mean_turns > 1 else "decode",
@@ -441,6 +545,7 @@ def workload_from_stats(name: str, stats: EpisodeStats, max_response_tokens: int
         _mean_std(stats.env_step_s),
         reset_latency_s=_mean_std(stats.env_reset_s),
         max_response_tokens=max_response_tokens,
+        turn_weights=weights if hi > lo else (),
     )
 
 
@@ -454,7 +559,10 @@ class Calibration:
         spec: the model's shape.
         mfu: fraction of the profile's FLOP/s the model's matmuls reach (:func:`matmul_efficiency`);
             the generator's ``mfu``.
-        train_mfu: the trainer's ``mfu``: ``mfu / train_flops_factor(algo)``.
+        train_mfu: the trainer's ``mfu``, from the real trainer's measured cost per padded token
+            (:meth:`TrainerCost.mfu`); the sim trainer gets it with the run's ``algo``.
+        train_overhead_s: the real trainer's fixed seconds per step (:func:`measure_trainer`);
+            the sim trainer's ``step_overhead_s``.
         mbu: the generator's ``mbu``: 1, since ``mem_bw_gbps`` is itself an achieved bandwidth.
         workloads: task -> Workload from real episodes.
         episodes: task -> the statistics' summary.
@@ -466,6 +574,7 @@ class Calibration:
     spec: ModelSpec
     mfu: float
     train_mfu: float
+    train_overhead_s: float
     mbu: float
     workloads: dict[str, Workload]
     episodes: dict[str, dict[str, float | None]]
@@ -479,6 +588,7 @@ class Calibration:
             "spec": asdict(self.spec),
             "mfu": self.mfu,
             "train_mfu": self.train_mfu,
+            "train_overhead_s": self.train_overhead_s,
             "mbu": self.mbu,
             "episodes": self.episodes,
             "threads": self.threads,
@@ -500,13 +610,14 @@ def calibrate(
     name: str = MEASURED_PROFILE,
 ) -> Calibration:
     """Measure the profile (:func:`measure_cpu`, registered under ``name``), the model's matmul
-    efficiency and the envs' workloads (:func:`sample_episodes`) for a sim of ``model`` on ``envs``.
+    efficiency, the real trainer's cost (:func:`measure_trainer`) and the envs' workloads
+    (:func:`sample_episodes`) for a sim of ``model`` on ``envs``.
 
     Args:
         model: the tiny model (a ModelRef) the real run serves and trains.
         envs: task name -> env, the real run's envs (stepped here; pass copies if they matter).
-        algo: the real run's GRPO settings (for :func:`train_flops_factor`; None: 6 FLOPs).
-        seconds: budget of the hardware measurements.
+        algo: the real run's GRPO settings (None: ``GRPO()``'s), for the trainer measurement.
+        seconds: budget of the hardware measurements (the trainer's takes as long again).
         episodes: real episodes per task for the token statistics.
         max_new_tokens, max_turns: the real run's rollout limits.
         threads: torch threads (1: as in ``Session.local()``'s workers).
@@ -517,7 +628,11 @@ def calibrate(
     hw = register_profile(measure_cpu(model, seconds=seconds, threads=threads, name=name))
     spec = tiny_spec(model)
     mfu = matmul_efficiency(spec, hw.bf16_tflops * 1e12, seconds=seconds / 6, threads=threads)
-    factor = train_flops_factor(algo) if algo is not None else 1.0
+    if algo is None:
+        from rollart_nb.algo.grpo import GRPO
+
+        algo = GRPO()
+    train = measure_trainer(model, algo, seconds=seconds, threads=threads)
     stats = sample_episodes(
         model, envs, episodes=episodes, max_new_tokens=max_new_tokens, max_turns=max_turns, seed=seed, threads=threads
     )
@@ -525,7 +640,8 @@ def calibrate(
         profile=hw,
         spec=spec,
         mfu=mfu,
-        train_mfu=mfu / factor,
+        train_mfu=train.mfu(spec, hw.bf16_tflops * 1e12, algo),
+        train_overhead_s=train.fixed_s,
         mbu=1.0,
         workloads={t: workload_from_stats(t, s, max_new_tokens) for t, s in stats.items()},
         episodes={t: s.summary() for t, s in stats.items()},

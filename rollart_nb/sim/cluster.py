@@ -100,10 +100,13 @@ class LocalActor:
         instance: the Worker object.
         clock: the session's :class:`~rollart_nb.sim.clock.SimClock` (its loop runs every call).
         threaded: run sync methods in this actor's own thread instead of on the loop.
+        call_latency_s: seconds (on the clock) each call waits before it runs: a Ray actor call's
+            round trip, which an in-process call would otherwise not pay.
     """
 
-    def __init__(self, instance: Worker, clock: SimClock, threaded: bool) -> None:
+    def __init__(self, instance: Worker, clock: SimClock, threaded: bool, call_latency_s: float = 0.0) -> None:
         self.instance, self._clock, self._loop, self.threaded = instance, clock, clock.loop, threaded
+        self.call_latency_s = call_latency_s
         # one thread per actor: a trainer's calls run in order, like a sync Ray actor's
         self._thread = (
             concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"sim-{instance.role}") if threaded else None
@@ -124,6 +127,8 @@ class LocalActor:
         return LocalRef(asyncio.run_coroutine_threadsafe(coro, self._loop), self._clock)
 
     async def _invoke(self, name: str, args: tuple, kwargs: dict) -> Any:
+        if self.call_latency_s > 0:
+            await asyncio.sleep(self.call_latency_s)
         args = tuple([await _resolve(a) for a in args])
         kwargs = {k: await _resolve(v) for k, v in kwargs.items()}
         fn = getattr(self.instance, name)
@@ -219,8 +224,10 @@ class LocalCluster(ClusterBase):
         registry: Mapping[str, Endpoint],
         affinity: dict[str, str] | None,
         threaded: bool | None = None,
+        call_latency_s: float = 0.0,
     ) -> None:
         self._clock = clock  # its loop runs every worker and every call
+        self.call_latency_s = call_latency_s
         if threaded is None:  # trainers block in their steps, unless they say they run on the loop
             threaded = issubclass(worker_cls, TrainerWorker) and not getattr(worker_cls, "runs_on_loop", False)
         self.threaded = bool(threaded)
@@ -257,7 +264,7 @@ class LocalCluster(ClusterBase):
                 f"worker {b.worker} on pool {b.pool} did not start: {type(e).__name__}: {e}. "
                 "Check the Worker's __init__ arguments"
             ) from e
-        return LocalWorkerHandle(LocalActor(inst, self._clock, self.threaded), b, instance=inst)
+        return LocalWorkerHandle(LocalActor(inst, self._clock, self.threaded, self.call_latency_s), b, instance=inst)
 
     # -- dispatch paths --------------------------------------------------------------
     def _submit(self, idx: list[int], attr: str, per_worker_args: list[tuple[tuple, dict]]) -> list[LocalRef]:

@@ -348,7 +348,7 @@ def grad_sync_time(spec: ModelSpec, hw: HardwareProfile, gpus: int, gpus_per_nod
 
 
 def train_time(
-    spec: ModelSpec, hw: HardwareProfile, tokens: int, gpus: int, mfu: float = 0.4, gpus_per_node: int = 8
+    spec: ModelSpec, hw: HardwareProfile, tokens: float, gpus: int, mfu: float = 0.4, gpus_per_node: int = 8
 ) -> float:
     """Modelled seconds of one optimizer step over ``tokens`` tokens on ``gpus`` devices.
 

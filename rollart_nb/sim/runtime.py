@@ -39,10 +39,20 @@ class SimRuntime:
         seed: the session's base seed.
         virtual: simulated time (default) or real time on the loop.
         name: the loop thread's name.
+        call_latency_s: modelled seconds of every call to a worker (see
+            :class:`~rollart_nb.sim.session.SimSession`).
     """
 
-    def __init__(self, resources: ResourceManager, *, seed: int, virtual: bool = True, name: str = "rollart-sim"):
-        self.resources, self.seed = resources, seed
+    def __init__(
+        self,
+        resources: ResourceManager,
+        *,
+        seed: int,
+        virtual: bool = True,
+        name: str = "rollart-sim",
+        call_latency_s: float = 0.0,
+    ):
+        self.resources, self.seed, self.call_latency_s = resources, seed, call_latency_s
         self.log_dir = ""  # in-process workers log to this process's handlers
         #: The simulation's loop and time (``sim_clock()`` reads simulated seconds).
         self.sim_clock = SimClock(virtual, name=name)
@@ -84,6 +94,7 @@ class SimRuntime:
                 registry=self.endpoints,
                 affinity=affinity,
                 threaded=threaded,
+                call_latency_s=self.call_latency_s,
             ),
         )
 

@@ -55,6 +55,10 @@ class SimSession(SessionBase[SimRuntime]):
         virtual: simulated time (default). Backends then take ``time_scale=1`` (one modelled
             second is one simulated second); :class:`~rollart_nb.control.pipeline.Pipeline`
             step reports are in simulated seconds. ``False``: real time, scaled by ``time_scale``.
+        call_latency_s: modelled seconds every call to a worker takes before it runs (the round
+            trip of a Ray actor call, which in-process calls do not pay). 0 (default) leaves the
+            control plane's calls out, as at GPU scale, where a turn or a step lasts seconds;
+            :func:`rollart_nb.sim.calibrate.call_latency` measures it on a running Ray.
 
     Example:
         >>> from rollart_nb.models import spec
@@ -68,7 +72,13 @@ class SimSession(SessionBase[SimRuntime]):
     _reopen = "SimSession(pools=...)"
 
     def __init__(
-        self, pools: dict[str, int] | None = None, seed: int = 0, *, gpus_per_node: int = 8, virtual: bool = True
+        self,
+        pools: dict[str, int] | None = None,
+        seed: int = 0,
+        *,
+        gpus_per_node: int = 8,
+        virtual: bool = True,
+        call_latency_s: float = 0.0,
     ) -> None:
         super().__init__()
         pools = dict(DEFAULT_SIM_POOLS if pools is None else pools)
@@ -80,6 +90,8 @@ class SimSession(SessionBase[SimRuntime]):
                 problems.append(f"pool {name!r} needs a positive integer count, got {n!r}")
         if not isinstance(gpus_per_node, int) or gpus_per_node < 1:
             problems.append(f"gpus_per_node must be an int >= 1, got {gpus_per_node!r}")
+        if not (isinstance(call_latency_s, int | float) and call_latency_s >= 0):
+            problems.append(f"call_latency_s must be a number of seconds >= 0, got {call_latency_s!r}")
         if problems:
             raise ConfigError(problems, where="SimSession")
         self.id = uuid.uuid4().hex[:8]
@@ -87,7 +99,11 @@ class SimSession(SessionBase[SimRuntime]):
         self.pools: dict[str, Pool] = {_canon(n): _make_pool(_canon(n), c, gpus_per_node) for n, c in pools.items()}
         self.store = MemoryStore(prefix=f"sessions/{self.id}/")
         self._runtime = SimRuntime(
-            ResourceManager(self.pools, self.store), seed=seed, virtual=virtual, name=f"rollart-sim-{self.id}"
+            ResourceManager(self.pools, self.store),
+            seed=seed,
+            virtual=virtual,
+            name=f"rollart-sim-{self.id}",
+            call_latency_s=float(call_latency_s),
         )
         self.virtual = virtual
         #: The simulation's loop and time: ``sess.clock()`` reads simulated seconds.

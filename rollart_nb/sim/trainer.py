@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from rollart_nb.algo.grpo import mean_response_length
+from rollart_nb.algo.grpo import mean_response_length, micro_batches
 from rollart_nb.errors import ConfigError, StateError
 from rollart_nb.models.spec import ModelSpec
 from rollart_nb.resources.profiles import HardwareProfile
@@ -27,7 +27,7 @@ from rollart_nb.sim.clock import sleep as clock_sleep
 from rollart_nb.sim.roofline import train_time
 from rollart_nb.trajectory import Trajectory
 
-__all__ = ["SIM_STATE", "SimTrainBackend", "trajectory_tokens"]
+__all__ = ["SIM_STATE", "SimTrainBackend", "flops_factor", "padded_tokens", "trajectory_tokens"]
 
 SIM_STATE = "sim_trainer.json"
 """File name of a sim trainer checkpoint."""
@@ -47,6 +47,35 @@ def trajectory_tokens(traj: Trajectory) -> int:
     return traj.num_tokens
 
 
+def padded_tokens(lengths: list[int], algo: Any) -> int:
+    """Tokens a padding trainer computes on: rows of ``lengths`` sorted, cut into micro-batches
+    of ``algo.micro_batch_size`` rows and ``algo.micro_batch_tokens`` padded tokens
+    (:func:`~rollart_nb.algo.grpo.micro_batches`), each micro-batch ``rows x longest row``.
+
+    Example:
+        >>> from rollart_nb.algo.grpo import GRPO
+        >>> padded_tokens([10, 40, 12], GRPO(micro_batch_size=2, micro_batch_tokens=0))
+        64
+    """
+    rows = sorted(n for n in lengths if n > 0)
+    spans = micro_batches(rows, max(1, int(algo.micro_batch_size)), int(getattr(algo, "micro_batch_tokens", 0) or 0))
+    return sum((hi - lo) * rows[hi - 1] for lo, hi in spans)
+
+
+def flops_factor(algo: Any) -> float:
+    """FLOPs per parameter and token of one GRPO train step, over the roofline's 6: forward and
+    backward per epoch (``6 * epochs``) plus a reference forward (2) when a KL term is on.
+
+    Example:
+        >>> from rollart_nb.algo.grpo import GRPO
+        >>> flops_factor(GRPO(kl_coef=0.0)), flops_factor(GRPO(kl_coef=0.1, epochs=2))
+        (1.0, 2.3333333333333335)
+    """
+    epochs = int(getattr(algo, "epochs", 1))
+    ref = 2.0 if getattr(algo, "kl_coef", 0.0) > 0 else 0.0
+    return (6.0 * epochs + ref) / 6.0
+
+
 class SimTrainBackend:
     """Roofline-timed train backend (implements :class:`~rollart_nb.protocols.TrainBackend`).
 
@@ -57,6 +86,15 @@ class SimTrainBackend:
         time_scale: seconds slept per modelled second (0: no sleep). Default: 1 on a SimSession's
             virtual clock, 1e-3 elsewhere (:func:`rollart_nb.sim.clock.resolve_time_scale`).
         mfu: achieved fraction of peak FLOP/s.
+        algo: the run's GRPO settings, to price the step as a padding trainer runs it (None: every
+            token once at 6 FLOPs per parameter, as a packing trainer runs it). With an ``algo``:
+            the FLOPs per parameter and token are ``6 * epochs`` plus 2 for the reference pass
+            when ``kl_coef > 0``; and the tokens are the *padded* tokens of the micro-batches the
+            :class:`~rollart_nb.backends.torch_train.TorchTrainBackend` forms (one row per
+            trajectory, sorted by length, at most ``micro_batch_size`` rows and
+            ``micro_batch_tokens`` padded tokens each: :func:`~rollart_nb.algo.grpo.micro_batches`).
+        step_overhead_s: fixed seconds per optimizer step besides its FLOPs (the optimizer update,
+            Python and framework dispatch; measured by :func:`rollart_nb.sim.calibrate.measure_trainer`).
 
     Example:
         >>> from rollart_nb.models.spec import spec
@@ -73,6 +111,8 @@ class SimTrainBackend:
         gpus: int = 1,
         time_scale: float | None = None,
         mfu: float = 0.4,
+        algo: Any = None,
+        step_overhead_s: float = 0.0,
     ) -> None:
         problems = []
         if gpus < 1:
@@ -82,10 +122,13 @@ class SimTrainBackend:
             problems.append(f"time_scale must be >= 0, got {time_scale}")
         if not 0 < mfu <= 1:
             problems.append(f"mfu must be in (0, 1], got {mfu}")
+        if step_overhead_s < 0:
+            problems.append(f"step_overhead_s must be >= 0, got {step_overhead_s}")
         if problems:
             raise ConfigError(problems, where="SimTrainBackend")
         self.spec, self.hardware, self.gpus = spec, hardware, gpus
         self.time_scale, self.mfu = time_scale, mfu
+        self.algo, self.step_overhead_s = algo, step_overhead_s
         self.version = 0
         self.modelled_s = 0.0  # total modelled training seconds
         self.published_at: float | None = None
@@ -114,8 +157,10 @@ class SimTrainBackend:
         return self._finish(batch, tokens, modelled_s)
 
     def _price(self, batch: list[Trajectory]) -> tuple[int, float]:
-        tokens = sum(trajectory_tokens(t) for t in batch)
-        return tokens, train_time(self.spec, self.hardware, tokens, self.gpus, self.mfu)
+        lengths = [trajectory_tokens(t) for t in batch]
+        tokens = sum(lengths)
+        priced = tokens if self.algo is None else padded_tokens(lengths, self.algo) * flops_factor(self.algo)
+        return tokens, train_time(self.spec, self.hardware, priced, self.gpus, self.mfu) + self.step_overhead_s
 
     def _finish(self, batch: list[Trajectory], tokens: int, modelled_s: float) -> dict[str, float]:
         self.modelled_s += modelled_s

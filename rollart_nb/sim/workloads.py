@@ -40,13 +40,20 @@ class Workload:
     Attributes:
         name: task family name.
         shape: "prefill" (many turns, growing history) or "decode" (few turns, long answers).
-        turns: (min, max) turns per episode, inclusive; uniform in between.
+        turns: (min, max) turns per episode, inclusive; uniform in between unless
+            ``turn_weights`` says otherwise.
         prompt_tokens: tokens of the initial observation (task statement).
         obs_tokens: (mean, std) tokens of each later observation (Gaussian, at least 1).
         response_tokens: (mean, std) tokens of each model response (Gaussian, at least 1).
         env_latency_s: (mean, std) seconds of one ``env.step`` (Gaussian, clipped at 0).
         reset_latency_s: (mean, std) seconds of ``env.reset`` (e.g. pulling a container).
         max_response_tokens: the response budget to request per turn.
+        turn_weights: relative frequencies of episodes lasting ``min``, ``min + 1``, ..., ``max``
+            turns (one per count; e.g. the counts of real episodes), for tasks whose lengths
+            are not uniform: FrozenLake episodes end at once in a hole or walk to the turn
+            limit. Empty (default): uniform. Tokens per trajectory grow with the square of its
+            turns (each turn's prompt holds the history), so the shape, not only the mean,
+            sets what a batch costs to train.
     """
 
     name: str
@@ -58,6 +65,7 @@ class Workload:
     env_latency_s: tuple[float, float]
     reset_latency_s: tuple[float, float] = (0.0, 0.0)
     max_response_tokens: int = 4096
+    turn_weights: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         problems = []
@@ -74,12 +82,35 @@ class Workload:
                 problems.append(f"{what} mean and std must be >= 0, got {(mean, std)}")
         if self.max_response_tokens < 1:
             problems.append(f"max_response_tokens must be >= 1, got {self.max_response_tokens}")
+        if self.turn_weights and (
+            len(self.turn_weights) != hi - lo + 1 or min(self.turn_weights) < 0 or not sum(self.turn_weights) > 0
+        ):
+            problems.append(
+                f"turn_weights must hold {hi - lo + 1} non-negative weights (turns {lo}..{hi}) with a positive "
+                f"sum, got {self.turn_weights}"
+            )
         if problems:
             raise ConfigError(problems, where=f"Workload {self.name!r}")
 
     @property
     def mean_turns(self) -> float:
-        return (self.turns[0] + self.turns[1]) / 2.0
+        lo, hi = self.turns
+        if self.turn_weights:
+            return sum((lo + i) * w for i, w in enumerate(self.turn_weights)) / sum(self.turn_weights)
+        return (lo + hi) / 2.0
+
+    def end_hazard(self, turn: int) -> float:
+        """P(the episode ends at ``turn`` | it reached ``turn``): 0 before ``min``, 1 at ``max``;
+        uniform lengths give ``1 / (max - turn + 1)``, ``turn_weights`` ``w[turn] / sum(w[turn:])``."""
+        lo, hi = self.turns
+        if turn < lo:
+            return 0.0
+        if turn >= hi:
+            return 1.0
+        if not self.turn_weights:
+            return 1.0 / (hi - turn + 1)
+        left = sum(self.turn_weights[turn - lo :])
+        return self.turn_weights[turn - lo] / left if left > 0 else 1.0
 
 
 PRESETS: dict[str, Workload] = {
@@ -176,9 +207,9 @@ class SimEnv:
 
     * ``reset`` returns ``prompt_tokens`` words; each non-final ``step`` returns about
       ``obs_tokens`` words (one :class:`SimTokenizer` token each); the final step returns "".
-    * Episodes last between ``turns[0]`` and ``turns[1]`` steps, uniformly: from
-      ``turns[0]`` on, step ``k`` ends the episode with hazard ``1 / (turns[1] - k + 1)``,
-      drawn from a hash of the reset seed and the actions so far. Deterministic given the
+    * Episodes last between ``turns[0]`` and ``turns[1]`` steps, uniformly or as
+      ``turn_weights`` says: from ``turns[0]`` on, step ``k`` ends the episode with hazard
+      :meth:`Workload.end_hazard` (``1 / (turns[1] - k + 1)`` when uniform), drawn from a hash of the reset seed and the actions so far. Deterministic given the
       actions, yet members of one GRPO group (same seed, different actions) differ.
     * The final step's reward is uniform in [0, 1] from the same hash; earlier steps give 0.
       It carries no learning signal.
@@ -274,9 +305,7 @@ class SimEnv:
         self._turn += 1
         self._history = zlib.crc32(action.encode("utf-8"), self._history)
         rng = np.random.default_rng([self.seed, self._reset_seed, self._history, self._turn])
-        lo, hi = self.workload.turns
-        # Hazard of a uniform distribution on [lo, hi]: P(end at k | reached k) = 1 / (hi - k + 1).
-        terminated = self._turn >= lo and rng.random() < 1.0 / (hi - self._turn + 1)
+        terminated = self._turn >= self.workload.turns[0] and rng.random() < self.workload.end_hazard(self._turn)
         self._done = terminated
         info: dict[str, Any] = {"turn": self._turn}
         if terminated:

@@ -14,7 +14,7 @@ from rollart_nb.control.env_manager import RolloutConfig
 from rollart_nb.control.pipeline import Pipeline
 from rollart_nb.control.rollout_worker import RolloutWorker
 from rollart_nb.control.scheduler import RolloutScheduler
-from rollart_nb.errors import ConfigError, NoCapacityError, StateError
+from rollart_nb.errors import ClusterError, ConfigError, NoCapacityError, StateError
 from rollart_nb.models.spec import spec
 from rollart_nb.sim import SimEnv, response_tokens_fn, workload
 from rollart_nb.sim.cluster import LocalCluster, LocalRef
@@ -268,3 +268,43 @@ def test_help_shows_every_pipeline_setting_with_its_default():
         assert params[f.name].default == getattr(defaults, f.name), f.name
         assert f"``{f.name}`` (" in rn.Session.pipeline.__doc__
     assert SimSession.pipeline is rn.Session.pipeline  # the simulated session shares the method
+
+
+def test_call_latency_is_paid_by_every_worker_call_in_simulated_time():
+    async def timed(s: SimSession) -> float:
+        t0 = asyncio.get_running_loop().time()
+        await s.clusters["calc"].workers[0].actor.total.remote([1, 2])
+        await s.clusters["calc"].workers[0].actor.add.remote(1)
+        return asyncio.get_running_loop().time() - t0
+
+    spent = {}
+    for lat in (0.0, 0.004):
+        with rn.Session.sim({"cpu": 2}, call_latency_s=lat) as s:
+            c = s.cluster("calc", Calc, pool="cpu")
+            assert c.add(1) == [1]  # same results
+            spent[lat] = s.run(timed(s))
+    assert spent[0.0] == pytest.approx(0.0, abs=1e-6)
+    assert spent[0.004] == pytest.approx(0.008, abs=1e-6)  # two calls, one round trip each
+    with pytest.raises(ConfigError, match="call_latency_s"):
+        SimSession({"cpu": 1}, call_latency_s=-1)
+
+
+def test_a_batching_engine_holds_every_turn_for_its_wait():
+    w = workload("gem-math")
+
+    def turn_s(batch_wait_s: float) -> float:
+        with SimSession({"H20": 1, "cpu": 1}) as s:
+            gen = s.cluster("g", SimGenerator, pool="H20", model=spec("qwen3-8b"), batch_wait_s=batch_wait_s)
+            req = rn.protocols.GenerationRequest("t", "math", [5] * w.prompt_tokens, max_new_tokens=8)
+
+            async def one() -> float:
+                t0 = asyncio.get_running_loop().time()
+                await gen.workers[0].actor.generate.remote(req)
+                return asyncio.get_running_loop().time() - t0
+
+            return s.run(one())
+
+    assert turn_s(0.005) == pytest.approx(turn_s(0.0) + 0.005, rel=1e-6)
+    with pytest.raises(ClusterError, match="batch_wait_s must be >= 0"):
+        with SimSession({"H20": 1, "cpu": 1}) as s:
+            s.cluster("g", SimGenerator, pool="H20", model=spec("qwen3-8b"), batch_wait_s=-1)

@@ -63,3 +63,26 @@ def test_config_errors():
     with pytest.raises(ConfigError) as e:
         SimTrainBackend(Q8, H800, gpus=0, time_scale=-1, mfu=0)
     assert len(e.value.problems) == 3
+
+
+def test_with_algo_a_step_is_priced_on_padded_micro_batches_and_the_reference_pass():
+    from rollart_nb.algo.grpo import GRPO
+    from rollart_nb.sim.trainer import flops_factor, padded_tokens
+
+    algo = GRPO(kl_coef=0.1, micro_batch_size=64, micro_batch_tokens=1024)
+    # sorted lengths 12 x 24 then 40 x 8: at most 1024 padded tokens a micro-batch, so the first
+    # holds the 24 short rows and 1 long one, padded to 40 (25 x 40); the other 7 long rows follow.
+    lengths = [12] * 24 + [40] * 8
+    assert padded_tokens(lengths, algo) == 25 * 40 + 7 * 40
+    assert padded_tokens(lengths, GRPO(micro_batch_size=64, micro_batch_tokens=0)) == 32 * 40
+    assert flops_factor(algo) == pytest.approx(8 / 6) and flops_factor(GRPO(kl_coef=0.0)) == 1.0
+
+    batch = [traj([8], response=4) for _ in range(24)] + [traj([36], response=4) for _ in range(8)]
+    packed = SimTrainBackend(Q8, H800, time_scale=0).train_step(batch)["modelled_s"]
+    padded = SimTrainBackend(Q8, H800, time_scale=0, algo=algo, step_overhead_s=0.25).train_step(batch)
+    assert padded["tokens"] == sum(lengths)  # the batch's own tokens are still reported
+    assert packed == pytest.approx(train_time(Q8, H800, sum(lengths), 1))
+    assert padded["modelled_s"] == pytest.approx(train_time(Q8, H800, (25 + 7) * 40 * 8 / 6, 1) + 0.25)
+    assert padded["modelled_s"] > packed + 0.25  # padding and the reference pass cost time
+    with pytest.raises(ConfigError, match="step_overhead_s"):
+        SimTrainBackend(Q8, H800, step_overhead_s=-1)

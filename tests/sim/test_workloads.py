@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import statistics
 import subprocess
@@ -167,3 +168,17 @@ def test_500_envs_with_100ms_latency_run_concurrently():
     elapsed = time.perf_counter() - t0
     assert steps == [3] * 500
     assert 0.25 < elapsed < 3.0
+
+
+def test_turn_weights_give_the_episode_lengths_their_observed_shape():
+    # bimodal, as FrozenLake: half end at turn 1 (a hole), half walk to the limit of 10
+    w = Workload("fl", "prefill", (1, 10), 30, (20.0, 0.0), (2.0, 0.0), (0.0, 0.0), turn_weights=(1,) + (0,) * 8 + (1,))
+    assert w.mean_turns == 5.5 and w.end_hazard(1) == 0.5 and w.end_hazard(5) == 0.0 and w.end_hazard(10) == 1.0
+    env = SimEnv(w, time_scale=0)
+    turns = [episode(env, seed)[0] for seed in range(200)]
+    assert set(turns) == {1, 10}
+    assert 0.4 < turns.count(1) / len(turns) < 0.6
+    uniform = SimEnv(dataclasses.replace(w, turn_weights=()), time_scale=0)
+    assert len({episode(uniform, seed)[0] for seed in range(200)}) > 5  # without weights: every length
+    with pytest.raises(ConfigError, match="turn_weights"):
+        Workload("x", "prefill", (1, 3), 10, (1.0, 0.0), (1.0, 0.0), (0.0, 0.0), turn_weights=(1.0, 1.0))
