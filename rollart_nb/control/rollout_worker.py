@@ -280,9 +280,9 @@ def model_spec(model: Any) -> Any:
         log.info("routing by token profile is off: %r does not say its parameter count", model)
         return None
     try:
-        from rollart_nb.sim.calibrate import tiny_spec
+        from rollart_nb.models.spec import hf_spec
 
-        return tiny_spec(model)
+        return hf_spec(model)
     except Exception as e:  # no config.json, an unknown layout: routing keeps the declared hints
         log.info("routing by token profile is off: no model shape for %r (%s)", model, e)
         return None

@@ -8,13 +8,15 @@ bytes per parameter. Real model directories are described by :func:`rollart_nb.m
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any
 
 from rollart_nb._checks import is_number, is_whole
 from rollart_nb.errors import ConfigError
 
-__all__ = ["SPECS", "ModelSpec", "spec"]
+__all__ = ["SPECS", "ModelSpec", "hf_spec", "spec"]
 
 
 @dataclass(frozen=True)
@@ -121,3 +123,33 @@ def spec(name: str) -> ModelSpec:
     if key not in SPECS:
         raise ConfigError(f"unknown model spec {name!r}; known: {', '.join(sorted(SPECS))}")
     return SPECS[key]
+
+
+def hf_spec(model: Any) -> ModelSpec:
+    """The :class:`ModelSpec` of a Hugging Face model directory (a ModelRef or a path).
+
+    From its ``config.json``: ``layers = num_hidden_layers``, ``hidden = hidden_size``,
+    ``kv_heads = num_key_value_heads``, ``head_dim = head_dim`` or ``hidden_size /
+    num_attention_heads``; ``params`` is the ModelRef's count (or counted from the weights);
+    ``bytes_per_param`` 4 (float32, as the ``hf`` generator and ``torch`` trainer load a model on
+    CPU). Dense: ``active_params == params``. Tied embeddings count once, which matches the
+    FLOPs: the input lookup is free and the output projection multiplies by the same matrix.
+    """
+    path = Path(getattr(model, "path", model))
+    cfg = json.loads((path / "config.json").read_text())
+    params = float(getattr(model, "params", 0) or 0)
+    if not params:
+        from transformers import AutoModelForCausalLM
+
+        params = float(sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(path).parameters()))
+    heads = cfg["num_attention_heads"]
+    return ModelSpec(
+        name=getattr(model, "name", path.name),
+        params=params,
+        active_params=params,
+        layers=cfg["num_hidden_layers"],
+        hidden=cfg["hidden_size"],
+        kv_heads=cfg.get("num_key_value_heads", heads),
+        head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+        bytes_per_param=4,
+    )

@@ -12,7 +12,7 @@ and a :class:`~rollart_nb.sim.workloads.Workload` per task. For a sim-to-real ch
   ``bf16_tflops`` field holds that float32 figure (the field is named for GPUs' usual dtype).
   Every measurement uses ``threads`` torch threads, 1 by default: ``Session.local()`` starts its
   workers as Ray actors with ``num_cpus=0``, and Ray then sets ``OMP_NUM_THREADS=1`` in them.
-* :func:`tiny_spec`: the tiny model's :class:`ModelSpec` from its ``config.json``.
+* :func:`~rollart_nb.models.spec.hf_spec`: the tiny model's :class:`ModelSpec` from its ``config.json``.
 * :func:`sample_episodes` and :func:`workload_from_stats`: prompt, observation, response and
   turn statistics of real episodes of the real envs played by the real model, as Workloads.
 * :func:`calibrate` does all of it and :func:`register_profile` makes the profile a pool name a
@@ -32,16 +32,14 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
-import json
 import statistics
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 from rollart_nb.errors import ConfigError
-from rollart_nb.models.spec import ModelSpec
+from rollart_nb.models.spec import ModelSpec, hf_spec
 from rollart_nb.resources.profiles import PROFILES, HardwareProfile
 from rollart_nb.sim.roofline import prefill_flops, weights_read_bytes
 from rollart_nb.sim.workloads import Workload
@@ -61,7 +59,6 @@ __all__ = [
     "pass_overhead",
     "register_profile",
     "sample_episodes",
-    "tiny_spec",
     "workload_from_stats",
 ]
 
@@ -158,36 +155,6 @@ def memory_bandwidth(seconds: float = 0.5, threads: int = 1, nbytes: int = COPY_
     return 2.0 * nbytes / t
 
 
-def tiny_spec(model: Any) -> ModelSpec:
-    """The :class:`ModelSpec` of a Hugging Face model directory (a ModelRef or a path).
-
-    From its ``config.json``: ``layers = num_hidden_layers``, ``hidden = hidden_size``,
-    ``kv_heads = num_key_value_heads``, ``head_dim = head_dim`` or ``hidden_size /
-    num_attention_heads``; ``params`` is the ModelRef's count (or counted from the weights);
-    ``bytes_per_param`` 4 (float32, as the tiny model is loaded here). Dense: ``active_params ==
-    params``. Tied embeddings count once, which matches the FLOPs: the input lookup is free and the
-    output projection multiplies by the same matrix.
-    """
-    path = Path(getattr(model, "path", model))
-    cfg = json.loads((path / "config.json").read_text())
-    params = float(getattr(model, "params", 0) or 0)
-    if not params:
-        from transformers import AutoModelForCausalLM
-
-        params = float(sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(path).parameters()))
-    heads = cfg["num_attention_heads"]
-    return ModelSpec(
-        name=getattr(model, "name", path.name),
-        params=params,
-        active_params=params,
-        layers=cfg["num_hidden_layers"],
-        hidden=cfg["hidden_size"],
-        kv_heads=cfg.get("num_key_value_heads", heads),
-        head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
-        bytes_per_param=4,
-    )
-
-
 def _cache_kw(lm: Any) -> str:
     # transformers >= 5.2x names the KV cache "cache"; older releases "past_key_values" (as HFBackend).
     return "cache" if "cache" in inspect.signature(lm.forward).parameters else "past_key_values"
@@ -257,7 +224,7 @@ def measure_cpu(
     bw = memory_bandwidth(share, threads)
     overhead = 0.0
     if model is not None:
-        overhead = pass_overhead(tiny_spec(model), pass_time(model, share, threads), flops, bw)
+        overhead = pass_overhead(hf_spec(model), pass_time(model, share, threads), flops, bw)
     try:
         import psutil
 
@@ -626,7 +593,7 @@ def calibrate(
     """
     t0 = time.perf_counter()
     hw = register_profile(measure_cpu(model, seconds=seconds, threads=threads, name=name))
-    spec = tiny_spec(model)
+    spec = hf_spec(model)
     mfu = matmul_efficiency(spec, hw.bf16_tflops * 1e12, seconds=seconds / 6, threads=threads)
     if algo is None:
         from rollart_nb.algo.grpo import GRPO

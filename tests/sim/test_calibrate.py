@@ -14,7 +14,7 @@ import pytest
 
 from rollart_nb.algo.grpo import GRPO
 from rollart_nb.envs import Arithmetic, FrozenLake
-from rollart_nb.models.spec import ModelSpec
+from rollart_nb.models.spec import ModelSpec, hf_spec
 from rollart_nb.protocols import GenerationRequest
 from rollart_nb.resources import profiles
 from rollart_nb.resources.profiles import PROFILES, HardwareProfile
@@ -26,7 +26,6 @@ from rollart_nb.sim.calibrate import (
     pass_overhead,
     register_profile,
     sample_episodes,
-    tiny_spec,
     workload_from_stats,
 )
 from rollart_nb.sim.roofline import decode_time, prefill_flops, weights_read_bytes
@@ -49,9 +48,9 @@ def registered():
     PROFILES.pop(TEST_PROFILE, None)
 
 
-def test_tiny_spec_reads_the_model_config(model):
+def test_hf_spec_reads_the_model_config(model):
     cfg = json.loads((Path(model.path) / "config.json").read_text())
-    s = tiny_spec(model)
+    s = hf_spec(model)
     assert (s.layers, s.hidden, s.kv_heads) == (
         cfg["num_hidden_layers"],
         cfg["hidden_size"],
@@ -67,7 +66,7 @@ def test_measured_profile_is_plausible_and_prices_sim_work(model, registered):
     assert 1e-4 < hw.bf16_tflops < 10 and 0.1 < hw.mem_bw_gbps < 1000
     assert 0 <= hw.pass_overhead_s < 0.5 and hw.kind == "cpu"
     assert profiles.profile(registered.lower()) is hw  # a pool of that name resolves to it
-    spec = tiny_spec(model)
+    spec = hf_spec(model)
     b = SimBackend(spec, hw, time_scale=0, response_tokens=lambda r: 3)
     r = asyncio.run(b.generate(GenerationRequest("t0", "math", [5] * 10, max_new_tokens=4)))
     flops_s = prefill_flops(spec, 10) / (hw.bf16_tflops * 1e12 * b.mfu)
@@ -140,7 +139,7 @@ def test_trainer_cost_is_a_line_through_two_real_train_steps(model):
     assert real / 2 < predicted < real * 2
     # the mfu that makes the roofline charge per_token_s per padded token, reference pass included
     hw = measure_cpu(seconds=0.2)
-    mfu = cost.mfu(tiny_spec(model), hw.bf16_tflops * 1e12, algo)
+    mfu = cost.mfu(hf_spec(model), hw.bf16_tflops * 1e12, algo)
     assert 0 < mfu <= 1
     if mfu < 1:
         flops = 6 * flops_factor(algo) * model.params  # per padded token, the reference pass included
