@@ -15,8 +15,8 @@ not grow with the number of steps.
 
 Usage: ``python benchmarks/sim_speed.py [--sizes 128,1024] [--steps 100] [--warmup 2]``.
 The last line is ``RESULT {json}``: per size ``wall_s_per_step``, ``rss_growth_mib`` (over the
-measured steps), ``rss_growth_second_half_mib``, ``rss_mib`` (at the end), ``sim_s_per_step`` (simulated seconds a step) and
-``steps``.
+measured steps), ``rss_growth_second_half_mib``, ``rss_mib`` (at the end), ``sim_s_per_step``
+(simulated seconds a step) and ``steps``.
 """
 
 from __future__ import annotations

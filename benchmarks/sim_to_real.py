@@ -346,7 +346,7 @@ def main() -> None:
             {**{k: v for k, v in cal.as_dict().items() if k != "profile"}, "call_latency_s": rtt}, 6
         ),
         "settings": {
-            k: getattr(a, k) for k in ("modes", "steps", "warmup", "batch", "group", "envs_per_task", "alpha")
+            k: getattr(a, k) for k in ("modes", "steps", "warmup", "batch", "group", "envs_per_task", "alpha", "lr")
         },
     }
     print("RESULT " + json.dumps(result))

@@ -47,10 +47,10 @@ from rollart_nb.sim.workloads import Workload
 __all__ = [
     "MEASURED_PROFILE",
     "Calibration",
-    "TrainerCost",
-    "call_latency",
     "EpisodeStats",
+    "TrainerCost",
     "calibrate",
+    "call_latency",
     "matmul_efficiency",
     "matmul_flops",
     "measure_cpu",
@@ -252,7 +252,7 @@ hundreds of tokens; the payload barely matters at this size)."""
 def call_latency(seconds: float = 0.5) -> float:
     """Median seconds of one Ray actor call from one async actor to another and back, carrying
     :data:`CALL_PAYLOAD_TOKENS` token ids: what a turn pays to reach a generator worker and
-    return in a real session (``SimGenerator(turn_latency_s=...)``). Needs a running Ray
+    return in a real session (``Session.sim(call_latency_s=...)``). Needs a running Ray
     (``rn.Session.local()`` starts one); the two actors take no CPU reservation, as the
     session's own workers.
     """

@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any
 from rollart_nb.errors import ClusterError, StateError
 from rollart_nb.resources.manager import Binding, ResourceManager
 from rollart_nb.serverless.client import Endpoint
+from rollart_nb.sim.clock import resolve_time_scale
 from rollart_nb.workers.cluster import ClusterBase
 from rollart_nb.workers.roles import TrainerWorker
 from rollart_nb.workers.worker import Worker, actor_class_for
@@ -100,8 +101,9 @@ class LocalActor:
         instance: the Worker object.
         clock: the session's :class:`~rollart_nb.sim.clock.SimClock` (its loop runs every call).
         threaded: run sync methods in this actor's own thread instead of on the loop.
-        call_latency_s: seconds (on the clock) each call waits before it runs: a Ray actor call's
-            round trip, which an in-process call would otherwise not pay.
+        call_latency_s: modelled seconds each call waits before it runs (a Ray actor call's round
+            trip, which an in-process call would otherwise not pay), scaled as every modelled cost
+            is (:func:`~rollart_nb.sim.clock.resolve_time_scale`: 1 on a virtual clock).
     """
 
     def __init__(self, instance: Worker, clock: SimClock, threaded: bool, call_latency_s: float = 0.0) -> None:
@@ -128,7 +130,7 @@ class LocalActor:
 
     async def _invoke(self, name: str, args: tuple, kwargs: dict) -> Any:
         if self.call_latency_s > 0:
-            await asyncio.sleep(self.call_latency_s)
+            await asyncio.sleep(self.call_latency_s * resolve_time_scale(None))
         args = tuple([await _resolve(a) for a in args])
         kwargs = {k: await _resolve(v) for k, v in kwargs.items()}
         fn = getattr(self.instance, name)
