@@ -39,6 +39,8 @@ BUILTIN_ENVS = ("frozenlake", "math")  # env names a TaskConfig may use besides 
 BUILTIN_REWARDS = ("close", "exact")  # rewards.close_answer / rewards.exact_answer
 SIZES = ("s", "m")
 GENERATORS = ("hf", "vllm")
+#: Concurrent env instances of a task that ``envs_per_task`` does not name.
+DEFAULT_ENVS = 16
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,10 @@ class ModelConfig:
     pretrain_stop_at: dict[str, float] | None = None
     """Task -> accuracy on worked training problems at which the base-model stage stops early
     (checked every 5 steps; ``pretrain_steps`` is then the most it runs). None: all the steps."""
+    pretrain_weights: dict[str, float] | None = None
+    """Task -> share of the base-model corpus (relative). None: the tasks' batch weights. RL
+    batches and the corpus need not be mixed alike: a task that is cheap to sample may take most
+    of the RL batch and still want a fair part of the base model's training."""
 
     def __post_init__(self) -> None:
         p = []
@@ -77,6 +83,11 @@ class ModelConfig:
             isinstance(stop, dict) and all(isinstance(k, str) and is_number(v) and 0 < v <= 1 for k, v in stop.items())
         ):
             p.append(f"pretrain_stop_at={stop!r} must map task names to accuracies in (0, 1], or be None")
+        w = self.pretrain_weights
+        if w is not None and not (
+            isinstance(w, dict) and w and all(isinstance(k, str) and is_number(v) and v >= 0 for k, v in w.items())
+        ):
+            p.append(f"pretrain_weights={w!r} must map task names to weights >= 0, or be None")
         if p:
             raise ConfigError(p, where="model config")
 
@@ -144,8 +155,10 @@ class TrainConfig:
     """Folder for steps.jsonl, report.html, curves.svg and config.yaml; None: ``runs/<name>``."""
     generator: str = "hf"
     """Generation backend: "hf" (transformers) or "vllm"."""
-    envs_per_task: int = 16
-    """Concurrent env instances per task."""
+    envs_per_task: int | dict[str, int] = DEFAULT_ENVS
+    """Concurrent env instances per task: one number for every task, or task -> number (a task it
+    leaves out gets 16, DEFAULT_ENVS). A one-turn task whose groups are cheap wants more than a long multi-turn
+    one, so that its share of the batch is generated in as few engine passes."""
     pass_k: int = 0
     """Before and after training, also sample every validation seed this many times and report
     pass@1 and pass@k per task (0: greedy validation only)."""
@@ -170,8 +183,10 @@ class TrainConfig:
             p.append(f"minutes={self.minutes!r} must be a number > 0")
         if self.generator not in GENERATORS:
             p.append(f"generator={self.generator!r} must be one of {', '.join(GENERATORS)}")
-        if not is_whole(self.envs_per_task) or self.envs_per_task < 1:
-            p.append(f"envs_per_task={self.envs_per_task!r} must be a whole number >= 1")
+        per = self.envs_per_task
+        counts: dict[Any, Any] = per if isinstance(per, dict) else {"": per}
+        if not counts or not all(isinstance(k, str) and is_whole(v) and v >= 1 for k, v in counts.items()):
+            p.append(f"envs_per_task={per!r} must be a whole number >= 1, or map task names to such numbers")
         if not is_whole(self.pass_k) or self.pass_k < 0:
             p.append(f"pass_k={self.pass_k!r} must be a whole number >= 0")
         for name, cls in (("model", ModelConfig), ("algo", GRPO), ("pipeline", PipelineConfig)):
@@ -185,6 +200,17 @@ class TrainConfig:
             p.append("tasks must map task names to TaskConfig")
         elif not any(t.weight > 0 for t in self.tasks.values()):
             p.append("tasks: at least one task needs a weight > 0")
+        else:
+            for name, named in (
+                ("envs_per_task", self.envs_per_task),
+                ("model.pretrain_weights", self.model.pretrain_weights),
+                ("model.pretrain_stop_at", self.model.pretrain_stop_at),
+            ):
+                unknown = sorted(set(named) - set(self.tasks)) if isinstance(named, dict) else []
+                if unknown:
+                    p.append(
+                        f"{name} names {unknown}, which are not tasks of this run ({', '.join(sorted(self.tasks))})"
+                    )
         if is_whole(self.pipeline.batch_size) and self.pipeline.batch_size % self.algo.group_size:
             p.append(
                 f"pipeline.batch_size={self.pipeline.batch_size} must be a multiple of "
@@ -363,7 +389,10 @@ def run_train(cfg: TrainConfig, *, quiet: bool = False) -> dict[str, Any]:
             for t, tc in cfg.tasks.items()
             if tc.curriculum is not None
         }
-        tasks = sess.tasks(envs, envs_per_task=cfg.envs_per_task, weights=weights, curriculum=curriculum or None)
+        per = cfg.envs_per_task
+        if isinstance(per, dict):  # the config checked that it names only tasks of the run
+            per = {t: int(per.get(t, DEFAULT_ENVS)) for t in envs}
+        tasks = sess.tasks(envs, envs_per_task=per, weights=weights, curriculum=curriculum or None)
         for t, tc in cfg.tasks.items():
             fn = _reward(tc.reward)
             if fn is not None:
@@ -461,6 +490,8 @@ def _pretrain(base: Any, envs: dict[str, Any], cfg: TrainConfig, *, quiet: bool)
 
     m = cfg.model
     weights = {t: tc.weight for t, tc in cfg.tasks.items()}
+    if m.pretrain_weights is not None:  # the config checked that it names only tasks of the run
+        weights = {t: float(m.pretrain_weights.get(t, 0.0)) for t in weights}
     stop = dict(m.pretrain_stop_at or {})  # pretrain refuses a task the run does not have
     model = _with_bar(
         m.pretrain_steps,

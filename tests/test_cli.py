@@ -192,6 +192,11 @@ def test_train_with_only_overrides_and_the_option_list(fake_demo, capsys):
         (["train", "pipeline.alpah=2"], "pipeline.alpah is not a setting; did you mean pipeline.alpha?"),
         (["train", "algo.lr=-1", "model.size=xl"], "2 problems"),
         (["train", "pipeline.batch_size=12"], "must be a multiple of algo.group_size=8"),
+        (["train", "envs_per_task={chess: 4}"], "envs_per_task names ['chess'], which are not tasks of this run"),
+        (["train", "envs_per_task={math: 0}"], "envs_per_task={'math': 0} must be a whole number >= 1"),
+        (["train", "model.pretrain_weights={maths: 1}"], "model.pretrain_weights names ['maths']"),
+        (["train", "model.pretrain_weights={math: -1}"], "must map task names to weights >= 0"),
+        (["train", "model.pretrain_stop_at={chess: 0.5}"], "model.pretrain_stop_at names ['chess']"),
     ],
 )
 def test_train_config_errors_are_one_line_with_status_2(argv, says, no_runs, capsys):
@@ -294,3 +299,46 @@ def test_bench_runs_an_experiment_by_alias(monkeypatch, capsys):
     assert main(["bench", "r1", "--quick", "--out", "figs"]) == 0
     assert calls == [("r1", "figs", True)]
     assert capsys.readouterr().out.strip() == 'RESULT {"wall_s": 0.1}'
+
+
+def test_per_task_envs_and_corpus_weights_reach_the_session_and_the_base_model_stage(monkeypatch):
+    """``envs_per_task`` may differ per task (a task it leaves out gets DEFAULT_ENVS), and the
+    base-model corpus is mixed by ``model.pretrain_weights`` instead of the RL batch weights."""
+    import rollart_nb.models.pretraining as pretraining
+    from rollart_nb.config import apply_overrides
+
+    cfg = apply_overrides(
+        TrainConfig(),
+        ["envs_per_task={math: 48}", "model.pretrain_steps=5", "model.pretrain_weights={frozenlake: 2}"],
+    )
+    assert cfg.envs_per_task == {"math": 48}
+    seen = {}
+
+    def fake_pretrain(model, envs, **kw):
+        seen.update(kw, envs=sorted(envs))
+        return model
+
+    monkeypatch.setattr(pretraining, "pretrain", fake_pretrain)
+    monkeypatch.setattr(pretraining, "pretrain_record", lambda m: {})
+    rollart_nb.train._pretrain("base", {"frozenlake": object(), "math": object()}, cfg, quiet=True)
+    # math is left out of the corpus (weight 0), not given its RL batch weight
+    assert seen["weights"] == {"frozenlake": 2.0, "math": 0.0} and seen["envs"] == ["frozenlake", "math"]
+    plain = apply_overrides(TrainConfig(), ["model.pretrain_steps=5", "tasks.math.weight=3"])
+    rollart_nb.train._pretrain("base", {"frozenlake": object(), "math": object()}, plain, quiet=True)
+    assert seen["weights"] == {"frozenlake": 1.0, "math": 3.0}  # default: the batch weights
+
+
+def test_every_shipped_config_loads():
+    """The YAML files under rollart_nb/configs are valid TrainConfigs (their task names, weights and
+    per-task settings pass the config's checks), and heldout.yaml mixes its corpus apart from its
+    batches."""
+    from pathlib import Path
+
+    from rollart_nb.config import load
+
+    files = sorted((Path(rollart_nb.__file__).parent / "configs").glob("*.yaml"))
+    assert {f.name for f in files} >= {"demo.yaml", "heldout.yaml"}
+    cfgs = {f.stem: load(TrainConfig, f) for f in files}
+    held = cfgs["heldout"]
+    assert held.model.pretrain_weights == {"frozenlake": 1.0, "math": 3.0}
+    assert {t: c.weight for t, c in held.tasks.items()} == {"frozenlake": 1.0, "math": 7.0}
