@@ -133,6 +133,11 @@ class SimBackend:
         vocab_size: ids are drawn from ``[3, vocab_size)``.
         tokenizer: decodes ``result.text``; a :class:`SimTokenizer` by default.
         name: reported as ``result.worker``.
+        batch_wait_s: modelled seconds a request waits before the engine takes it, as a
+            batching engine holds a request for batch mates (:data:`~rollart_nb.backends.hf.BATCH_WAIT_S`
+            for the ``hf`` backend); paid by :meth:`generate` and by a PD prefill node's
+            :meth:`prefill`. 0 (default): a continuous-batching engine such as vLLM, which takes
+            a request at its next iteration.
         history_tokens: token budget of the history store (lengths only, so cheap).
 
     Raises:
@@ -168,8 +173,11 @@ class SimBackend:
         tokenizer: Tokenizer | None = None,
         name: str = "sim",
         history_tokens: int = 1 << 32,
+        batch_wait_s: float = 0.0,
     ) -> None:
         problems = []
+        if not (isinstance(batch_wait_s, int | float) and batch_wait_s >= 0):
+            problems.append(f"batch_wait_s must be >= 0 seconds, got {batch_wait_s!r}")
         time_scale = resolve_time_scale(time_scale)
         if time_scale < 0:
             problems.append(f"time_scale must be >= 0, got {time_scale}")
@@ -205,6 +213,7 @@ class SimBackend:
         self.mean_response_tokens, self.link_gbps = mean_response_tokens, link_gbps
         self.mfu, self.mbu, self.vocab_size = mfu, mbu, vocab_size
         self.chunk_tokens, self.max_num_seqs = chunk_tokens, max_num_seqs
+        self.batch_wait_s = float(batch_wait_s) if isinstance(batch_wait_s, int | float) else 0.0
         self.tokenizer: Tokenizer = tokenizer if tokenizer is not None else SimTokenizer(vocab_size)
         self._response_tokens = response_tokens
         self.version = 0
@@ -251,6 +260,7 @@ class SimBackend:
         """
         full = self.history.full_len(request)
         self._stats["requests"] += 1
+        await self._batch_wait()
         ids, logprobs, finish = self._policy(request, full, self.version)
         job = await self._run_job(request.traj_id, full, len(ids))
         if job.aborted:
@@ -328,6 +338,7 @@ class SimBackend:
         """
         full = self.history.full_len(request)
         self._stats["requests"] += 1
+        await self._batch_wait()
         job = await self._run_job(request.traj_id, full, 0)
         if not job.aborted:
             self._remember(request.traj_id, full, job.version)
@@ -444,6 +455,11 @@ class SimBackend:
         self._t = t
         if self.time_scale > 0:
             self._anchor = asyncio.get_running_loop().time()
+
+    async def _batch_wait(self) -> None:
+        """A batching engine holds each request ``batch_wait_s`` for batch mates."""
+        if self.batch_wait_s > 0 and self.time_scale > 0:
+            await asyncio.sleep(self.batch_wait_s * self.time_scale)
 
     async def _run_job(
         self, traj_id: str, prompt: int, total: int, *, kv_ready: bool = False, extra_s: float = 0.0

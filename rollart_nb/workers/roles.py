@@ -18,7 +18,6 @@ versioned ``load_weights``; a trainer serves ``train_step`` and ``state_dict``.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from pathlib import Path
@@ -166,30 +165,19 @@ class SimGenerator(GeneratorWorker):
 
     Args:
         model: a :class:`~rollart_nb.models.ModelSpec` (e.g. ``rn.models.spec("qwen3-8b")``).
-        batch_wait_s: modelled seconds every turn waits before the engine takes it, as a
-            batching engine holds a request for batch mates (:data:`~rollart_nb.backends.hf.BATCH_WAIT_S`
-            for the ``hf`` backend). 0 (default): a continuous-batching engine such as vLLM,
-            which takes a request at its next iteration.
+        batch_wait_s: modelled seconds every request waits before the engine takes it, as a
+            batching engine holds it for batch mates (:data:`~rollart_nb.backends.hf.BATCH_WAIT_S`
+            for the ``hf`` backend; a PD prefill node pays it too). 0 (default): a
+            continuous-batching engine such as vLLM. Passed to the backend.
         time_scale: seconds slept per modelled second (default: 1 on a SimSession's virtual
             clock, 1e-3 on a real session, where a 10 s turn then sleeps 10 ms).
         **backend_kwargs: passed to :class:`~rollart_nb.sim.backend.SimBackend`.
     """
 
-    def __init__(self, model: Any, batch_wait_s: float = 0.0, **backend_kwargs: Any) -> None:
-        if not (isinstance(batch_wait_s, int | float) and batch_wait_s >= 0):
-            raise ConfigError(f"batch_wait_s must be >= 0 seconds, got {batch_wait_s!r}", where="SimGenerator")
-        self.batch_wait_s = float(batch_wait_s)
-        super().__init__(model, **backend_kwargs)
-
     def make_backend(self, model: Any, **kwargs: Any) -> Any:
         from rollart_nb.sim.backend import SimBackend
 
         return SimBackend(model, PROFILES.get(self.hardware, PROFILES["H20"]), **kwargs)
-
-    async def _generate_one(self, request: GenerationRequest) -> GenerationResult:
-        if self.batch_wait_s > 0 and self.backend.time_scale > 0:
-            await asyncio.sleep(self.batch_wait_s * self.backend.time_scale)
-        return await super()._generate_one(request)
 
     @register()
     async def load_weights(self, state: Any, version: int) -> int:  # type: ignore[override]

@@ -321,3 +321,30 @@ def test_config_errors_list_every_problem():
     with pytest.raises(ConfigError, match="does not fit.*raise tp"):
         SimBackend(big, H20)
     assert SimBackend(big, H20, tp=2).kv_capacity_tokens > 0
+
+
+def test_a_batching_engines_wait_delays_a_request_and_a_pd_prefill_but_not_the_decode_node():
+    """``batch_wait_s`` (a batching engine such as hf holding a request for batch mates) adds to
+    the modelled time of a whole turn and of a PD prefill; the decode node takes the KV at once."""
+
+    def timed(backend_kwargs, call):
+        async def scenario():
+            loop = asyncio.get_running_loop()
+            b = SimBackend(Q8, H800, time_scale=1, response_tokens=fixed(20), **backend_kwargs)
+            t0 = loop.time()
+            out = await call(b)
+            return loop.time() - t0, out
+
+        return SimClockRun(scenario)
+
+    plain, _ = timed({}, lambda b: b.generate(req()))
+    held, _ = timed({"batch_wait_s": 0.25}, lambda b: b.generate(req()))
+    assert held - plain == pytest.approx(0.25, abs=1e-6)
+    pre_plain, pre = timed({}, lambda b: b.prefill(req()))
+    pre_held, _ = timed({"batch_wait_s": 0.25}, lambda b: b.prefill(req()))
+    assert pre_held - pre_plain == pytest.approx(0.25, abs=1e-6)
+    dec_plain, _ = timed({}, lambda b: b.decode(req(), pre))
+    dec_held, _ = timed({"batch_wait_s": 0.25}, lambda b: b.decode(req(), pre))
+    assert dec_held == pytest.approx(dec_plain)
+    with pytest.raises(ConfigError, match="batch_wait_s must be >= 0"):
+        SimBackend(Q8, H800, batch_wait_s=-1)
