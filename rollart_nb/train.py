@@ -157,8 +157,8 @@ class TrainConfig:
     """Generation backend: "hf" (transformers) or "vllm"."""
     envs_per_task: int | dict[str, int] = DEFAULT_ENVS
     """Concurrent env instances per task: one number for every task, or task -> number (a task it
-    leaves out gets 16, DEFAULT_ENVS). A one-turn task whose groups are cheap wants more than a long multi-turn
-    one, so that its share of the batch is generated in as few engine passes."""
+    leaves out gets :data:`DEFAULT_ENVS`). A one-turn task whose groups are cheap may want more
+    than a long multi-turn one, so that its share of the batch takes fewer engine passes."""
     pass_k: int = 0
     """Before and after training, also sample every validation seed this many times and report
     pass@1 and pass@k per task (0: greedy validation only)."""
@@ -389,10 +389,7 @@ def run_train(cfg: TrainConfig, *, quiet: bool = False) -> dict[str, Any]:
             for t, tc in cfg.tasks.items()
             if tc.curriculum is not None
         }
-        per = cfg.envs_per_task
-        if isinstance(per, dict):  # the config checked that it names only tasks of the run
-            per = {t: int(per.get(t, DEFAULT_ENVS)) for t in envs}
-        tasks = sess.tasks(envs, envs_per_task=per, weights=weights, curriculum=curriculum or None)
+        tasks = sess.tasks(envs, envs_per_task=_envs_per_task(cfg), weights=weights, curriculum=curriculum or None)
         for t, tc in cfg.tasks.items():
             fn = _reward(tc.reward)
             if fn is not None:
@@ -485,6 +482,13 @@ def _warm_start(base: Any, envs: dict[str, Any], cfg: TrainConfig, *, quiet: boo
     )
 
 
+def _envs_per_task(cfg: TrainConfig) -> int | dict[str, int]:
+    """``cfg.envs_per_task`` as ``sess.tasks`` takes it: a mapping names every task of the run,
+    :data:`DEFAULT_ENVS` for those it leaves out (the config checked it names no other task)."""
+    per = cfg.envs_per_task
+    return {t: int(per.get(t, DEFAULT_ENVS)) for t in cfg.tasks} if isinstance(per, dict) else per
+
+
 def _pretrain(base: Any, envs: dict[str, Any], cfg: TrainConfig, *, quiet: bool) -> Any:
     from rollart_nb.models.pretraining import pretrain, pretrain_record
 
@@ -492,7 +496,7 @@ def _pretrain(base: Any, envs: dict[str, Any], cfg: TrainConfig, *, quiet: bool)
     weights = {t: tc.weight for t, tc in cfg.tasks.items()}
     if m.pretrain_weights is not None:  # the config checked that it names only tasks of the run
         weights = {t: float(m.pretrain_weights.get(t, 0.0)) for t in weights}
-    stop = dict(m.pretrain_stop_at or {})  # pretrain refuses a task the run does not have
+    stop = dict(m.pretrain_stop_at or {})
     model = _with_bar(
         m.pretrain_steps,
         "base model",

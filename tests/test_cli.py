@@ -302,8 +302,9 @@ def test_bench_runs_an_experiment_by_alias(monkeypatch, capsys):
 
 
 def test_per_task_envs_and_corpus_weights_reach_the_session_and_the_base_model_stage(monkeypatch):
-    """``envs_per_task`` may differ per task (a task it leaves out gets DEFAULT_ENVS), and the
-    base-model corpus is mixed by ``model.pretrain_weights`` instead of the RL batch weights."""
+    """``envs_per_task`` may differ per task (``sess.tasks`` gets every task, DEFAULT_ENVS for one it
+    leaves out), and the base-model corpus is mixed by ``model.pretrain_weights`` instead of the RL
+    batch weights."""
     import rollart_nb.models.pretraining as pretraining
     from rollart_nb.config import apply_overrides
 
@@ -312,6 +313,8 @@ def test_per_task_envs_and_corpus_weights_reach_the_session_and_the_base_model_s
         ["envs_per_task={math: 48}", "model.pretrain_steps=5", "model.pretrain_weights={frozenlake: 2}"],
     )
     assert cfg.envs_per_task == {"math": 48}
+    assert rollart_nb.train._envs_per_task(cfg) == {"frozenlake": rollart_nb.train.DEFAULT_ENVS, "math": 48}
+    assert rollart_nb.train._envs_per_task(TrainConfig(envs_per_task=5)) == 5
     seen = {}
 
     def fake_pretrain(model, envs, **kw):

@@ -213,7 +213,7 @@ class SimBackend:
         self.mean_response_tokens, self.link_gbps = mean_response_tokens, link_gbps
         self.mfu, self.mbu, self.vocab_size = mfu, mbu, vocab_size
         self.chunk_tokens, self.max_num_seqs = chunk_tokens, max_num_seqs
-        self.batch_wait_s = float(batch_wait_s) if isinstance(batch_wait_s, int | float) else 0.0
+        self.batch_wait_s = float(batch_wait_s)
         self.tokenizer: Tokenizer = tokenizer if tokenizer is not None else SimTokenizer(vocab_size)
         self._response_tokens = response_tokens
         self.version = 0
