@@ -169,7 +169,8 @@ class SessionBase(abc.ABC, Generic[R]):
         Args:
             envs: task name -> env (gymnasium-style text env; copied per env instance), or a
                 launcher (:class:`~rollart_nb.envs.LocalLauncher`, ...) that serves the env.
-            envs_per_task: concurrent env instances per task (an int, or per task).
+            envs_per_task: concurrent env instances per task: one int for all, or a mapping with
+                a count for every task.
             weights: task -> share of each training batch (default uniform).
             curriculum: task -> :class:`~rollart_nb.PromptCurriculum`: that task's prompts (env
                 seeds) are drawn by learnability instead of at random; ``pipe.stats()["curriculum"]``

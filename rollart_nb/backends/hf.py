@@ -76,6 +76,12 @@ class _Slot:
     logprobs: list[float] = field(default_factory=list)
 
 
+def cache_kwarg(lm: Any) -> str:
+    """The name under which ``lm.forward`` takes and returns its KV cache: ``"cache"`` in
+    transformers >= 5.2x, ``"past_key_values"`` in older releases."""
+    return "cache" if "cache" in inspect.signature(lm.forward).parameters else "past_key_values"
+
+
 def sample_rows(logits: Any, temperatures: Any, generators: list[Any]) -> Any:
     """One token per row of ``logits`` [B, V], drawn from ``softmax(logits / temperature)``.
 
@@ -146,9 +152,7 @@ class HFBackend:
         self.version = 0
         self.eos_id = self.tokenizer.eos_token_id
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_id
-        # transformers >= 5.2x names the KV cache "cache"; older releases "past_key_values".
-        params = inspect.signature(self.model.forward).parameters
-        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self._cache_kw = cache_kwarg(self.model)
         self.max_len = int(getattr(self.model.config, "max_position_embeddings", 4096))
         # Held for a whole batch and for a weight load: a batch never sees two versions.
         self._weights_lock = threading.Lock()

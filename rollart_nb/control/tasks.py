@@ -38,9 +38,15 @@ class TaskSet:
         for name, env in self.envs.items():
             if not (callable(getattr(env, "reset", None)) and callable(getattr(env, "step", None))):
                 p.append(f"task {name!r}: {type(env).__name__} is not an env (needs reset(seed) and step(action))")
-            n = self.envs_per_task.get(name, 0)
-            if not isinstance(n, int) or n < 1:
+            if name not in self.envs_per_task:
+                p.append(f"task {name!r}: envs_per_task has no count for it (give every task one, or one int for all)")
+                continue
+            n = self.envs_per_task[name]
+            if not isinstance(n, int) or isinstance(n, bool) or n < 1:
                 p.append(f"task {name!r}: envs_per_task must be an int >= 1, got {n!r}")
+        for name in self.envs_per_task:
+            if name not in self.envs:
+                p.append(f"envs_per_task for unknown task {name!r}; tasks are {sorted(self.envs)}")
         for name, w in (self.weights or {}).items():
             if name not in self.envs:
                 p.append(f"weight for unknown task {name!r}")

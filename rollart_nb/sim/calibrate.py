@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import inspect
 import statistics
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -155,11 +154,6 @@ def memory_bandwidth(seconds: float = 0.5, threads: int = 1, nbytes: int = COPY_
     return 2.0 * nbytes / t
 
 
-def _cache_kw(lm: Any) -> str:
-    # transformers >= 5.2x names the KV cache "cache"; older releases "past_key_values" (as HFBackend).
-    return "cache" if "cache" in inspect.signature(lm.forward).parameters else "past_key_values"
-
-
 def pass_time(model: Any, seconds: float = 0.5, threads: int = 1, context: int = PASS_CONTEXT) -> float:
     """Median wall seconds of one decode forward pass of ``model`` as the ``hf`` backend calls it
     (with an attention mask and explicit positions): batch 1, one new token, a KV cache of
@@ -169,9 +163,11 @@ def pass_time(model: Any, seconds: float = 0.5, threads: int = 1, context: int =
     timed call; the median leaves that call out."""
     import torch
 
+    from rollart_nb.backends.hf import cache_kwarg
+
     with _threads(threads), torch.no_grad():
         lm = model.load_model(dtype=torch.float32)
-        kw = _cache_kw(lm)
+        kw = cache_kwarg(lm)
         prompt = torch.full((1, context), 5, dtype=torch.long)
         state: dict[str, Any] = {"cache": None, "n": PASSES_PER_CACHE}
         one = torch.tensor([[5]])
@@ -408,9 +404,11 @@ def _sample(lm: Any, ids: list[int], max_new: int, eos: int, gen: Any) -> list[i
     """Sample up to ``max_new`` tokens at temperature 1 (stopping after ``eos``), KV-cached."""
     import torch
 
+    from rollart_nb.backends.hf import cache_kwarg
+
     out: list[int] = []
     x = torch.tensor([ids])
-    kw = _cache_kw(lm)
+    kw = cache_kwarg(lm)
     cache = None
     for _ in range(max_new):
         res = lm(input_ids=x, use_cache=True, **({kw: cache} if cache is not None else {}))
