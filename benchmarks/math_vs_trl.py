@@ -52,7 +52,7 @@ Both sides start from one pretrained base (:func:`rollart_nb.models.pretrain`, `
 on worked *training* problems, stopped once ``--base-stop-at`` of them come out right, the same
 base for every seed, cached on disk) on two-digit sums
 written least significant digit first (``Arithmetic(max_operand=99, holdout=200,
-fixed_width=True, reverse_answer=True)``, as ``configs/heldout.yaml``); both train on training
+fixed_width=True, reverse_answer=True)``, as ``configs/demo.yaml``); both train on training
 problems only (``env.training_seeds()``) and are scored on the 200 held-out ones. ``--gain 0.2``
 sets the target to the base's held-out accuracy plus 0.2, so ``t_to_<target>`` is the time to
 +0.2 over the base; RESULT then also holds ``base``.
@@ -109,7 +109,7 @@ HELDOUT_ENV = {"max_operand": 99, "holdout": 200, "fixed_width": True, "reverse_
 
 def make_env() -> Arithmetic:
     """The task's env: ``Arithmetic()``, or for ``--task heldout`` two-digit sums written least
-    significant digit first with 200 problems held out (as ``configs/heldout.yaml``)."""
+    significant digit first with 200 problems held out (as ``configs/demo.yaml``)."""
     return Arithmetic(**HELDOUT_ENV) if TASK == "heldout" else Arithmetic()
 
 

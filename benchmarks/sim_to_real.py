@@ -1,7 +1,7 @@
 """Sim-to-real check: one small workload run for real and simulated, phase by phase.
 
-The workload is the demo's (``rollart-nb demo``): the tiny Qwen-style model with its format-only
-warm start, FrozenLake and Arithmetic (weights 1 : 3, math trained on ``close_answer``), the ``hf``
+The workload is the format-only run's (``rollart_nb/configs/format.yaml``): the tiny Qwen-style
+model with its format-only warm start, FrozenLake and Arithmetic (weights 1 : 3, math trained on ``close_answer``), the ``hf``
 generator and the ``torch`` GRPO trainer, 4 new tokens per turn. It runs twice per mode (sync,
 one-off, rollart):
 
@@ -51,13 +51,13 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 import rollart_nb as rn  # noqa: E402
 from rollart_nb.backends.hf import BATCH_WAIT_S  # noqa: E402
-from rollart_nb.config import RolloutConfig  # noqa: E402
+from rollart_nb.config import RolloutConfig, load  # noqa: E402
 from rollart_nb.control.report import PHASES  # noqa: E402
 from rollart_nb.envs import Arithmetic, FrozenLake  # noqa: E402
 from rollart_nb.rewards import close_answer, exact_answer  # noqa: E402
 from rollart_nb.sim import SimEnv, response_tokens_fn  # noqa: E402
 from rollart_nb.sim.calibrate import Calibration, calibrate, call_latency  # noqa: E402
-from rollart_nb.train import demo_config  # noqa: E402
+from rollart_nb.train import DEMO_YAML, TrainConfig  # noqa: E402
 from rollart_nb.workers.roles import HFGenerator, SimGenerator, SimTrainer, TorchTrainer  # noqa: E402
 
 TARGET = 0.25
@@ -66,7 +66,7 @@ TARGET = 0.25
 FROZEN_LR = 1e-9
 """The real run's default learning rate: every cost of a step is paid (forward, backward, the
 AdamW update, the weight sync), but the policy does not move, so its episodes keep the token and
-turn statistics the sim was calibrated on. At the demo's rate the policy changes what it plays
+turn statistics the sim was calibrated on. At that run's rate the policy changes what it plays
 within a few steps (FrozenLake episodes shorten or lengthen), a change in workload that no
 timing model predicts; ``--lr 1e-3`` shows it."""
 
@@ -112,7 +112,7 @@ def _parse() -> argparse.Namespace:
     ap.add_argument("--batch", type=int, default=32, help="trajectories per step")
     ap.add_argument("--group", type=int, default=8, help="GRPO group size")
     ap.add_argument("--envs-per-task", type=int, default=8)
-    ap.add_argument("--alpha", type=int, default=2, help="staleness bound (the demo's)")
+    ap.add_argument("--alpha", type=int, default=2, help="staleness bound (format.yaml's)")
     ap.add_argument(
         "--lr",
         type=float,
@@ -300,8 +300,8 @@ def _rounded(d: dict[str, Any], digits: int = 4) -> Any:
 def main() -> None:
     a = _parse()
     t0 = time.monotonic()
-    cfg = demo_config()
-    algo = dataclasses.replace(cfg.algo, group_size=a.group, lr=a.lr)  # the demo's GRPO settings
+    cfg = load(TrainConfig, DEMO_YAML.with_name("format.yaml"))
+    algo = dataclasses.replace(cfg.algo, group_size=a.group, lr=a.lr)  # format.yaml's GRPO settings
     envs = _envs()
     print(f"building tiny-qwen-s (+{a.warm_steps} warm-start steps; cached after the first run) ...", flush=True)
     model = _model(envs, a.warm_steps, a.seed)

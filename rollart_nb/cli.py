@@ -168,8 +168,9 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
     d = sub.add_parser(
         "demo",
         help="train a tiny model on FrozenLake + Arithmetic on Session.local()",
-        description="The main job: GRPO on a tiny locally built model, FrozenLake and Arithmetic, "
-        "on Session.local(); prints a table per step, writes steps.jsonl as it goes, an HTML report, "
+        description="The main job: a base-model stage on worked training problems (cached), then "
+        "GRPO on a tiny locally built model, FrozenLake and Arithmetic, on Session.local(), scored on "
+        "held-out problems; prints a table per step, writes steps.jsonl as it goes, an HTML report, "
         "and ends with RESULT {json}. The same as `rollart-nb train` with the shipped "
         "rollart_nb/configs/demo.yaml; the flags below are its commonest settings.",
         usage="%(prog)s [options] [NAME=VALUE ...]",
@@ -192,7 +193,9 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--envs-per-task", type=_whole(1), default=c.envs_per_task, help="concurrent envs per task")
     d.add_argument("--lr", type=_number(0, above=True), default=c.algo.lr, help="learning rate")
     d.add_argument("--entropy", type=_number(0), default=c.algo.entropy_coef, help="entropy bonus coefficient")
-    d.add_argument("--kl", type=_number(0), default=c.algo.kl_coef, help="k3 KL coefficient to the warm start")
+    d.add_argument(
+        "--kl", type=_number(0), default=c.algo.kl_coef, help="k3 KL coefficient to the model RL starts from"
+    )
     d.add_argument(
         "--loss-agg",
         choices=LOSS_AGGS,
@@ -203,8 +206,8 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
         "--math-reward",
         choices=BUILTIN_REWARDS,
         default=math_task.reward if math_task else None,
-        help="math's training reward: partial credit by distance (close) or exact match; "
-        "validation is exact match either way",
+        help="math's training reward: partial credit by distance (close) or exact match "
+        "(default: the env's own, exact match); validation is exact match either way",
     )
     d.add_argument(
         "--math-curriculum",
@@ -246,13 +249,10 @@ def _check_demo(args: argparse.Namespace) -> str | None:
 
 def demo_train_config(args: argparse.Namespace) -> Any:
     """The :class:`~rollart_nb.train.TrainConfig` that ``rollart-nb demo`` flags describe."""
-    import dataclasses
-
     from rollart_nb.config import apply_overrides
     from rollart_nb.train import demo_config
 
-    cfg = demo_config()
-    cfg = dataclasses.replace(cfg, tasks={t: tc for t, tc in cfg.tasks.items() if t in args.tasks})
+    cfg = demo_config().only(args.tasks)
     given: dict[str, Any] = {}
     for dest, name in _DEMO_FIELDS.items():
         value = getattr(args, dest)

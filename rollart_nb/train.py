@@ -223,6 +223,30 @@ class TrainConfig:
     def out_dir(self) -> Path:
         return Path(self.out) if self.out else Path("runs") / self.name
 
+    def only(self, tasks: Sequence[str]) -> TrainConfig:
+        """This config with only ``tasks`` (in this config's order), and the per-task settings
+        (``envs_per_task``, ``model.pretrain_weights``, ``model.pretrain_stop_at``) cut to them."""
+        import dataclasses
+
+        unknown = sorted(set(tasks) - set(self.tasks))
+        if unknown:
+            raise ConfigError(f"unknown tasks {unknown}; this config has {', '.join(self.tasks)}")
+
+        def cut(d: Any) -> Any:
+            return ({t: v for t, v in d.items() if t in tasks} or None) if isinstance(d, dict) else d
+
+        m = self.model
+        model = dataclasses.replace(
+            m, pretrain_weights=cut(m.pretrain_weights), pretrain_stop_at=cut(m.pretrain_stop_at)
+        )
+        per = self.envs_per_task
+        return dataclasses.replace(
+            self,
+            tasks={t: tc for t, tc in self.tasks.items() if t in tasks},
+            model=model,
+            envs_per_task=(cut(per) or DEFAULT_ENVS) if isinstance(per, dict) else per,
+        )
+
 
 def demo_config(overrides: Sequence[str] = ()) -> TrainConfig:
     """The main job's config: ``rollart_nb/configs/demo.yaml`` with ``overrides`` applied."""

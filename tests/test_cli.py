@@ -85,7 +85,7 @@ def test_demo_help_shows_demo_config_defaults(capsys):
     assert f"(default: {c.pipeline.alpha})" in blocks["--alpha"]
     assert f"(default: {c.algo.lr})" in blocks["--lr"]
     assert "(default: frozenlake,math)" in blocks["--tasks"]
-    assert "(default: frozenlake=1,math=3)" in blocks["--weights"]
+    assert "(default: frozenlake=1,math=7)" in blocks["--weights"]
     assert "None" not in " ".join(blocks.values())
 
 
@@ -146,7 +146,7 @@ def test_demo_flags_reach_the_config(fake_demo):
     assert (a.scale_by_std, math_task.curriculum, math_task.reward) == (False, 0.25, "exact")
     assert (p.validate_every, cfg.seed, cfg.out) == (0, 7, "somewhere")
     # the rest is demo.yaml's
-    assert (p.rollout.max_new_tokens, a.micro_batch_tokens) == (4, 1024)
+    assert (p.rollout.max_new_tokens, a.micro_batch_tokens, cfg.model.pretrain_batch) == (6, 1024, 80)
 
 
 def test_demo_overrides_come_after_the_flags(fake_demo):
@@ -331,17 +331,42 @@ def test_per_task_envs_and_corpus_weights_reach_the_session_and_the_base_model_s
     assert seen["weights"] == {"frozenlake": 1.0, "math": 3.0}  # default: the batch weights
 
 
+def test_a_config_cut_to_some_tasks_keeps_only_their_settings():
+    """``--tasks`` (``TrainConfig.only``) drops the other tasks from every per-task setting, so a
+    config whose corpus mix or stop rule names two tasks still runs one of them."""
+    from rollart_nb.config import apply_overrides
+
+    cfg = apply_overrides(
+        TrainConfig(),
+        [
+            "envs_per_task={math: 48}",
+            "model.pretrain_weights={frozenlake: 2, math: 3}",
+            "model.pretrain_stop_at={math: 0.25}",
+        ],
+    )
+    lake = cfg.only(["frozenlake"])
+    assert list(lake.tasks) == ["frozenlake"] and lake.model.pretrain_weights == {"frozenlake": 2}
+    assert lake.model.pretrain_stop_at is None and lake.envs_per_task == rollart_nb.train.DEFAULT_ENVS
+    math = cfg.only(["math"])
+    assert (math.envs_per_task, math.model.pretrain_stop_at) == ({"math": 48}, {"math": 0.25})
+    assert cfg.only(["math", "frozenlake"]) == cfg and TrainConfig(envs_per_task=5).only(["math"]).envs_per_task == 5
+    with pytest.raises(ConfigError, match=r"unknown tasks \['chess'\]"):
+        cfg.only(["chess"])
+
+
 def test_every_shipped_config_loads():
     """The YAML files under rollart_nb/configs are valid TrainConfigs (their task names, weights and
-    per-task settings pass the config's checks), and heldout.yaml mixes its corpus apart from its
+    per-task settings pass the config's checks), and the demo mixes its corpus apart from its
     batches."""
     from pathlib import Path
 
     from rollart_nb.config import load
 
     files = sorted((Path(rollart_nb.__file__).parent / "configs").glob("*.yaml"))
-    assert {f.name for f in files} >= {"demo.yaml", "heldout.yaml"}
+    assert {f.name for f in files} >= {"demo.yaml", "format.yaml"}
     cfgs = {f.stem: load(TrainConfig, f) for f in files}
-    held = cfgs["heldout"]
-    assert held.model.pretrain_weights == {"frozenlake": 1.0, "math": 3.0}
+    assert {n: c.name for n, c in cfgs.items()} == {n: n for n in cfgs}
+    held = cfgs["demo"]
+    assert held.model.pretrain_weights == {"frozenlake": 2.0, "math": 3.0}
+    assert held.model.pretrain_batch == 80
     assert {t: c.weight for t, c in held.tasks.items()} == {"frozenlake": 1.0, "math": 7.0}
