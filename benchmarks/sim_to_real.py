@@ -1,8 +1,8 @@
 """Sim-to-real check: one small workload run for real and simulated, phase by phase.
 
 The workload is the format-only run's (``rollart_nb/configs/format.yaml``): the tiny Qwen-style
-model with its format-only warm start, FrozenLake and Arithmetic (weights 1 : 3, math trained on ``close_answer``), the ``hf``
-generator and the ``torch`` GRPO trainer, 4 new tokens per turn. It runs twice per mode (sync,
+model with its format-only warm start, FrozenLake and Arithmetic (weights 1 : 3, math trained on
+``close_answer``), the ``hf`` generator and the ``torch`` GRPO trainer, 4 new tokens per turn. It runs twice per mode (sync,
 one-off, rollart):
 
 * **measured**: for real on ``rn.Session.local()`` (wall seconds);
@@ -57,7 +57,7 @@ from rollart_nb.envs import Arithmetic, FrozenLake  # noqa: E402
 from rollart_nb.rewards import close_answer, exact_answer  # noqa: E402
 from rollart_nb.sim import SimEnv, response_tokens_fn  # noqa: E402
 from rollart_nb.sim.calibrate import Calibration, calibrate, call_latency  # noqa: E402
-from rollart_nb.train import DEMO_YAML, TrainConfig  # noqa: E402
+from rollart_nb.train import FORMAT_YAML, TrainConfig  # noqa: E402
 from rollart_nb.workers.roles import HFGenerator, SimGenerator, SimTrainer, TorchTrainer  # noqa: E402
 
 TARGET = 0.25
@@ -300,7 +300,7 @@ def _rounded(d: dict[str, Any], digits: int = 4) -> Any:
 def main() -> None:
     a = _parse()
     t0 = time.monotonic()
-    cfg = load(TrainConfig, DEMO_YAML.with_name("format.yaml"))
+    cfg = load(TrainConfig, FORMAT_YAML)
     algo = dataclasses.replace(cfg.algo, group_size=a.group, lr=a.lr)  # format.yaml's GRPO settings
     envs = _envs()
     print(f"building tiny-qwen-s (+{a.warm_steps} warm-start steps; cached after the first run) ...", flush=True)

@@ -206,8 +206,9 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
         "--math-reward",
         choices=BUILTIN_REWARDS,
         default=math_task.reward if math_task else None,
-        help="math's training reward: partial credit by distance (close) or exact match "
-        "(default: the env's own, exact match); validation is exact match either way",
+        help="math's training reward: partial credit by distance (close) or exact match"
+        + ("" if math_task and math_task.reward else " (default: the env's own, exact match)")
+        + "; validation is exact match either way",
     )
     d.add_argument(
         "--math-curriculum",

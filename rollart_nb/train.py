@@ -32,9 +32,20 @@ from rollart_nb.algo.grpo import GRPO
 from rollart_nb.config import PipelineConfig, dump, load
 from rollart_nb.errors import ConfigError
 
-__all__ = ["BUILTIN_ENVS", "DEMO_YAML", "ModelConfig", "TaskConfig", "TrainConfig", "demo_config", "run_train"]
+__all__ = [
+    "BUILTIN_ENVS",
+    "DEMO_YAML",
+    "FORMAT_YAML",
+    "ModelConfig",
+    "TaskConfig",
+    "TrainConfig",
+    "demo_config",
+    "run_train",
+]
 
 DEMO_YAML = Path(__file__).parent / "configs" / "demo.yaml"
+#: The same pipeline from a format-only warm start instead of a base model.
+FORMAT_YAML = DEMO_YAML.with_name("format.yaml")
 BUILTIN_ENVS = ("frozenlake", "math")  # env names a TaskConfig may use besides "module:Class"
 BUILTIN_REWARDS = ("close", "exact")  # rewards.close_answer / rewards.exact_answer
 SIZES = ("s", "m")

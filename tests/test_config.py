@@ -18,7 +18,7 @@ from rollart_nb.config import (
 )
 from rollart_nb.control.env_manager import RolloutConfig
 from rollart_nb.errors import ConfigError
-from rollart_nb.train import DEMO_YAML, TaskConfig, TrainConfig, demo_config
+from rollart_nb.train import FORMAT_YAML, TaskConfig, TrainConfig, demo_config
 
 
 @pytest.mark.parametrize("cls", [PipelineConfig, TrainConfig, RolloutConfig, GRPO, TaskConfig])
@@ -160,7 +160,7 @@ def test_the_shipped_demo_config_loads_and_differs_from_the_library_defaults_whe
     assert cfg.tasks["math"].reward is None and cfg.tasks["math"].options["holdout"] == 200  # the env's own success
     assert cfg.model.warm_steps == 0 and cfg.model.pretrain_stop_at == {"math": 0.25} and cfg.pass_k == 8
     assert cfg.algo.kl_coef == 0.1 and cfg.algo.lr == 3e-4
-    fmt = load(TrainConfig, DEMO_YAML.with_name("format.yaml"))  # the run without a base model
+    fmt = load(TrainConfig, FORMAT_YAML)  # the run without a base model
     assert fmt.model.pretrain_steps == 0 and fmt.model.warm_steps == 60
     assert fmt.tasks["math"].reward == "close" and fmt.tasks["math"].validate_with == "exact"
     assert fmt.algo.scale_by_std == {"math": False}
