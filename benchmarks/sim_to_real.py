@@ -7,14 +7,18 @@ one-off, rollart):
 
 * **measured**: for real on ``rn.Session.local()`` (wall seconds);
 * **predicted**: on ``rn.Session.sim()`` (simulated seconds on a virtual clock) with what
-  :mod:`rollart_nb.sim.calibrate` measures at start, each alone, never the run itself: matmul
-  FLOP/s, memory bandwidth and the fixed cost of one forward pass of the tiny model (the
-  generator's roofline); the real ``torch`` trainer's seconds per padded token and per step on
-  two synthetic batches (the sim trainer then pads the run's batches into the same
-  micro-batches); one Ray actor call's round trip (every call to a sim worker waits it); the
-  ``hf`` engine's configured batch wait (every turn waits it); and the token, turn and latency
-  statistics of real episodes of the two envs played by the same model (turn counts as observed,
-  not only their mean).
+  :mod:`rollart_nb.sim.calibrate` measures at start, each part alone, never the run itself:
+  matmul FLOP/s, memory bandwidth and the fixed cost of one forward pass of the tiny model (the
+  generator's roofline); the ``hf`` engine's own work per request beyond its passes
+  (``row_overhead``) and its batching (a batch runs to its end; ``static_batching``); the real
+  ``torch`` trainer's seconds per padded token and per step on two synthetic batches; the token,
+  turn and latency statistics of real episodes of the two envs played by the same model (turn
+  counts as observed, not only their mean); and, on a fresh ``Session.local()``: one Ray actor
+  call's round trip (every call to a sim worker waits it), the two halves of a weight update
+  (the trainer's state_dict into the object store, a generator's load), and the control plane's
+  CPU seconds per turn, from the real pipeline with a generator and trainer that cost nothing.
+  The sim's machine is one host of this machine's cores that the generator, the trainer and the
+  control plane share (``Session.sim(host_cores=...)``, :mod:`rollart_nb.sim.cores`).
 
 The real run trains at a learning rate of 1e-9 (``--lr``): every cost of a step is paid, but the
 policy, and so the episodes the sim was calibrated on, stay put.
@@ -38,6 +42,7 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import inspect
 import json
 import os
 import statistics
@@ -50,15 +55,27 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 import rollart_nb as rn  # noqa: E402
-from rollart_nb.backends.hf import BATCH_WAIT_S  # noqa: E402
+from rollart_nb.backends.hf import BATCH_WAIT_S, HFBackend  # noqa: E402
 from rollart_nb.config import RolloutConfig, load  # noqa: E402
 from rollart_nb.control.report import PHASES  # noqa: E402
 from rollart_nb.envs import Arithmetic, FrozenLake  # noqa: E402
 from rollart_nb.rewards import close_answer, exact_answer  # noqa: E402
 from rollart_nb.sim import SimEnv, response_tokens_fn  # noqa: E402
-from rollart_nb.sim.calibrate import Calibration, calibrate, call_latency  # noqa: E402
+from rollart_nb.sim.calibrate import (  # noqa: E402
+    Calibration,
+    calibrate,
+    call_latency,
+    measure_control_plane,
+    measure_weight_sync,
+)
 from rollart_nb.train import FORMAT_YAML, TrainConfig  # noqa: E402
 from rollart_nb.workers.roles import HFGenerator, SimGenerator, SimTrainer, TorchTrainer  # noqa: E402
+
+HF_MAX_BATCH = inspect.signature(HFBackend).parameters["max_batch_size"].default
+"""The hf engine's batch size (its default, which the real run keeps): the sim engine's seats."""
+
+WEIGHTS = {"frozenlake": 1.0, "math": 3.0}
+"""format.yaml's task weights."""
 
 TARGET = 0.25
 """Relative error per phase the issue asks for."""
@@ -75,29 +92,30 @@ COLUMNS = ("step_s", *PHASES, "train_s")
 
 WHY = {
     "rollout_wait": (
-        "a real turn also pays the control plane's Python beyond one Ray call (the env manager's "
-        "tokenizing and history, the proxy's batching, the hf engine's per-row work), which the sim "
-        "does not price; and in one-off and rollart mode the real trainer and generator share this "
-        "machine's cores with each other and with that control plane, where the sim gives each its "
-        "own device: the overlapped train step slows the rollout the sim sees running at full speed"
+        "the control plane's cost per turn and the hf engine's per request are measured once, at "
+        "one workload's mix and one batch size (a FrozenLake turn's history grows, so does its cost); "
+        "and the OS places work on cores close to, not exactly as, the sim's least-loaded rule"
     ),
     "suspend": (
-        "the sim prices one Ray call per worker called; the real suspend also waits for the rollout "
-        "actors' Python (in rollart mode the preempted turns' bookkeeping) on busy cores"
+        "the sim prices one Ray call per worker called and the preempted turns' control work; the "
+        "real call also waits for the rollout worker's event loop, busy with turns, and for a core"
     ),
     "update": (
-        "the sim prices the weights' bytes over the measured links plus one Ray call per worker; the "
-        "real update also serializes the state_dict, passes it through the object store and loads it "
-        "(milliseconds of fixed cost for a 4 MB model)"
+        "the weight handoff is measured alone in one process (state_dict into the object store, "
+        "then loaded); in the run it crosses processes on cores busy with the rollout"
     ),
-    "resume": "the sim prices one Ray call per worker called; the real resume also waits for busy cores",
+    "resume": (
+        "the sim prices one Ray call per worker called; the real call also waits for the rollout "
+        "worker's event loop and for a core, a few milliseconds the sim leaves out"
+    ),
     "train": (
         "the train step as exposed after the rollout: in overlapped modes the small difference of two "
         "larger times (the rollout and the train step), so its relative error is large"
     ),
     "train_s": (
         "the trainer's cost per padded token and per step is measured alone on a core; in overlapped "
-        "modes the real step shares the cores with generation and the control plane"
+        "modes the real step sometimes shares its core, where the sim keeps the long step on a core "
+        "of its own (as Linux mostly does)"
     ),
     "step_s": "the sum of the phases above",
 }
@@ -195,27 +213,68 @@ def run_real(model: Any, a: argparse.Namespace, algo: Any) -> dict[str, Any]:
     try:
         gen = sess.cluster("actor_gen", HFGenerator, pool="H20", model=model, seed=a.seed)
         train = sess.cluster("actor_train", TorchTrainer, pool="H800", model=model, algo=algo, seed=a.seed)
-        tasks = sess.tasks(_envs(), envs_per_task=a.envs_per_task, weights={"frozenlake": 1.0, "math": 3.0})
+        tasks = sess.tasks(_envs(), envs_per_task=a.envs_per_task, weights=WEIGHTS)
         sess.reward("math", close_answer, validate_with=exact_answer)
         return _run_modes(sess, gen, train, tasks, a, algo)
     finally:
         sess.close()
 
 
-def measure_call_latency(seconds: float) -> float:
-    """A Ray actor-to-actor call on a fresh ``Session.local()`` (:func:`call_latency`), before
-    and apart from the real run: the only control-plane cost the sim is given."""
-    sess = rn.Session.local()
+def host_cores() -> int:
+    """The cores this process may run on (what ``Session.local()``'s workers share)."""
     try:
-        return call_latency(seconds)
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def measure_host(model: Any, cal: Calibration, a: argparse.Namespace, algo: Any) -> dict[str, Any]:
+    """On a fresh ``Session.local()``, before and apart from the real run: one Ray actor call's
+    round trip (:func:`call_latency`), the fixed costs of a weight update's two halves
+    (:func:`measure_weight_sync`), and the control plane's CPU seconds per turn with generation
+    and training that cost nothing (:func:`measure_control_plane`)."""
+    sess = rn.Session.local(seed=a.seed)
+    try:
+        rtt = call_latency(a.calib_seconds / 4)
+        sync = measure_weight_sync(model, algo, seconds=a.calib_seconds / 2)
+        cp = measure_control_plane(
+            sess,
+            model,
+            _envs(),
+            weights=WEIGHTS,
+            envs_per_task=a.envs_per_task,
+            batch=a.batch,
+            group=a.group,
+            steps=max(2, a.steps // 2),
+            response_tokens=response_tokens_fn(cal.workloads, seed=a.seed),
+            seed=a.seed,
+        )
     finally:
         sess.close()
+    return {
+        "call_latency_s": rtt,
+        "export_overhead_s": sync.export_s,
+        "load_overhead_s": sync.load_s,
+        "turn_cpu_s": cp["turn_cpu_s"],
+        "control_turns": cp["turns"],
+        "host_cores": host_cores(),
+    }
 
 
-def run_sim(cal: Calibration, a: argparse.Namespace, algo: Any, call_latency_s: float) -> dict[str, Any]:
-    """The same workload on ``Session.sim()`` with the measured profile: simulated seconds."""
+def run_sim(cal: Calibration, a: argparse.Namespace, algo: Any, host: dict[str, Any]) -> dict[str, Any]:
+    """The same workload on ``Session.sim()`` with the measured profile: simulated seconds.
+
+    The machine is one host of ``host_cores`` cores that the generator's and the trainer's
+    devices and the control plane share (:mod:`rollart_nb.sim.cores`), as ``Session.local()``'s
+    workers share this machine."""
     pool = cal.profile.name
-    sess = rn.Session.sim({pool: 2, "cpu": 4}, seed=a.seed, call_latency_s=call_latency_s)
+    sess = rn.Session.sim(
+        {pool: 2, "cpu": 4},
+        seed=a.seed,
+        call_latency_s=host["call_latency_s"],
+        host_cores=host["host_cores"],
+        turn_cpu_s=host["turn_cpu_s"],
+    )
     try:
         gen = sess.cluster(
             "actor_gen",
@@ -227,6 +286,10 @@ def run_sim(cal: Calibration, a: argparse.Namespace, algo: Any, call_latency_s: 
             mbu=cal.mbu,
             response_tokens=response_tokens_fn(cal.workloads, seed=a.seed),
             batch_wait_s=BATCH_WAIT_S,
+            static_batching=True,  # the hf engine runs a batch to its end before the next
+            max_num_seqs=HF_MAX_BATCH,
+            row_overhead_s=cal.row_overhead_s,
+            load_overhead_s=host["load_overhead_s"],
         )
         train = sess.cluster(
             "actor_train",
@@ -237,9 +300,10 @@ def run_sim(cal: Calibration, a: argparse.Namespace, algo: Any, call_latency_s: 
             mfu=cal.train_mfu,
             algo=algo,
             step_overhead_s=cal.train_overhead_s,
+            export_overhead_s=host["export_overhead_s"],
         )
         envs = {t: SimEnv(w, seed=a.seed) for t, w in cal.workloads.items()}
-        tasks = sess.tasks(envs, envs_per_task=a.envs_per_task, weights={"frozenlake": 1.0, "math": 3.0})
+        tasks = sess.tasks(envs, envs_per_task=a.envs_per_task, weights=WEIGHTS)
         return _run_modes(sess, gen, train, tasks, a, algo)
     finally:
         sess.close()
@@ -320,19 +384,24 @@ def main() -> None:
     print(
         f"  {hw.name}: {hw.bf16_tflops * 1e3:.1f} GFLOP/s float32 matmul, {hw.mem_bw_gbps:.1f} GB/s copy, "
         f"{hw.pass_overhead_s * 1e3:.2f} ms fixed per forward pass; mfu {cal.mfu:.2f} at the model's shapes, "
-        f"trainer mfu {cal.train_mfu:.2f} ({cal.threads} thread, {cal.seconds:.1f} s)"
+        f"trainer mfu {cal.train_mfu:.2f}; hf engine {cal.row_overhead_s * 1e3:.2f} ms per request beyond its "
+        f"passes ({cal.threads} thread, {cal.seconds:.1f} s)"
     )
     for t, s in cal.episodes.items():
         print(f"  {t}: {s}")
-    rtt = measure_call_latency(a.calib_seconds / 4)
+    print("measuring the control plane alone (Ray calls, weight handoff, CPU per turn) ...", flush=True)
+    host = measure_host(model, cal, a, algo)
     print(
-        f"  Ray actor call {rtt * 1e3:.2f} ms (every worker call), hf batch wait {BATCH_WAIT_S * 1e3:.1f} ms "
-        f"(every turn); trainer {cal.train_overhead_s * 1e3:.1f} ms fixed per step"
+        f"  Ray actor call {host['call_latency_s'] * 1e3:.2f} ms (every worker call), hf batch wait "
+        f"{BATCH_WAIT_S * 1e3:.1f} ms (every turn); trainer {cal.train_overhead_s * 1e3:.1f} ms fixed per step\n"
+        f"  weights: export {host['export_overhead_s'] * 1e3:.1f} ms, load {host['load_overhead_s'] * 1e3:.1f} ms; "
+        f"control plane {host['turn_cpu_s'] * 1e3:.2f} ms of CPU per turn ({host['control_turns']:.0f} turns); "
+        f"{host['host_cores']:.0f} cores shared"
     )
     print(f"real run on Session.local() ({a.warmup} warm-up + {a.steps} steps per mode, batch {a.batch}) ...")
     measured = run_real(model, a, algo)
     print("simulated run on Session.sim() with the measured profile ...")
-    predicted = run_sim(cal, a, algo, rtt)
+    predicted = run_sim(cal, a, algo, host)
     cmp = compare(measured, predicted)
     print_table(measured, predicted, cmp)
     print(f"\nwall {time.monotonic() - t0:.0f} s")
@@ -342,9 +411,7 @@ def main() -> None:
         **_rounded(cmp),
         "target": TARGET,
         "profile": _rounded(cal.as_dict()["profile"], 6),
-        "calibration": _rounded(
-            {**{k: v for k, v in cal.as_dict().items() if k != "profile"}, "call_latency_s": rtt}, 6
-        ),
+        "calibration": _rounded({**{k: v for k, v in cal.as_dict().items() if k != "profile"}, **host}, 6),
         "settings": {
             k: getattr(a, k) for k in ("modes", "steps", "warmup", "batch", "group", "envs_per_task", "alpha", "lr")
         },

@@ -12,6 +12,7 @@ from typing import Any
 
 from rollart_nb.sim.backend import SimBackend
 from rollart_nb.sim.clock import SimClock
+from rollart_nb.sim.cores import Host, SharedCores
 from rollart_nb.sim.roofline import (
     decode_step_time,
     decode_time,
@@ -26,12 +27,14 @@ from rollart_nb.sim.workloads import PRESETS, SimEnv, Workload, response_tokens_
 __all__ = [
     "DEFAULT_SIM_POOLS",
     "PRESETS",
+    "Host",
     "LocalCluster",
     "SimBackend",
     "SimClock",
     "SimSession",
     "SimEnv",
     "SimTokenizer",
+    "SharedCores",
     "SimTrainBackend",
     "Workload",
     "decode_step_time",

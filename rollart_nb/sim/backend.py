@@ -52,7 +52,8 @@ from rollart_nb.errors import ConfigError
 from rollart_nb.models.spec import ModelSpec
 from rollart_nb.protocols import GenerationRequest, GenerationResult, Tokenizer
 from rollart_nb.resources.profiles import HardwareProfile
-from rollart_nb.sim.clock import resolve_time_scale
+from rollart_nb.sim.clock import current, resolve_time_scale
+from rollart_nb.sim.cores import Host
 from rollart_nb.sim.roofline import decode_steps_within, decode_time, iteration_time
 from rollart_nb.sim.tokenizer import SimTokenizer
 
@@ -99,6 +100,7 @@ class _Job:
     kv_ready: bool = False  # its prompt's KV arrived with it (a PD decode node): nothing to prefill
     extra_s: float = 0.0  # modelled seconds before it may decode (a PD node's KV transfer)
     ready_at: float = 0.0
+    started: bool = False  # its first prefill pass began (the engine's per-row work is paid there)
     parts: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -139,6 +141,17 @@ class SimBackend:
             :meth:`prefill`. 0 (default): a continuous-batching engine such as vLLM, which takes
             a request at its next iteration.
         history_tokens: token budget of the history store (lengths only, so cheap).
+        static_batching: run each batch to its end before taking the next, as the ``hf``
+            backend does (its requests gathered for ``batch_wait_s`` once the engine is free,
+            then prefilled together in one pass and decoded until the last one ends); False
+            (default): continuous batching, as vLLM does (a request joins at the next iteration).
+        row_overhead_s: modelled seconds of the engine's own work per request, paid in the pass
+            where its prefill starts (building its row, copying its cached KV in and out, its
+            sampling; measured by :func:`rollart_nb.sim.calibrate.row_overhead`). 0 (default):
+            a GPU engine, where that work is negligible beside a pass.
+        load_overhead_s: fixed modelled seconds of loading a new weight version besides moving
+            its bytes (deserialize, copy into the model; measured by
+            :func:`rollart_nb.sim.calibrate.measure_weight_sync`); paid by :meth:`aload_weights`.
 
     Raises:
         ConfigError: a bad argument, or the model does not fit on ``tp`` devices.
@@ -174,10 +187,17 @@ class SimBackend:
         name: str = "sim",
         history_tokens: int = 1 << 32,
         batch_wait_s: float = 0.0,
+        static_batching: bool = False,
+        row_overhead_s: float = 0.0,
+        load_overhead_s: float = 0.0,
     ) -> None:
         problems = []
         if not (isinstance(batch_wait_s, int | float) and batch_wait_s >= 0):
             problems.append(f"batch_wait_s must be >= 0 seconds, got {batch_wait_s!r}")
+        if not (isinstance(row_overhead_s, int | float) and row_overhead_s >= 0):
+            problems.append(f"row_overhead_s must be >= 0 seconds, got {row_overhead_s!r}")
+        if not (isinstance(load_overhead_s, int | float) and load_overhead_s >= 0):
+            problems.append(f"load_overhead_s must be >= 0 seconds, got {load_overhead_s!r}")
         time_scale = resolve_time_scale(time_scale)
         if time_scale < 0:
             problems.append(f"time_scale must be >= 0, got {time_scale}")
@@ -213,7 +233,8 @@ class SimBackend:
         self.mean_response_tokens, self.link_gbps = mean_response_tokens, link_gbps
         self.mfu, self.mbu, self.vocab_size = mfu, mbu, vocab_size
         self.chunk_tokens, self.max_num_seqs = chunk_tokens, max_num_seqs
-        self.batch_wait_s = float(batch_wait_s)
+        self.batch_wait_s, self.load_overhead_s = float(batch_wait_s), float(load_overhead_s)
+        self.static_batching, self.row_overhead_s = bool(static_batching), float(row_overhead_s)
         self.tokenizer: Tokenizer = tokenizer if tokenizer is not None else SimTokenizer(vocab_size)
         self._response_tokens = response_tokens
         self.version = 0
@@ -234,6 +255,7 @@ class SimBackend:
         self._abort_ev = asyncio.Event()  # an abort only
         self._t = 0.0  # modelled seconds, as of the loop time _anchor
         self._anchor = 0.0
+        self._lag = 0.0  # modelled seconds the last pass took beyond its work (shared cores)
         self._keys = itertools.count()
         self._stats = {
             "prefill_tokens": 0,
@@ -308,8 +330,9 @@ class SimBackend:
     async def aload_weights(self, state: dict[str, Any], version: int) -> float:
         """:meth:`load_weights` after the modelled time a Mooncake-style update exposes: the
         rest of the background pull (it began when the trainer published, ``state["published_at"]``
-        in loop time; all of it when unknown) plus the host-to-device copy. Returns the modelled
-        seconds waited (also summed in ``stats()["weight_load_s"]``)."""
+        in loop time; all of it when unknown) plus the host-to-device copy, then
+        ``load_overhead_s`` (on the host's shared cores, if this is one of its CPUs). Returns the
+        modelled seconds waited (also summed in ``stats()["weight_load_s"]``)."""
         pull_s, load_s = self.weight_pull_s()
         published = state.get("published_at") if isinstance(state, dict) else None
         wait_s = load_s + pull_s
@@ -318,6 +341,13 @@ class SimBackend:
             wait_s = load_s + max(left, 0.0) / self.time_scale
         if self.time_scale > 0:
             await asyncio.sleep(wait_s * self.time_scale)
+            if self.load_overhead_s > 0:
+                host = self._shared_host()
+                if host is not None:
+                    await host.compute(self.load_overhead_s * self.time_scale)
+                else:
+                    await asyncio.sleep(self.load_overhead_s * self.time_scale)
+        wait_s += self.load_overhead_s
         self._stats["weight_load_s"] += wait_s
         self.load_weights(state, version)
         return wait_s
@@ -452,13 +482,14 @@ class SimBackend:
         return self._t
 
     def _set_now(self, t: float) -> None:
-        self._t = t
+        self._t, self._lag = t + self._lag, 0.0
         if self.time_scale > 0:
             self._anchor = asyncio.get_running_loop().time()
 
     async def _batch_wait(self) -> None:
-        """A batching engine holds each request ``batch_wait_s`` for batch mates."""
-        if self.batch_wait_s > 0 and self.time_scale > 0:
+        """A batching engine holds each request ``batch_wait_s`` for batch mates (a static
+        batcher waits once per batch instead, in the engine loop)."""
+        if self.batch_wait_s > 0 and self.time_scale > 0 and not self.static_batching:
             await asyncio.sleep(self.batch_wait_s * self.time_scale)
 
     async def _run_job(
@@ -487,7 +518,10 @@ class SimBackend:
         return job
 
     def _admit(self, now: float) -> None:
-        """Move waiting jobs (FCFS) into the engine while their KV fits and seats are free."""
+        """Move waiting jobs (FCFS) into the engine while their KV fits and seats are free
+        (with static batching: only into an idle engine, as the next batch)."""
+        if self.static_batching and (self._prefilling or self._decoding):
+            return
         while self._waiting:
             job = self._waiting[0]
             if job.aborted:
@@ -569,15 +603,30 @@ class SimBackend:
             for job in [j for j in q if j.aborted]:
                 self._end(job, now)
 
+    def _shared_host(self) -> Host | None:
+        """The simulation's host when this device is one of its CPUs with shared cores, else None."""
+        clock = current()
+        if clock is None or self.hardware.kind != "cpu" or clock.host.cores is None:
+            return None
+        return clock.host
+
     async def _pass(self, dt: float, ev: asyncio.Event) -> float | None:
         """Sleep ``dt`` modelled seconds; returns the modelled seconds elapsed if ``ev`` cut it
-        short, else None."""
+        short, else None. On a host's shared cores (:mod:`rollart_nb.sim.cores`) ``dt`` is work,
+        which may take longer while other work shares them; the extra time is added to the
+        engine's clock at the next ``_set_now``."""
         ev.clear()
         if self.time_scale <= 0:
             await asyncio.sleep(0)
             return None
         loop = asyncio.get_running_loop()
         t0 = loop.time()
+        host = self._shared_host()
+        if host is not None:
+            done = await host.compute(dt * self.time_scale, ev)
+            work = dt if done is None else min(done / self.time_scale, dt)
+            self._lag = max((loop.time() - t0) / self.time_scale - work, 0.0)
+            return None if done is None else work
         try:
             await asyncio.wait_for(ev.wait(), dt * self.time_scale)
         except TimeoutError:
@@ -589,6 +638,11 @@ class SimBackend:
         while True:
             now = self._now()
             self._drop_aborted(now)
+            if self.static_batching and not self._prefilling and not self._decoding and self.time_scale > 0:
+                if any(not j.aborted for j in self._waiting) and self.batch_wait_s > 0:
+                    await asyncio.sleep(self.batch_wait_s * self.time_scale)  # batch mates may join
+                    now = self._now()
+                    self._drop_aborted(now)
             self._admit(now)
             if not self._prefilling and not self._decoding:
                 if not self._waiting:
@@ -608,7 +662,9 @@ class SimBackend:
         live, ctx = self._decode_ctx(now)
         budget = None if self.chunk_tokens is None else max(self.chunk_tokens - len(live), 1)
         chunks: list[tuple[_Job, int]] = []
-        for job in self._prefilling:
+        if self.static_batching:  # the whole batch's prompts in one pass
+            chunks = [(job, job.left) for job in self._prefilling]
+        for job in () if self.static_batching else self._prefilling:
             take = job.left if budget is None else min(job.left, budget)
             chunks.append((job, take))
             if budget is not None:
@@ -617,10 +673,14 @@ class SimBackend:
                     break
             else:
                 break  # unchunked: one whole prompt per pass, decodes stall behind it
-        if self.chunk_tokens is None:
+        if self.chunk_tokens is None or self.static_batching:
             live, ctx = [], 0  # a prefill-only pass
         prefill = [(n, j.prompt - j.left) for j, n in chunks]
         dt = iteration_time(self.spec, self.hardware, len(live), ctx, prefill, tp=self.tp, mbu=self.mbu, mfu=self.mfu)
+        new_rows = [j for j, _ in chunks if not j.started]
+        for j in new_rows:
+            j.started = True
+        dt += self.row_overhead_s * len(new_rows)
         cut = await self._pass(dt, self._abort_ev)  # arrivals wait for the pass; aborts cut it short
         if cut is not None:  # pro rata prefill progress, no decode token
             self._set_now(now + cut)

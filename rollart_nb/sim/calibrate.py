@@ -15,8 +15,14 @@ and a :class:`~rollart_nb.sim.workloads.Workload` per task. For a sim-to-real ch
 * :func:`~rollart_nb.models.spec.hf_spec`: the tiny model's :class:`ModelSpec` from its ``config.json``.
 * :func:`sample_episodes` and :func:`workload_from_stats`: prompt, observation, response and
   turn statistics of real episodes of the real envs played by the real model, as Workloads.
-* :func:`calibrate` does all of it and :func:`register_profile` makes the profile a pool name a
-  :class:`~rollart_nb.sim.SimSession` accepts.
+* :func:`row_overhead`: the ``hf`` engine's own seconds per request beyond its forward passes.
+* :func:`measure_trainer`: the real trainer's seconds per padded token and per step.
+* :func:`calibrate` does all of the above and :func:`register_profile` makes the profile a pool
+  name a :class:`~rollart_nb.sim.SimSession` accepts.
+* On a running ``Session.local()``, the control plane alone: :func:`call_latency` (one Ray actor
+  call), :func:`measure_weight_sync` (a weight update's two halves) and
+  :func:`measure_control_plane` (the rollout's CPU seconds per turn), for
+  ``Session.sim(call_latency_s=..., turn_cpu_s=...)`` and the sim workers' overheads.
 
 Nothing here is tuned to a result: each number is a measurement or follows from one by the
 formula in its docstring.
@@ -30,6 +36,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import statistics
 import time
@@ -37,7 +44,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from rollart_nb.errors import ConfigError
+from rollart_nb.errors import ConfigError, StateError
 from rollart_nb.models.spec import ModelSpec, hf_spec
 from rollart_nb.resources.profiles import PROFILES, HardwareProfile
 from rollart_nb.sim.roofline import prefill_flops, weights_read_bytes
@@ -48,15 +55,19 @@ __all__ = [
     "Calibration",
     "EpisodeStats",
     "TrainerCost",
+    "WeightSyncCost",
     "calibrate",
     "call_latency",
     "matmul_efficiency",
     "matmul_flops",
+    "measure_control_plane",
     "measure_cpu",
     "measure_trainer",
+    "measure_weight_sync",
     "memory_bandwidth",
     "pass_overhead",
     "register_profile",
+    "row_overhead",
     "sample_episodes",
     "workload_from_stats",
 ]
@@ -240,6 +251,87 @@ def register_profile(hw: HardwareProfile) -> HardwareProfile:
     return hw
 
 
+ROW_BATCH = 16
+"""Rows of the larger batch :func:`row_overhead` times against a batch of one (half the
+``hf`` backend's default ``max_batch_size``: the batches a 16-env rollout forms)."""
+
+
+def row_overhead(
+    model: Any,
+    *,
+    seconds: float = 1.0,
+    threads: int = 1,
+    prompt_tokens: int = 16,
+    obs_tokens: int = 8,
+    max_new_tokens: int = 4,
+    pass_s: float = 0.0,
+    rows: int = ROW_BATCH,
+) -> float:
+    """Seconds of the ``hf`` engine's own work per request beyond its forward passes.
+
+    Times the real :class:`~rollart_nb.backends.hf.HFBackend` (no batch wait) serving batches of
+    1 and of ``rows`` two-turn trajectories (a ``prompt_tokens`` prompt, then the history plus
+    ``obs_tokens`` more, so the second turn reuses cached KV as a real multi-turn rollout does;
+    sampling at temperature 1 with a budget of ``max_new_tokens``). With ``t1``, ``tB`` the
+    median seconds per turn's batch and ``p1``, ``pB`` the decode passes each ran (its longest
+    response), the formula is ``max(0, (tB - t1 - (pB - p1) * pass_s) / (rows - 1))``: what a
+    row adds to a batch (building its row, copying its cached KV in and out, its sampling), the
+    passes a longer response adds taken out at ``pass_s`` seconds each (the profile's time of
+    one small pass: its ``pass_overhead_s``). The FLOPs of the extra rows of a tiny model are
+    left in (tens of microseconds).
+    """
+    import asyncio
+
+    from rollart_nb.backends.hf import HFBackend
+    from rollart_nb.protocols import GenerationRequest
+
+    if rows < 2:
+        raise ConfigError(f"rows={rows!r} must be >= 2", where="row_overhead")
+    with _threads(threads):
+        backend = HFBackend(model, name="calibrate", batch_wait_s=0.0, seed=0)
+        counter = iter(range(1 << 40))
+
+        async def one(b: int) -> tuple[float, int]:
+            tids = [f"row{next(counter)}" for _ in range(b)]
+
+            def req(t: str, ids: list[int], prefix: int, last: bool) -> GenerationRequest:
+                return GenerationRequest(
+                    t,
+                    "calibrate",
+                    ids,
+                    max_new_tokens=max_new_tokens,
+                    temperature=1.0,
+                    prefix_len=prefix,
+                    last_turn=last,
+                )
+
+            t0 = time.perf_counter()
+            first = await asyncio.gather(*(backend.generate(req(t, [5] * prompt_tokens, 0, False)) for t in tids))
+            t1 = time.perf_counter()
+            second = await asyncio.gather(
+                *(
+                    backend.generate(req(t, [6] * obs_tokens, prompt_tokens + len(r.token_ids), True))
+                    for t, r in zip(tids, first, strict=True)
+                )
+            )
+            t2 = time.perf_counter()
+            passes = max(len(r.token_ids) for r in first) + max(len(r.token_ids) for r in second)
+            del t1
+            return (t2 - t0) / 2, passes
+
+        def timed(b: int) -> tuple[float, float]:
+            out: list[tuple[float, int]] = []
+            asyncio.run(one(b))  # warm-up
+            t_end = time.perf_counter() + seconds / 2
+            while len(out) < 5 or time.perf_counter() < t_end:
+                out.append(asyncio.run(one(b)))
+            return statistics.median(t for t, _ in out), statistics.fmean(p for _, p in out) / 2
+
+        t_1, p_1 = timed(1)
+        t_b, p_b = timed(rows)
+    return max(0.0, (t_b - t_1 - (p_b - p_1) * pass_s) / (rows - 1))
+
+
 CALL_PAYLOAD_TOKENS = 64
 """Token ids carried by each timed call of :func:`call_latency` (a turn's prompt is tens to
 hundreds of tokens; the payload barely matters at this size)."""
@@ -283,6 +375,161 @@ def call_latency(seconds: float = 0.5) -> float:
     finally:
         for a in (echo, caller):
             ray.kill(a)
+
+
+@dataclass(frozen=True)
+class WeightSyncCost:
+    """What one real weight update costs on this machine besides moving its bytes:
+    ``export_s`` for the trainer to copy its state_dict out and put it in Ray's object store,
+    ``load_s`` for a generator to get it from there and copy it into its model."""
+
+    export_s: float
+    load_s: float
+
+
+def measure_weight_sync(model: Any, algo: Any = None, seconds: float = 1.0, threads: int = 1) -> WeightSyncCost:
+    """Time the two halves of a direct weight update with the real parts, in this process:
+    :meth:`TorchTrainBackend.state_dict <rollart_nb.backends.torch_train.TorchTrainBackend.state_dict>`
+    plus ``ray.put`` (what the trainer worker's ``state_dict`` call does), and ``ray.get`` plus
+    :meth:`HFBackend.load_weights <rollart_nb.backends.hf.HFBackend.load_weights>` (what a
+    generator's ``load_weights`` does). Medians over ``seconds`` each. The sim's trainer and
+    generators take them as ``export_overhead_s`` and ``load_overhead_s``. Needs a running Ray.
+    """
+    import ray
+
+    from rollart_nb.backends.hf import HFBackend
+    from rollart_nb.backends.torch_train import TorchTrainBackend
+
+    if not ray.is_initialized():
+        raise ConfigError(
+            "measure_weight_sync needs a running Ray; open rn.Session.local() first", where="measure_weight_sync"
+        )
+    if algo is None:
+        from rollart_nb.algo.grpo import GRPO
+
+        algo = GRPO()
+    with _threads(threads):
+        trainer = TorchTrainBackend(model, algo, seed=0)
+        gen = HFBackend(model, name="calibrate")
+        refs: list[Any] = []
+        export_s = _timed(lambda: refs.append(ray.put(trainer.state_dict())), seconds / 2)
+        version = iter(range(1, 1 << 30))
+        load_s = _timed(lambda: gen.load_weights(ray.get(refs[-1]), next(version)), seconds / 2)
+        del refs[:]
+    return WeightSyncCost(export_s=export_s, load_s=load_s)
+
+
+class _TokenizedSpec(ModelSpec):
+    """A real model's shape whose ``load_tokenizer`` is the model's own (the rollout then
+    tokenizes as in the real run while a sim generator answers). Build with :func:`_tokenized`."""
+
+    def load_tokenizer(self):  # noqa: ANN201 - the model's tokenizer
+        return self.__dict__["ref"].load_tokenizer()
+
+
+def _tokenized(spec: ModelSpec, ref: Any) -> _TokenizedSpec:
+    out = _TokenizedSpec(*(getattr(spec, f.name) for f in dataclasses.fields(spec)))
+    object.__setattr__(out, "ref", ref)  # kept by pickling (the instance's __dict__), not a field
+    return out
+
+
+def measure_control_plane(
+    sess: Any,
+    model: Any,
+    envs: Mapping[str, Any],
+    *,
+    weights: Mapping[str, float] | None = None,
+    envs_per_task: int = 8,
+    batch: int = 32,
+    group: int = 8,
+    steps: int = 3,
+    max_new_tokens: int = 4,
+    response_tokens: Callable[[Any], int] | None = None,
+    seed: int = 0,
+) -> dict[str, float]:
+    """CPU seconds the real rollout control plane spends per turn on this machine, alone.
+
+    Runs the real pipeline on the open ``Session.local()`` with ``envs`` (the real envs,
+    tokenized by ``model``'s tokenizer) in sync mode, with a :class:`~rollart_nb.workers.SimGenerator`
+    and a :class:`~rollart_nb.workers.SimTrainer` that cost nothing (``time_scale=0``), one warm-up
+    step and ``steps`` more; then divides the CPU time of the rollout worker's process (user +
+    system, :mod:`psutil`) over those steps by the turns the generator served. That is the env
+    managers' work (tokenizing, history, ``env.step``), the scheduler, the proxy, the client side
+    of every Ray call, rewards and the buffer, per turn (per-trajectory work spread over the
+    trajectories' turns). The sim generator's tokens are not a policy's (a FrozenLake episode
+    plays invalid moves to its turn limit), so only the cost per turn carries over.
+
+    Args:
+        sess: an open ``rn.Session.local()`` (its pools ``H20`` and ``H800``); the clusters
+            ``calib_gen`` and ``calib_train`` are built on it and closed again.
+        model: the real model (its shape and tokenizer).
+        envs: task -> env, the real run's envs (copied by the session's tasks).
+        weights, envs_per_task, batch, group, max_new_tokens, seed: the real run's settings.
+        response_tokens: the sim generator's response length per request (e.g.
+            :func:`~rollart_nb.sim.response_tokens_fn` of the calibrated workloads).
+        steps: measured steps (after one warm-up step).
+
+    Returns ``{"turn_cpu_s", "turns", "cpu_s", "steps"}``.
+    """
+    import psutil
+
+    from rollart_nb.algo.grpo import GRPO
+    from rollart_nb.config import RolloutConfig
+    from rollart_nb.workers.roles import SimGenerator, SimTrainer
+
+    if getattr(sess, "mode", None) == "sim" or not hasattr(sess, "pipeline"):
+        raise ConfigError(
+            "measure_control_plane needs an open rn.Session.local() (a real control plane to measure)",
+            where="measure_control_plane",
+        )
+    spec = hf_spec(model)
+    tspec = _tokenized(spec, model)
+    vocab = len(model.load_tokenizer())
+    gen = sess.cluster(
+        "calib_gen",
+        SimGenerator,
+        pool="H20",
+        model=tspec,
+        time_scale=0,
+        vocab_size=vocab,
+        response_tokens=response_tokens,
+        seed=seed,
+    )
+    train = sess.cluster("calib_train", SimTrainer, pool="H800", model=spec, time_scale=0)
+    tasks = sess.tasks(dict(envs), envs_per_task=envs_per_task, weights=dict(weights) if weights else None)
+    pipe = sess.pipeline(
+        train,
+        gen,
+        tasks,
+        algo=GRPO(group_size=group),
+        name="calib-control",
+        batch_size=batch,
+        mode="sync",
+        rollout=RolloutConfig(max_new_tokens=max_new_tokens, temperature=1.0),
+        seed=seed,
+    )
+    try:
+        pipe.run(1, progress=False)
+        pids = [i["pid"] for c in pipe.rollout.clusters for i in c.info()]
+        procs = [psutil.Process(p) for p in pids]
+
+        def cpu() -> float:
+            return sum(sum(p.cpu_times()[:2]) for p in procs)
+
+        def served() -> int:
+            return sum(int(s.get("requests", 0)) for s in gen.stats())
+
+        c0, n0 = cpu(), served()
+        pipe.run(steps, progress=False)
+        c1, n1 = cpu(), served()
+    finally:
+        pipe.close()
+        for name in ("calib_gen", "calib_train"):
+            sess.close_cluster(name)
+    turns = n1 - n0
+    if turns <= 0:
+        raise StateError("measure_control_plane: the generator served no turns; nothing to divide by")
+    return {"turn_cpu_s": (c1 - c0) / turns, "turns": float(turns), "cpu_s": c1 - c0, "steps": float(steps)}
 
 
 @dataclass(frozen=True)
@@ -529,6 +776,8 @@ class Calibration:
         train_overhead_s: the real trainer's fixed seconds per step (:func:`measure_trainer`);
             the sim trainer's ``step_overhead_s``.
         mbu: the generator's ``mbu``: 1, since ``mem_bw_gbps`` is itself an achieved bandwidth.
+        row_overhead_s: the ``hf`` engine's own seconds per request (:func:`row_overhead`);
+            the sim generator's ``row_overhead_s``.
         workloads: task -> Workload from real episodes.
         episodes: task -> the statistics' summary.
         threads: torch threads every measurement used.
@@ -541,6 +790,7 @@ class Calibration:
     train_mfu: float
     train_overhead_s: float
     mbu: float
+    row_overhead_s: float
     workloads: dict[str, Workload]
     episodes: dict[str, dict[str, float | None]]
     threads: int
@@ -555,6 +805,7 @@ class Calibration:
             "train_mfu": self.train_mfu,
             "train_overhead_s": self.train_overhead_s,
             "mbu": self.mbu,
+            "row_overhead_s": self.row_overhead_s,
             "episodes": self.episodes,
             "threads": self.threads,
             "seconds": round(self.seconds, 2),
@@ -575,8 +826,9 @@ def calibrate(
     name: str = MEASURED_PROFILE,
 ) -> Calibration:
     """Measure the profile (:func:`measure_cpu`, registered under ``name``), the model's matmul
-    efficiency, the real trainer's cost (:func:`measure_trainer`) and the envs' workloads
-    (:func:`sample_episodes`) for a sim of ``model`` on ``envs``.
+    efficiency, the real trainer's cost (:func:`measure_trainer`), the envs' workloads
+    (:func:`sample_episodes`) and the ``hf`` engine's work per request (:func:`row_overhead`, at
+    the episodes' mean prompt and observation lengths) for a sim of ``model`` on ``envs``.
 
     Args:
         model: the tiny model (a ModelRef) the real run serves and trains.
@@ -601,6 +853,17 @@ def calibrate(
     stats = sample_episodes(
         model, envs, episodes=episodes, max_new_tokens=max_new_tokens, max_turns=max_turns, seed=seed, threads=threads
     )
+    prompts = [p for s in stats.values() for p in s.prompt_tokens]
+    observations = [o for s in stats.values() for o in s.obs_tokens]
+    row_s = row_overhead(
+        model,
+        seconds=seconds,
+        threads=threads,
+        prompt_tokens=max(1, round(statistics.fmean(prompts))) if prompts else 16,
+        obs_tokens=max(1, round(statistics.fmean(observations))) if observations else 8,
+        max_new_tokens=max_new_tokens,
+        pass_s=hw.pass_overhead_s,
+    )
     return Calibration(
         profile=hw,
         spec=spec,
@@ -608,6 +871,7 @@ def calibrate(
         train_mfu=train.mfu(spec, hw.bf16_tflops * 1e12, algo),
         train_overhead_s=train.fixed_s,
         mbu=1.0,
+        row_overhead_s=row_s,
         workloads={t: workload_from_stats(t, s, max_new_tokens) for t, s in stats.items()},
         episodes={t: s.summary() for t, s in stats.items()},
         threads=threads,

@@ -54,6 +54,7 @@ from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar, TypeVarTuple
 
 from rollart_nb.errors import StateError
+from rollart_nb.sim.cores import Host
 
 __all__ = ["REAL_TIME_SCALE", "SimClock", "VirtualEventLoop", "current", "is_virtual", "resolve_time_scale", "sleep"]
 
@@ -195,6 +196,9 @@ class SimClock:
         self.virtual = virtual
         self.loop = VirtualEventLoop(virtual)
         self.loop.clock = self
+        #: The machine the simulated CPU devices and the control plane share
+        #: (:class:`~rollart_nb.sim.cores.Host`; by default every device has its own time).
+        self.host = Host()
         self._sleepers: set[threading.Event] = set()
         self._lock = threading.Lock()
         self.closed = False

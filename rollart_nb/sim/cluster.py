@@ -58,7 +58,22 @@ from rollart_nb.workers.worker import Worker, actor_class_for
 if TYPE_CHECKING:
     from rollart_nb.sim.clock import SimClock
 
-__all__ = ["LocalActor", "LocalCluster", "LocalFuture", "LocalRef", "LocalWorkerHandle"]
+__all__ = ["LocalActor", "LocalCluster", "LocalFuture", "LocalRef", "LocalWorkerHandle", "turns_carried"]
+
+TURN_METHODS = frozenset({"generate", "prefill"})
+"""Generator methods whose call carries one turn (``prefill``: the first half of a PD turn)."""
+
+BATCH_METHODS = frozenset({"submit", "exchange"})
+"""Generator methods whose call carries a list of turns (``dispatch="batched"``): ``(client, items)``."""
+
+
+def turns_carried(method: str, args: tuple) -> int:
+    """How many turns a call of ``method`` with ``args`` hands a generator (0: not a turn)."""
+    if method in TURN_METHODS:
+        return 1
+    if method in BATCH_METHODS and len(args) > 1 and isinstance(args[1], list):
+        return len(args[1])
+    return 0
 
 
 class LocalRef:
@@ -129,6 +144,9 @@ class LocalActor:
         return LocalRef(asyncio.run_coroutine_threadsafe(coro, self._loop), self._clock)
 
     async def _invoke(self, name: str, args: tuple, kwargs: dict) -> Any:
+        turns = turns_carried(name, args)
+        if turns:  # the caller's control plane prepares them first, one turn at a time
+            await self._clock.host.control_turns(turns, resolve_time_scale(None))
         if self.call_latency_s > 0:
             await asyncio.sleep(self.call_latency_s * resolve_time_scale(None))
         args = tuple([await _resolve(a) for a in args])

@@ -32,6 +32,7 @@ from rollart_nb.resources.profiles import PROFILES
 from rollart_nb.resources.store import MemoryStore
 from rollart_nb.session_base import SessionBase
 from rollart_nb.sim.cluster import LocalCluster
+from rollart_nb.sim.cores import Host, SharedCores
 from rollart_nb.sim.runtime import SimRuntime
 from rollart_nb.workers.worker import Worker
 
@@ -59,6 +60,14 @@ class SimSession(SessionBase[SimRuntime]):
             trip of a Ray actor call, which in-process calls do not pay). 0 (default) leaves the
             control plane's calls out, as at GPU scale, where a turn or a step lasts seconds;
             :func:`rollart_nb.sim.calibrate.call_latency` measures it on a running Ray.
+        host_cores: the number of CPU cores that work on ``cpu``-kind devices (a measured
+            profile's) and the control plane share (:mod:`rollart_nb.sim.cores`: each burst of
+            work on the least loaded core), as on one machine running ``Session.local()``. None
+            (default): every device computes on its own time, as GPUs do.
+        turn_cpu_s: CPU seconds the control plane spends per turn, one turn at a time (a
+            rollout worker's one event loop), on the host's cores when ``host_cores`` is given.
+            0 (default) leaves it out; :func:`rollart_nb.sim.calibrate.measure_control_plane`
+            measures it for a real session.
 
     Example:
         >>> from rollart_nb.models import spec
@@ -79,6 +88,8 @@ class SimSession(SessionBase[SimRuntime]):
         gpus_per_node: int = 8,
         virtual: bool = True,
         call_latency_s: float = 0.0,
+        host_cores: int | None = None,
+        turn_cpu_s: float = 0.0,
     ) -> None:
         super().__init__()
         pools = dict(DEFAULT_SIM_POOLS if pools is None else pools)
@@ -92,6 +103,12 @@ class SimSession(SessionBase[SimRuntime]):
             problems.append(f"gpus_per_node must be an int >= 1, got {gpus_per_node!r}")
         if not (isinstance(call_latency_s, int | float) and call_latency_s >= 0):
             problems.append(f"call_latency_s must be a number of seconds >= 0, got {call_latency_s!r}")
+        if host_cores is not None and (
+            isinstance(host_cores, bool) or not isinstance(host_cores, int) or host_cores < 1
+        ):
+            problems.append(f"host_cores must be a whole number of cores >= 1 or None, got {host_cores!r}")
+        if not (isinstance(turn_cpu_s, int | float) and turn_cpu_s >= 0):
+            problems.append(f"turn_cpu_s must be a number of seconds >= 0, got {turn_cpu_s!r}")
         if problems:
             raise ConfigError(problems, where="SimSession")
         self.id = uuid.uuid4().hex[:8]
@@ -108,6 +125,7 @@ class SimSession(SessionBase[SimRuntime]):
         self.virtual = virtual
         #: The simulation's loop and time: ``sess.clock()`` reads simulated seconds.
         self.clock = self._runtime.sim_clock
+        self.clock.host = Host(None if host_cores is None else SharedCores(host_cores), float(turn_cpu_s))
         self._loop, self._thread = self.clock.loop, self.clock.thread
         self.state = "attached"
 

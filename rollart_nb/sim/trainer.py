@@ -22,7 +22,7 @@ from rollart_nb.algo.grpo import mean_response_length, micro_batches
 from rollart_nb.errors import ConfigError, StateError
 from rollart_nb.models.spec import ModelSpec
 from rollart_nb.resources.profiles import HardwareProfile
-from rollart_nb.sim.clock import resolve_time_scale
+from rollart_nb.sim.clock import current, resolve_time_scale
 from rollart_nb.sim.clock import sleep as clock_sleep
 from rollart_nb.sim.roofline import train_time
 from rollart_nb.trajectory import Trajectory
@@ -95,6 +95,9 @@ class SimTrainBackend:
             ``micro_batch_tokens`` padded tokens each: :func:`~rollart_nb.algo.grpo.micro_batches`).
         step_overhead_s: fixed seconds per optimizer step besides its FLOPs (the optimizer update,
             Python and framework dispatch; measured by :func:`rollart_nb.sim.calibrate.measure_trainer`).
+        export_overhead_s: fixed seconds to hand the weights over for a sync (copy the
+            state_dict out and serialize it; measured by
+            :func:`rollart_nb.sim.calibrate.measure_weight_sync`); paid by :meth:`aexport`.
 
     Example:
         >>> from rollart_nb.models.spec import spec
@@ -113,6 +116,7 @@ class SimTrainBackend:
         mfu: float = 0.4,
         algo: Any = None,
         step_overhead_s: float = 0.0,
+        export_overhead_s: float = 0.0,
     ) -> None:
         problems = []
         if gpus < 1:
@@ -124,11 +128,13 @@ class SimTrainBackend:
             problems.append(f"mfu must be in (0, 1], got {mfu}")
         if step_overhead_s < 0:
             problems.append(f"step_overhead_s must be >= 0, got {step_overhead_s}")
+        if export_overhead_s < 0:
+            problems.append(f"export_overhead_s must be >= 0, got {export_overhead_s}")
         if problems:
             raise ConfigError(problems, where="SimTrainBackend")
         self.spec, self.hardware, self.gpus = spec, hardware, gpus
         self.time_scale, self.mfu = time_scale, mfu
-        self.algo, self.step_overhead_s = algo, step_overhead_s
+        self.algo, self.step_overhead_s, self.export_overhead_s = algo, step_overhead_s, export_overhead_s
         self.version = 0
         self.modelled_s = 0.0  # total modelled training seconds
         self.published_at: float | None = None
@@ -149,12 +155,35 @@ class SimTrainBackend:
             clock_sleep(modelled_s * self.time_scale)
         return self._finish(batch, tokens, modelled_s)
 
-    async def atrain_step(self, batch: list[Trajectory]) -> dict[str, float]:
-        """:meth:`train_step` as a coroutine: an ``asyncio.sleep`` of the modelled time."""
-        tokens, modelled_s = self._price(batch)
-        if self.time_scale > 0:
+    async def _compute(self, modelled_s: float) -> None:
+        """Pass ``modelled_s`` (times ``time_scale``): on a simulated host's shared cores when
+        this is a CPU device of one (:mod:`rollart_nb.sim.cores`), else an ``asyncio.sleep``."""
+        if self.time_scale <= 0 or modelled_s <= 0:
+            return
+        clock = current()
+        if clock is not None and self.hardware.kind == "cpu":
+            await clock.host.compute(modelled_s * self.time_scale)
+        else:
             await asyncio.sleep(modelled_s * self.time_scale)
-        return self._finish(batch, tokens, modelled_s)
+
+    async def aexport(self) -> dict[str, Any]:
+        """:meth:`state_dict` after ``export_overhead_s`` (the weights handed over for a sync)."""
+        await self._compute(self.export_overhead_s)
+        return self.state_dict()
+
+    async def atrain_step(self, batch: list[Trajectory]) -> dict[str, float]:
+        """:meth:`train_step` as a coroutine: an ``asyncio.sleep`` of the modelled time, or, on a
+        CPU device of a simulation whose host shares its cores (:mod:`rollart_nb.sim.cores`),
+        that much work on them (longer while other work shares them). Its metrics add
+        ``step_s``: the seconds the step took (``modelled_s`` unless the cores were shared)."""
+        tokens, modelled_s = self._price(batch)
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        await self._compute(modelled_s)
+        out = self._finish(batch, tokens, modelled_s)
+        if self.time_scale > 0:  # as long as the modelled work, or longer on shared cores
+            out["step_s"] = (loop.time() - t0) / self.time_scale
+        return out
 
     def _price(self, batch: list[Trajectory]) -> tuple[int, float]:
         lengths = [trajectory_tokens(t) for t in batch]

@@ -371,6 +371,12 @@ class SimTrainer(TrainerWorker):
         """One modelled optimizer step on ``batch`` (an asyncio sleep of the modelled time)."""
         return self._stepped(await self.backend.atrain_step(batch))
 
+    @register("one")
+    async def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
+        """The weights' stand-in for a sync, after the modelled export
+        (:meth:`~rollart_nb.sim.trainer.SimTrainBackend.aexport`)."""
+        return await self.backend.aexport()
+
 
 class TorchTrainer(TrainerWorker):
     """GRPO with plain torch (AdamW, clipping, grad accumulation, checkpoints)."""

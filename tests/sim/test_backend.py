@@ -348,3 +348,107 @@ def test_a_batching_engines_wait_delays_a_request_and_a_pd_prefill_but_not_the_d
     assert dec_held == pytest.approx(dec_plain)
     with pytest.raises(ConfigError, match="batch_wait_s must be >= 0"):
         SimBackend(Q8, H800, batch_wait_s=-1)
+
+
+def _arrivals(backend_kwargs, arrivals, hw=H800, host=None):
+    """Requests ``(traj, at_s, response_tokens)`` arriving at simulated times; returns traj ->
+    (finish time, result). ``host``: the clock's :class:`Host` (shared cores) for the run."""
+    from rollart_nb.sim.clock import SimClock
+
+    lengths = {t: n for t, _, n in arrivals}
+    clock = SimClock()
+    if host is not None:
+        clock.host = host
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        b = SimBackend(Q8, hw, time_scale=1, response_tokens=lambda r: lengths[r.traj_id], **backend_kwargs)
+
+        async def one(traj, at):
+            await asyncio.sleep(at)
+            res = await b.generate(req(traj, prompt=200, max_new=1000))
+            return traj, (loop.time(), res)
+
+        return dict(await asyncio.gather(*(one(t, at) for t, at, _ in arrivals)))
+
+    try:
+        return clock.run(scenario(), timeout=30)
+    finally:
+        clock.close()
+
+
+def test_static_batching_runs_a_batch_to_its_end_before_the_next():
+    """A request arriving during a batch waits for its end with a static batcher (hf); a
+    continuous one (vLLM) takes it at the next iteration."""
+    alone = _arrivals({}, [("a", 0.0, 400)])["a"][0]
+    arrivals = [("a", 0.0, 400), ("b", alone / 4, 10)]
+    cont = _arrivals({}, arrivals)
+    static = _arrivals({"static_batching": True}, arrivals)
+    assert cont["b"][0] < alone  # joined the running batch, ended long before a
+    assert static["b"][0] > static["a"][0] >= alone * 0.999  # queued behind a's whole batch
+    assert static["b"][1].prefill_s > static["a"][0] - alone / 4  # its wait counts as its prefill time
+
+
+def test_static_batching_waits_once_per_batch_and_prefills_it_in_one_pass():
+    together = [("a", 0.0, 5), ("b", 0.001, 5), ("c", 0.002, 5)]
+    out = _arrivals({"static_batching": True, "batch_wait_s": 0.01}, together)
+    ends = {t: end for t, (end, _) in out.items()}
+    assert len({round(e, 9) for e in ends.values()}) == 1  # one batch: a's wait gathered b and c
+    one = _arrivals({"static_batching": True, "batch_wait_s": 0.01}, [("a", 0.0, 5)])["a"][0]
+    three = iteration_time(Q8, H800, 0, 0, [(200, 0)] * 3) - iteration_time(Q8, H800, 0, 0, [(200, 0)])
+    at = {t: a for t, a, _ in together}
+    assert len({round(at[t] + r.prefill_s, 9) for t, (_, r) in out.items()}) == 1  # one prefill pass for all
+    assert ends["a"] - one == pytest.approx(three, rel=0.05)  # three prompts' pass (decodes barely cost more)
+
+
+def test_row_overhead_is_paid_once_per_request_in_its_first_pass():
+    burst = [(f"r{i}", 0.0, 5) for i in range(4)]
+    plain = _arrivals({"static_batching": True}, burst)
+    rows = _arrivals({"static_batching": True, "row_overhead_s": 0.002}, burst)
+    assert rows["r0"][0] - plain["r0"][0] == pytest.approx(4 * 0.002, rel=1e-6)
+    with pytest.raises(ConfigError, match="row_overhead_s"):
+        SimBackend(Q8, H800, row_overhead_s=-1)
+
+
+def test_a_load_overhead_adds_to_every_weight_load():
+    async def scenario(overhead):
+        b = SimBackend(Q8, H800, time_scale=1, load_overhead_s=overhead)
+        return await b.aload_weights({}, 1), b.version
+
+    base, _ = SimClockRun(lambda: scenario(0.0))
+    more, version = SimClockRun(lambda: scenario(0.03))
+    assert more - base == pytest.approx(0.03) and version == 1
+    with pytest.raises(ConfigError, match="load_overhead_s"):
+        SimBackend(Q8, H800, load_overhead_s=-0.1)
+
+
+def test_engines_on_one_shared_core_slow_each_other_and_gpus_do_not():
+    from rollart_nb.resources.profiles import HardwareProfile
+    from rollart_nb.sim.cores import Host, SharedCores
+
+    cpu = HardwareProfile("CPU-TEST-SHARED", "cpu", 0.1, 20.0, 64.0, 0.0, "general")
+
+    def two_engines(hw, host):
+        from rollart_nb.sim.clock import SimClock
+
+        clock = SimClock()
+        clock.host = host
+
+        async def scenario():
+            loop = asyncio.get_running_loop()
+            engines = [SimBackend(Q8, hw, time_scale=1, response_tokens=fixed(50)) for _ in range(2)]
+            t0 = loop.time()
+            await asyncio.gather(*(e.generate(req(f"t{i}")) for i, e in enumerate(engines)))
+            return loop.time() - t0
+
+        try:
+            return clock.run(scenario(), timeout=30)
+        finally:
+            clock.close()
+
+    own = two_engines(cpu, Host())
+    assert two_engines(cpu, Host(SharedCores(2))) == pytest.approx(own, rel=1e-6)  # a core each
+    assert two_engines(cpu, Host(SharedCores(1))) == pytest.approx(2 * own, rel=1e-3)  # one core, shared
+    assert two_engines(H800, Host(SharedCores(1))) == pytest.approx(
+        two_engines(H800, Host()), rel=1e-6
+    )  # GPUs compute on their own

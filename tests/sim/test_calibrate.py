@@ -14,6 +14,7 @@ import pytest
 
 from rollart_nb.algo.grpo import GRPO
 from rollart_nb.envs import Arithmetic, FrozenLake
+from rollart_nb.errors import ConfigError
 from rollart_nb.models.spec import ModelSpec, hf_spec
 from rollart_nb.protocols import GenerationRequest
 from rollart_nb.resources import profiles
@@ -25,6 +26,7 @@ from rollart_nb.sim.calibrate import (
     measure_trainer,
     pass_overhead,
     register_profile,
+    row_overhead,
     sample_episodes,
     workload_from_stats,
 )
@@ -146,6 +148,15 @@ def test_trainer_cost_is_a_line_through_two_real_train_steps(model):
         assert flops / (mfu * hw.bf16_tflops * 1e12) == pytest.approx(cost.per_token_s)
 
 
+def test_the_hf_engine_costs_something_per_request_beyond_its_passes(model):
+    """A batch of 8 two-turn rows costs more than a batch of one beyond its passes: building the
+    rows, copying their cached KV, sampling each (about a millisecond a row on a CPU core)."""
+    row = row_overhead(model, seconds=0.6, rows=8, pass_s=0.002)
+    assert 1e-5 < row < 0.05
+    with pytest.raises(ConfigError, match="rows"):
+        row_overhead(model, rows=1)
+
+
 def test_a_registered_profile_is_a_sim_pool(registered):
     import rollart_nb as rn
 
@@ -185,3 +196,6 @@ def test_quick_benchmark_reports_errors_computed_from_its_numbers():
     assert rank["measured"] == sorted(modes, key=lambda m: res["measured"][m]["step_s"])
     assert res["ranked_same"] == (rank["measured"] == rank["predicted"])
     assert res["profile"]["name"] == "CPU-MEASURED" and res["profile"]["bf16_tflops"] > 0
+    cal = res["calibration"]  # the control plane, measured alone before the real run
+    assert cal["turn_cpu_s"] > 0 and cal["control_turns"] > 0 and cal["host_cores"] >= 1
+    assert cal["export_overhead_s"] > 0 and cal["load_overhead_s"] > 0 and cal["row_overhead_s"] >= 0

@@ -308,3 +308,52 @@ def test_a_batching_engine_holds_every_turn_for_its_wait():
     with pytest.raises(ClusterError, match="batch_wait_s must be >= 0"):
         with SimSession({"H20": 1, "cpu": 1}) as s:
             s.cluster("g", SimGenerator, pool="H20", model=spec("qwen3-8b"), batch_wait_s=-1)
+
+
+def _cpu_host_run(mode: str, **host: object) -> tuple[float, float, float]:
+    """Mean (step_s, rollout_wait, turns per step) of 3 steps of a small pipeline whose generator
+    and trainer are the two devices of one CPU pool, on a SimSession with ``host`` settings."""
+    from rollart_nb.resources.profiles import PROFILES, HardwareProfile
+    from rollart_nb.sim import Workload
+
+    name = "CPU-TEST-HOST"
+    PROFILES[name] = HardwareProfile(name, "cpu", 0.5, 20.0, 64.0, 0.0, "general")
+    m = spec("qwen3-0.6b")
+    wl = Workload("math", "decode", (1, 2), 60, (10.0, 0.0), (20.0, 0.0), (0.001, 0.0), max_response_tokens=64)
+    try:
+        with SimSession({name: 2, "cpu": 2}, seed=0, **host) as s:  # type: ignore[arg-type]
+            gen = s.cluster("g", SimGenerator, pool=name, model=m, response_tokens=response_tokens_fn({"math": wl}))
+            train = s.cluster("t", SimTrainer, pool=name, model=m)
+            tasks = s.tasks({"math": SimEnv(wl)}, envs_per_task=8)
+            pipe = s.pipeline(train, gen, tasks, batch_size=8, group_size=4, mode=mode)
+            pipe.run(1, progress=False)
+            before = gen.stats()[0]["requests"]
+            reps = pipe.run(3, progress=False)
+            turns = (gen.stats()[0]["requests"] - before) / 3
+            pipe.close()
+    finally:
+        PROFILES.pop(name, None)
+    return (
+        sum(r.step_s for r in reps) / 3,
+        sum(r.phases["rollout_wait"] for r in reps) / 3,
+        turns,
+    )
+
+
+def test_a_shared_host_slows_overlapped_work_only_when_it_has_too_few_cores():
+    own = _cpu_host_run("one-off")
+    assert _cpu_host_run("one-off", host_cores=2) == pytest.approx(own, rel=1e-9)  # a core each: no change
+    one = _cpu_host_run("one-off", host_cores=1)
+    assert one[0] > 1.2 * own[0]  # generation and the overlapped train step now share one core
+
+
+def test_the_control_plane_cost_per_turn_bounds_the_rollout():
+    base = _cpu_host_run("sync")
+    step_s, rollout_wait, turns = _cpu_host_run("sync", turn_cpu_s=1.0)
+    assert rollout_wait >= turns * 1.0 > base[1]  # every turn's control work, one turn at a time
+    with pytest.raises(ConfigError, match="host_cores"):
+        SimSession({"cpu": 1}, host_cores=0)
+    with pytest.raises(ConfigError, match="turn_cpu_s"):
+        rn.Session.sim({"cpu": 1}, turn_cpu_s=-1)
+    with rn.Session.sim({"cpu": 1}, host_cores=3, turn_cpu_s=0.001) as s:
+        assert s.clock.host.cores is not None and s.clock.host.cores.cores == 3 and s.clock.host.turn_cpu_s == 0.001

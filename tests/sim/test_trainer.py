@@ -86,3 +86,43 @@ def test_with_algo_a_step_is_priced_on_padded_micro_batches_and_the_reference_pa
     assert padded["modelled_s"] > packed + 0.25  # padding and the reference pass cost time
     with pytest.raises(ConfigError, match="step_overhead_s"):
         SimTrainBackend(Q8, H800, step_overhead_s=-1)
+
+
+def test_export_overhead_and_a_step_slowed_by_a_shared_core():
+    import asyncio
+
+    from rollart_nb.resources.profiles import HardwareProfile
+    from rollart_nb.sim.clock import SimClock
+    from rollart_nb.sim.cores import Host, SharedCores
+
+    cpu = HardwareProfile("CPU-TEST-TRAINER", "cpu", 1.0, 20.0, 64.0, 0.0, "general")
+    small = spec("qwen3-0.6b")
+
+    def run(host, other_work):
+        clock = SimClock()
+        clock.host = host
+
+        async def scenario():
+            loop = asyncio.get_running_loop()
+            t = SimTrainBackend(small, cpu, time_scale=1, export_overhead_s=0.02)
+            t0 = loop.time()
+            state = await t.aexport()
+            exported = loop.time() - t0
+            busy = asyncio.ensure_future(host.compute(other_work))
+            m = await t.atrain_step([traj([400])])
+            await busy
+            return exported, state["version"], m
+
+        try:
+            return clock.run(scenario(), timeout=30)
+        finally:
+            clock.close()
+
+    exported, version, alone = run(Host(), 0.0)
+    assert exported == pytest.approx(0.02) and version == 0
+    assert alone["step_s"] == pytest.approx(alone["modelled_s"])
+    _, _, shared = run(Host(SharedCores(1)), alone["modelled_s"] / 2)  # other work for half the step
+    assert shared["modelled_s"] == pytest.approx(alone["modelled_s"])  # the same work ...
+    assert shared["step_s"] == pytest.approx(1.5 * alone["modelled_s"])  # ... at half speed while shared
+    with pytest.raises(ConfigError, match="export_overhead_s"):
+        SimTrainBackend(small, cpu, export_overhead_s=-1)
