@@ -15,10 +15,13 @@ one-off, rollart):
   turn and latency statistics of real episodes of the two envs played by the same model (turn
   counts as observed, not only their mean); and, on a fresh ``Session.local()``: one Ray actor
   call's round trip (every call to a sim worker waits it), the two halves of a weight update
-  (the trainer's state_dict into the object store, a generator's load), and the control plane's
-  CPU seconds per turn, from the real pipeline with a generator and trainer that cost nothing.
+  with the real workers (the trainer's state_dict into the object store, a generator's load),
+  and the control plane's CPU seconds per turn, from the real pipeline with a generator and
+  trainer that cost nothing.
   The sim's machine is one host of this machine's cores that the generator, the trainer and the
-  control plane share (``Session.sim(host_cores=...)``, :mod:`rollart_nb.sim.cores`).
+  control plane share (``Session.sim(host_cores=...)``, :mod:`rollart_nb.sim.cores`). Every
+  timing is measured before and again after the real run and the two are averaged
+  (:func:`bracket`), so a steady drift of the machine's speed over the run cancels.
 
 The real run trains at a learning rate of 1e-9 (``--lr``): every cost of a step is paid, but the
 policy, and so the episodes the sim was calibrated on, stay put.
@@ -31,9 +34,10 @@ is fitted to the measured run: the sim sees only the calibration.
 The last line is ``RESULT {json}``: ``measured`` and ``predicted`` (mode -> ``step_s`` and each
 phase, seconds), ``error`` (mode -> phase -> relative error; null where the measured time is 0),
 ``step_error`` (mode -> relative error of the step time), ``within_target``, ``ranked_same``,
-``rank`` (modes fastest first, both sides), ``profile`` and ``calibration``.
+``rank`` (modes fastest first, both sides), ``profile`` and ``calibration`` (what the sim was
+given) and ``calibrations`` (the measurements ``before`` and ``after`` the run).
 
-About 3-4 minutes on 2 idle cores (the first run also builds the warm-started model: +90 s);
+About 3 minutes on 2 idle cores (the first run also builds the warm-started model: +90 s);
 ``--quick`` is a ~1 minute smoke run with tiny settings.
 """
 
@@ -67,6 +71,7 @@ from rollart_nb.sim.calibrate import (  # noqa: E402
     call_latency,
     measure_control_plane,
     measure_weight_sync,
+    register_profile,
 )
 from rollart_nb.train import FORMAT_YAML, TrainConfig  # noqa: E402
 from rollart_nb.workers.roles import HFGenerator, SimGenerator, SimTrainer, TorchTrainer  # noqa: E402
@@ -101,8 +106,8 @@ WHY = {
         "real call also waits for the rollout worker's event loop, busy with turns, and for a core"
     ),
     "update": (
-        "the weight handoff is measured alone in one process (state_dict into the object store, "
-        "then loaded); in the run it crosses processes on cores busy with the rollout"
+        "the weight handoff is measured alone with the real workers on idle cores; in the run the "
+        "rollout worker's busy event loop and the shared cores add to it"
     ),
     "resume": (
         "the sim prices one Ray call per worker called; the real call also waits for the rollout "
@@ -229,14 +234,14 @@ def host_cores() -> int:
 
 
 def measure_host(model: Any, cal: Calibration, a: argparse.Namespace, algo: Any) -> dict[str, Any]:
-    """On a fresh ``Session.local()``, before and apart from the real run: one Ray actor call's
-    round trip (:func:`call_latency`), the fixed costs of a weight update's two halves
+    """On a fresh ``Session.local()``, apart from the real run: one Ray actor call's round trip
+    (:func:`call_latency`), a weight update's two halves with the real workers
     (:func:`measure_weight_sync`), and the control plane's CPU seconds per turn with generation
     and training that cost nothing (:func:`measure_control_plane`)."""
     sess = rn.Session.local(seed=a.seed)
     try:
         rtt = call_latency(a.calib_seconds / 4)
-        sync = measure_weight_sync(model, algo, seconds=a.calib_seconds / 2)
+        sync = measure_weight_sync(sess, model, algo, seconds=a.calib_seconds / 2, call_latency_s=rtt)
         cp = measure_control_plane(
             sess,
             model,
@@ -361,21 +366,13 @@ def _rounded(d: dict[str, Any], digits: int = 4) -> Any:
     return round(d, digits) if isinstance(d, float) else d
 
 
-def main() -> None:
-    a = _parse()
-    t0 = time.monotonic()
-    cfg = load(TrainConfig, FORMAT_YAML)
-    algo = dataclasses.replace(cfg.algo, group_size=a.group, lr=a.lr)  # format.yaml's GRPO settings
-    envs = _envs()
-    print(f"building tiny-qwen-s (+{a.warm_steps} warm-start steps; cached after the first run) ...", flush=True)
-    model = _model(envs, a.warm_steps, a.seed)
-    print("calibrating: microbenchmark, then real episodes for the token statistics ...", flush=True)
+def _calibrate(model: Any, envs: dict[str, Any], a: argparse.Namespace, algo: Any, episodes: int) -> Calibration:
     cal = calibrate(
         model,
         copy.deepcopy(envs),
         algo=algo,
         seconds=a.calib_seconds,
-        episodes=a.episodes,
+        episodes=episodes,
         max_new_tokens=4,
         max_turns=RolloutConfig().max_turns,
         seed=a.seed,
@@ -384,22 +381,83 @@ def main() -> None:
     print(
         f"  {hw.name}: {hw.bf16_tflops * 1e3:.1f} GFLOP/s float32 matmul, {hw.mem_bw_gbps:.1f} GB/s copy, "
         f"{hw.pass_overhead_s * 1e3:.2f} ms fixed per forward pass; mfu {cal.mfu:.2f} at the model's shapes, "
-        f"trainer mfu {cal.train_mfu:.2f}; hf engine {cal.row_overhead_s * 1e3:.2f} ms per request beyond its "
-        f"passes ({cal.threads} thread, {cal.seconds:.1f} s)"
+        f"trainer mfu {cal.train_mfu:.2f}, {cal.train_overhead_s * 1e3:.1f} ms fixed per step; hf engine "
+        f"{cal.row_overhead_s * 1e3:.2f} ms per request beyond its passes ({cal.threads} thread, {cal.seconds:.1f} s)"
     )
-    for t, s in cal.episodes.items():
-        print(f"  {t}: {s}")
-    print("measuring the control plane alone (Ray calls, weight handoff, CPU per turn) ...", flush=True)
-    host = measure_host(model, cal, a, algo)
+    return cal
+
+
+def _print_host(host: dict[str, Any]) -> None:
     print(
         f"  Ray actor call {host['call_latency_s'] * 1e3:.2f} ms (every worker call), hf batch wait "
-        f"{BATCH_WAIT_S * 1e3:.1f} ms (every turn); trainer {cal.train_overhead_s * 1e3:.1f} ms fixed per step\n"
-        f"  weights: export {host['export_overhead_s'] * 1e3:.1f} ms, load {host['load_overhead_s'] * 1e3:.1f} ms; "
-        f"control plane {host['turn_cpu_s'] * 1e3:.2f} ms of CPU per turn ({host['control_turns']:.0f} turns); "
-        f"{host['host_cores']:.0f} cores shared"
+        f"{BATCH_WAIT_S * 1e3:.1f} ms (every turn); weights: export {host['export_overhead_s'] * 1e3:.1f} ms, "
+        f"load {host['load_overhead_s'] * 1e3:.1f} ms; control plane {host['turn_cpu_s'] * 1e3:.2f} ms of CPU "
+        f"per turn ({host['control_turns']:.0f} turns); {host['host_cores']} cores shared"
     )
+
+
+def _harmonic(x: float, y: float) -> float:
+    return 2.0 / (1.0 / x + 1.0 / y)
+
+
+def bracket(
+    before: tuple[Calibration, dict[str, Any]], after: tuple[Calibration, dict[str, Any]]
+) -> tuple[Calibration, dict[str, Any]]:
+    """One calibration from two taken before and after the real run, so that a drift of the
+    machine's speed that is steady over the run cancels (a VM's host lends its cores to others:
+    the same step measured 0.71 and 0.90 s a few minutes apart).
+
+    Each measured time is the mean of its two measurements; each rate (FLOP/s, bytes/s, and the
+    effective rates ``mfu * FLOP/s``) the harmonic mean, which is the mean of the times it
+    implies. The token statistics (which do not drift) are ``before``'s."""
+    (c1, h1), (c2, h2) = before, after
+    p1, p2 = c1.profile, c2.profile
+    peak = _harmonic(p1.bf16_tflops, p2.bf16_tflops)
+    profile = register_profile(
+        dataclasses.replace(
+            p1,
+            bf16_tflops=peak,
+            mem_bw_gbps=_harmonic(p1.mem_bw_gbps, p2.mem_bw_gbps),
+            pass_overhead_s=(p1.pass_overhead_s + p2.pass_overhead_s) / 2,
+        )
+    )
+    cal = dataclasses.replace(
+        c1,
+        profile=profile,
+        mfu=min(1.0, _harmonic(c1.mfu * p1.bf16_tflops, c2.mfu * p2.bf16_tflops) / peak),
+        train_mfu=min(1.0, _harmonic(c1.train_mfu * p1.bf16_tflops, c2.train_mfu * p2.bf16_tflops) / peak),
+        train_overhead_s=(c1.train_overhead_s + c2.train_overhead_s) / 2,
+        row_overhead_s=(c1.row_overhead_s + c2.row_overhead_s) / 2,
+        seconds=c1.seconds + c2.seconds,
+    )
+    host = {k: (v + h2[k]) / 2 if k not in ("host_cores", "control_turns") else v for k, v in h1.items()}
+    host["control_turns"] = h1["control_turns"] + h2["control_turns"]
+    return cal, host
+
+
+def main() -> None:
+    a = _parse()
+    t0 = time.monotonic()
+    cfg = load(TrainConfig, FORMAT_YAML)
+    algo = dataclasses.replace(cfg.algo, group_size=a.group, lr=a.lr)  # format.yaml's GRPO settings
+    envs = _envs()
+    print(f"building tiny-qwen-s (+{a.warm_steps} warm-start steps; cached after the first run) ...", flush=True)
+    model = _model(envs, a.warm_steps, a.seed)
+    print("calibrating before the run: microbenchmarks, real episodes for the token statistics ...", flush=True)
+    cal = _calibrate(model, envs, a, algo, a.episodes)
+    for t, st in cal.episodes.items():
+        print(f"  {t}: {st}")
+    print("measuring the control plane alone (Ray calls, weight handoff, CPU per turn) ...", flush=True)
+    host = measure_host(model, cal, a, algo)
+    _print_host(host)
     print(f"real run on Session.local() ({a.warmup} warm-up + {a.steps} steps per mode, batch {a.batch}) ...")
     measured = run_real(model, a, algo)
+    print("calibrating after the run (the same measurements; the two are averaged) ...", flush=True)
+    after = _calibrate(model, envs, a, algo, 1)
+    after_host = measure_host(model, after, a, algo)
+    _print_host(after_host)
+    calibrations = {"before": (cal, host), "after": (after, after_host)}
+    cal, host = bracket((cal, host), (after, after_host))
     print("simulated run on Session.sim() with the measured profile ...")
     predicted = run_sim(cal, a, algo, host)
     cmp = compare(measured, predicted)
@@ -412,6 +470,10 @@ def main() -> None:
         "target": TARGET,
         "profile": _rounded(cal.as_dict()["profile"], 6),
         "calibration": _rounded({**{k: v for k, v in cal.as_dict().items() if k != "profile"}, **host}, 6),
+        "calibrations": {
+            when: _rounded({**{k: v for k, v in c.as_dict().items() if k != "episodes"}, **h}, 6)
+            for when, (c, h) in calibrations.items()
+        },
         "settings": {
             k: getattr(a, k) for k in ("modes", "steps", "warmup", "batch", "group", "envs_per_task", "alpha", "lr")
         },

@@ -379,44 +379,64 @@ def call_latency(seconds: float = 0.5) -> float:
 
 @dataclass(frozen=True)
 class WeightSyncCost:
-    """What one real weight update costs on this machine besides moving its bytes:
-    ``export_s`` for the trainer to copy its state_dict out and put it in Ray's object store,
-    ``load_s`` for a generator to get it from there and copy it into its model."""
+    """What one real weight update costs on this machine beyond the Ray calls that carry it:
+    ``export_s`` for the trainer worker to copy its state_dict out into Ray's object store,
+    ``load_s`` for a generator worker to get it from there and copy it into its model."""
 
     export_s: float
     load_s: float
 
 
-def measure_weight_sync(model: Any, algo: Any = None, seconds: float = 1.0, threads: int = 1) -> WeightSyncCost:
-    """Time the two halves of a direct weight update with the real parts, in this process:
-    :meth:`TorchTrainBackend.state_dict <rollart_nb.backends.torch_train.TorchTrainBackend.state_dict>`
-    plus ``ray.put`` (what the trainer worker's ``state_dict`` call does), and ``ray.get`` plus
-    :meth:`HFBackend.load_weights <rollart_nb.backends.hf.HFBackend.load_weights>` (what a
-    generator's ``load_weights`` does). Medians over ``seconds`` each. The sim's trainer and
-    generators take them as ``export_overhead_s`` and ``load_overhead_s``. Needs a running Ray.
+def measure_weight_sync(
+    sess: Any, model: Any, algo: Any = None, *, seconds: float = 1.0, call_latency_s: float = 0.0
+) -> WeightSyncCost:
+    """Time a direct weight update's two halves with the real workers, as the pipeline does one.
+
+    On the open ``Session.local()`` ``sess``, builds a :class:`~rollart_nb.workers.TorchTrainer`
+    and an :class:`~rollart_nb.workers.HFGenerator` of ``model`` (clusters ``calib_wtrain`` and
+    ``calib_wgen``, closed again) and repeats, for about ``seconds``: the trainer's
+    ``state_dict`` call until its result is in the object store (``export``), then the
+    generator's ``load_weights`` of it (``load``). Each half's median less ``call_latency_s``
+    (the round trip the sim charges every call separately; :func:`call_latency`), at least 0.
+    The sim's trainer and generators take them as ``export_overhead_s`` and ``load_overhead_s``.
     """
     import ray
 
-    from rollart_nb.backends.hf import HFBackend
-    from rollart_nb.backends.torch_train import TorchTrainBackend
+    from rollart_nb.workers.roles import HFGenerator, TorchTrainer
 
-    if not ray.is_initialized():
+    if getattr(sess, "mode", None) == "sim" or not ray.is_initialized():
         raise ConfigError(
-            "measure_weight_sync needs a running Ray; open rn.Session.local() first", where="measure_weight_sync"
+            "measure_weight_sync needs an open rn.Session.local() (real workers to time)", where="measure_weight_sync"
         )
     if algo is None:
         from rollart_nb.algo.grpo import GRPO
 
         algo = GRPO()
-    with _threads(threads):
-        trainer = TorchTrainBackend(model, algo, seed=0)
-        gen = HFBackend(model, name="calibrate")
-        refs: list[Any] = []
-        export_s = _timed(lambda: refs.append(ray.put(trainer.state_dict())), seconds / 2)
-        version = iter(range(1, 1 << 30))
-        load_s = _timed(lambda: gen.load_weights(ray.get(refs[-1]), next(version)), seconds / 2)
-        del refs[:]
-    return WeightSyncCost(export_s=export_s, load_s=load_s)
+    train = sess.cluster("calib_wtrain", TorchTrainer, pool="H800", model=model, algo=algo, seed=0)
+    gen = sess.cluster("calib_wgen", HFGenerator, pool="H20", model=model, seed=0)
+    export: list[float] = []
+    load: list[float] = []
+    try:
+        version = 0
+        t_end = time.perf_counter() + seconds
+        while len(export) < 6 or time.perf_counter() < t_end:
+            version += 1
+            t0 = time.perf_counter()
+            ref = train.state_dict(blocking=False).refs[0]
+            ray.wait([ref], timeout=60)
+            t1 = time.perf_counter()
+            gen.load_weights(ref, version)
+            t2 = time.perf_counter()
+            if version > 1:  # the first pair warms both workers up
+                export.append(t1 - t0)
+                load.append(t2 - t1)
+    finally:
+        for name in ("calib_wgen", "calib_wtrain"):
+            sess.close_cluster(name)
+    return WeightSyncCost(
+        export_s=max(0.0, statistics.median(export) - call_latency_s),
+        load_s=max(0.0, statistics.median(load) - call_latency_s),
+    )
 
 
 class _TokenizedSpec(ModelSpec):

@@ -199,3 +199,9 @@ def test_quick_benchmark_reports_errors_computed_from_its_numbers():
     cal = res["calibration"]  # the control plane, measured alone before the real run
     assert cal["turn_cpu_s"] > 0 and cal["control_turns"] > 0 and cal["host_cores"] >= 1
     assert cal["export_overhead_s"] > 0 and cal["load_overhead_s"] > 0 and cal["row_overhead_s"] >= 0
+    before, after = res["calibrations"]["before"], res["calibrations"]["after"]
+    for k in ("turn_cpu_s", "call_latency_s", "export_overhead_s", "load_overhead_s", "row_overhead_s"):
+        assert cal[k] == pytest.approx((before[k] + after[k]) / 2, abs=2e-6)  # times: their mean
+    rates = [c["profile"]["bf16_tflops"] for c in (before, after)]
+    harmonic = 2 / (1 / rates[0] + 1 / rates[1])  # rates: the mean of the times they imply
+    assert res["profile"]["bf16_tflops"] == pytest.approx(harmonic, rel=1e-4)
