@@ -37,7 +37,7 @@ phase, seconds), ``error`` (mode -> phase -> relative error; null where the meas
 ``rank`` (modes fastest first, both sides), ``profile`` and ``calibration`` (what the sim was
 given) and ``calibrations`` (the measurements ``before`` and ``after`` the run).
 
-About 3 minutes on 2 idle cores (the first run also builds the warm-started model: +90 s);
+About 2-3 minutes on 2 idle cores (the first run also builds the warm-started model: +90 s);
 ``--quick`` is a ~1 minute smoke run with tiny settings.
 """
 
@@ -252,6 +252,7 @@ def measure_host(model: Any, cal: Calibration, a: argparse.Namespace, algo: Any)
             group=a.group,
             steps=max(2, a.steps // 2),
             response_tokens=response_tokens_fn(cal.workloads, seed=a.seed),
+            rewards={"math": close_answer},
             seed=a.seed,
         )
     finally:
@@ -452,8 +453,8 @@ def main() -> None:
     _print_host(host)
     print(f"real run on Session.local() ({a.warmup} warm-up + {a.steps} steps per mode, batch {a.batch}) ...")
     measured = run_real(model, a, algo)
-    print("calibrating after the run (the same measurements; the two are averaged) ...", flush=True)
-    after = _calibrate(model, envs, a, algo, 1)
+    print("calibrating after the run (the same measurements; the sim gets their mean) ...", flush=True)
+    after = _calibrate(model, envs, a, algo, a.episodes)  # the same episodes: the same sizes timed
     after_host = measure_host(model, after, a, algo)
     _print_host(after_host)
     calibrations = {"before": (cal, host), "after": (after, after_host)}

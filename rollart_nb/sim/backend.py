@@ -343,11 +343,15 @@ class SimBackend:
             await asyncio.sleep(wait_s * self.time_scale)
             if self.load_overhead_s > 0:
                 host = self._shared_host()
+                loop = asyncio.get_running_loop()
+                t0 = loop.time()
                 if host is not None:
                     await host.compute(self.load_overhead_s * self.time_scale)
                 else:
                     await asyncio.sleep(self.load_overhead_s * self.time_scale)
-        wait_s += self.load_overhead_s
+                wait_s += (loop.time() - t0) / self.time_scale  # longer on busy shared cores
+        else:
+            wait_s += self.load_overhead_s
         self._stats["weight_load_s"] += wait_s
         self.load_weights(state, version)
         return wait_s
@@ -610,23 +614,24 @@ class SimBackend:
             return None
         return clock.host
 
-    async def _pass(self, dt: float, ev: asyncio.Event) -> float | None:
+    async def _pass(self, dt: float, ev: asyncio.Event, work: bool = True) -> float | None:
         """Sleep ``dt`` modelled seconds; returns the modelled seconds elapsed if ``ev`` cut it
         short, else None. On a host's shared cores (:mod:`rollart_nb.sim.cores`) ``dt`` is work,
         which may take longer while other work shares them; the extra time is added to the
-        engine's clock at the next ``_set_now``."""
+        engine's clock at the next ``_set_now``. ``work=False``: a wait, not work (a KV transfer),
+        which never takes a core."""
         ev.clear()
         if self.time_scale <= 0:
             await asyncio.sleep(0)
             return None
         loop = asyncio.get_running_loop()
         t0 = loop.time()
-        host = self._shared_host()
+        host = self._shared_host() if work else None
         if host is not None:
             done = await host.compute(dt * self.time_scale, ev)
-            work = dt if done is None else min(done / self.time_scale, dt)
-            self._lag = max((loop.time() - t0) / self.time_scale - work, 0.0)
-            return None if done is None else work
+            did = dt if done is None else min(done / self.time_scale, dt)
+            self._lag = max((loop.time() - t0) / self.time_scale - did, 0.0)
+            return None if done is None else did
         try:
             await asyncio.wait_for(ev.wait(), dt * self.time_scale)
         except TimeoutError:
@@ -639,8 +644,9 @@ class SimBackend:
             now = self._now()
             self._drop_aborted(now)
             if self.static_batching and not self._prefilling and not self._decoding and self.time_scale > 0:
-                if any(not j.aborted for j in self._waiting) and self.batch_wait_s > 0:
-                    await asyncio.sleep(self.batch_wait_s * self.time_scale)  # batch mates may join
+                # batch mates may join a batch of new requests (a PD decode node's arrive with their KV)
+                if self.batch_wait_s > 0 and any(not j.aborted and not j.kv_ready for j in self._waiting):
+                    await asyncio.sleep(self.batch_wait_s * self.time_scale)
                     now = self._now()
                     self._drop_aborted(now)
             self._admit(now)
@@ -677,9 +683,7 @@ class SimBackend:
             live, ctx = [], 0  # a prefill-only pass
         prefill = [(n, j.prompt - j.left) for j, n in chunks]
         dt = iteration_time(self.spec, self.hardware, len(live), ctx, prefill, tp=self.tp, mbu=self.mbu, mfu=self.mfu)
-        new_rows = [j for j, _ in chunks if not j.started]
-        for j in new_rows:
-            j.started = True
+        new_rows = [j for j, _ in chunks if not j.started]  # paid again if an abort cuts the pass
         dt += self.row_overhead_s * len(new_rows)
         cut = await self._pass(dt, self._abort_ev)  # arrivals wait for the pass; aborts cut it short
         if cut is not None:  # pro rata prefill progress, no decode token
@@ -690,10 +694,12 @@ class SimBackend:
                 self._stats["prefill_tokens"] += part
             self._stats["busy_s"] += cut
             return
-        end = now + dt
-        self._set_now(end)
+        self._set_now(now + dt)
+        end = self._t  # now + dt, plus any time lost to shared cores
         self._stats["busy_s"] += dt
         self._stats["iterations"] += 1
+        for j in new_rows:
+            j.started = True
         for job, n in chunks:
             job.left -= n
             self._stats["prefill_tokens"] += n
@@ -709,7 +715,7 @@ class SimBackend:
         pending = [j.ready_at for j in self._decoding if j.ready_at > now + 1e-12]
         if not live:  # only KV transfers in flight: wait for the first
             until = min(pending)
-            cut = await self._pass(until - now, self._wake)
+            cut = await self._pass(until - now, self._wake, work=False)
             self._set_now(now + (cut if cut is not None else until - now))
             return
         b = len(live)
@@ -719,14 +725,15 @@ class SimBackend:
         if pending and now + dt > min(pending):  # stop when the next transferred KV is ready
             k = max(decode_steps_within(self.spec, self.hardware, min(pending) - now, ctx / b, limit=k, **kw), 1)
             dt = decode_time(self.spec, self.hardware, k, ctx / b, **kw)
-        cut = await self._pass(dt, self._wake)
+        # arrivals cut a decode run short so they can join it; a static batch takes none of them
+        cut = await self._pass(dt, self._abort_ev if self.static_batching else self._wake)
         if cut is not None:
             k = decode_steps_within(self.spec, self.hardware, cut, ctx / b, limit=k, **kw)
             dt = cut
-        self._set_now(now + dt)
+        self._set_now(now + dt)  # plus any time lost to shared cores
         self._stats["busy_s"] += dt
         self._stats["iterations"] += k
-        self._step(live, k, now + dt)
+        self._step(live, k, self._t)
 
     def _step(self, live: list[_Job], k: int, now: float) -> None:
         """``k`` decode tokens for each job in ``live``; finished ones end."""

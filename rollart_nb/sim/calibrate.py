@@ -38,13 +38,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import logging
 import statistics
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from rollart_nb.errors import ConfigError, StateError
+from rollart_nb.errors import ConfigError, StateError, WeightSyncError
 from rollart_nb.models.spec import ModelSpec, hf_spec
 from rollart_nb.resources.profiles import PROFILES, HardwareProfile
 from rollart_nb.sim.roofline import prefill_flops, weights_read_bytes
@@ -71,6 +72,8 @@ __all__ = [
     "sample_episodes",
     "workload_from_stats",
 ]
+
+log = logging.getLogger(__name__)
 
 MEASURED_PROFILE = "CPU-MEASURED"
 """Default name of a measured profile (and of the SimSession pool that uses it)."""
@@ -307,7 +310,6 @@ def row_overhead(
 
             t0 = time.perf_counter()
             first = await asyncio.gather(*(backend.generate(req(t, [5] * prompt_tokens, 0, False)) for t in tids))
-            t1 = time.perf_counter()
             second = await asyncio.gather(
                 *(
                     backend.generate(req(t, [6] * obs_tokens, prompt_tokens + len(r.token_ids), True))
@@ -316,7 +318,6 @@ def row_overhead(
             )
             t2 = time.perf_counter()
             passes = max(len(r.token_ids) for r in first) + max(len(r.token_ids) for r in second)
-            del t1
             return (t2 - t0) / 2, passes
 
         def timed(b: int) -> tuple[float, float]:
@@ -412,18 +413,19 @@ def measure_weight_sync(
         from rollart_nb.algo.grpo import GRPO
 
         algo = GRPO()
-    train = sess.cluster("calib_wtrain", TorchTrainer, pool="H800", model=model, algo=algo, seed=0)
-    gen = sess.cluster("calib_wgen", HFGenerator, pool="H20", model=model, seed=0)
     export: list[float] = []
     load: list[float] = []
     try:
+        train = sess.cluster("calib_wtrain", TorchTrainer, pool="H800", model=model, algo=algo, seed=0)
+        gen = sess.cluster("calib_wgen", HFGenerator, pool="H20", model=model, seed=0)
         version = 0
         t_end = time.perf_counter() + seconds
         while len(export) < 6 or time.perf_counter() < t_end:
             version += 1
             t0 = time.perf_counter()
             ref = train.state_dict(blocking=False).refs[0]
-            ray.wait([ref], timeout=60)
+            if not ray.wait([ref], timeout=60)[0]:
+                raise WeightSyncError("measure_weight_sync: the trainer's state_dict took over 60 s; is it alive?")
             t1 = time.perf_counter()
             gen.load_weights(ref, version)
             t2 = time.perf_counter()
@@ -431,12 +433,22 @@ def measure_weight_sync(
                 export.append(t1 - t0)
                 load.append(t2 - t1)
     finally:
-        for name in ("calib_wgen", "calib_wtrain"):
-            sess.close_cluster(name)
+        _close_clusters(sess, ("calib_wgen", "calib_wtrain"))
     return WeightSyncCost(
         export_s=max(0.0, statistics.median(export) - call_latency_s),
         load_s=max(0.0, statistics.median(load) - call_latency_s),
     )
+
+
+def _close_clusters(sess: Any, names: tuple[str, ...]) -> None:
+    """Close the session's clusters of these names that exist (each on its own: one failing
+    does not keep the others open)."""
+    for name in names:
+        if name in sess.clusters:
+            try:
+                sess.close_cluster(name)
+            except Exception as e:  # closing the rest matters more than this one's error
+                log.warning("closing calibration cluster %s: %s", name, e)
 
 
 class _TokenizedSpec(ModelSpec):
@@ -465,6 +477,7 @@ def measure_control_plane(
     steps: int = 3,
     max_new_tokens: int = 4,
     response_tokens: Callable[[Any], int] | None = None,
+    rewards: Mapping[str, Callable[..., Any]] | None = None,
     seed: int = 0,
 ) -> dict[str, float]:
     """CPU seconds the real rollout control plane spends per turn on this machine, alone.
@@ -487,6 +500,7 @@ def measure_control_plane(
         weights, envs_per_task, batch, group, max_new_tokens, seed: the real run's settings.
         response_tokens: the sim generator's response length per request (e.g.
             :func:`~rollart_nb.sim.response_tokens_fn` of the calibrated workloads).
+        rewards: task -> reward function, the real run's (``sess.reward``; None: the envs' own).
         steps: measured steps (after one warm-up step).
 
     Returns ``{"turn_cpu_s", "turns", "cpu_s", "steps"}``.
@@ -505,30 +519,33 @@ def measure_control_plane(
     spec = hf_spec(model)
     tspec = _tokenized(spec, model)
     vocab = len(model.load_tokenizer())
-    gen = sess.cluster(
-        "calib_gen",
-        SimGenerator,
-        pool="H20",
-        model=tspec,
-        time_scale=0,
-        vocab_size=vocab,
-        response_tokens=response_tokens,
-        seed=seed,
-    )
-    train = sess.cluster("calib_train", SimTrainer, pool="H800", model=spec, time_scale=0)
-    tasks = sess.tasks(dict(envs), envs_per_task=envs_per_task, weights=dict(weights) if weights else None)
-    pipe = sess.pipeline(
-        train,
-        gen,
-        tasks,
-        algo=GRPO(group_size=group),
-        name="calib-control",
-        batch_size=batch,
-        mode="sync",
-        rollout=RolloutConfig(max_new_tokens=max_new_tokens, temperature=1.0),
-        seed=seed,
-    )
+    pipe = None
     try:
+        gen = sess.cluster(
+            "calib_gen",
+            SimGenerator,
+            pool="H20",
+            model=tspec,
+            time_scale=0,
+            vocab_size=vocab,
+            response_tokens=response_tokens,
+            seed=seed,
+        )
+        train = sess.cluster("calib_train", SimTrainer, pool="H800", model=spec, time_scale=0)
+        tasks = sess.tasks(dict(envs), envs_per_task=envs_per_task, weights=dict(weights) if weights else None)
+        for task, fn in (rewards or {}).items():
+            sess.reward(task, fn)
+        pipe = sess.pipeline(
+            train,
+            gen,
+            tasks,
+            algo=GRPO(group_size=group),
+            name="calib-control",
+            batch_size=batch,
+            mode="sync",
+            rollout=RolloutConfig(max_new_tokens=max_new_tokens, temperature=1.0),
+            seed=seed,
+        )
         pipe.run(1, progress=False)
         pids = [i["pid"] for c in pipe.rollout.clusters for i in c.info()]
         procs = [psutil.Process(p) for p in pids]
@@ -543,9 +560,12 @@ def measure_control_plane(
         pipe.run(steps, progress=False)
         c1, n1 = cpu(), served()
     finally:
-        pipe.close()
-        for name in ("calib_gen", "calib_train"):
-            sess.close_cluster(name)
+        if pipe is not None:
+            try:
+                pipe.close()
+            except Exception as e:  # the clusters below are closed either way
+                log.warning("closing the calibration pipeline: %s", e)
+        _close_clusters(sess, ("calib_gen", "calib_train"))
     turns = n1 - n0
     if turns <= 0:
         raise StateError("measure_control_plane: the generator served no turns; nothing to divide by")

@@ -55,10 +55,11 @@ class SharedCores:
     Each job is one thread's work (a generator's forward pass, a train step, a control-plane
     turn). It starts on the core with the least work left on it (ties: the lowest index), stays
     there, and shares that core's time equally with the jobs already on it (processor sharing
-    per core). This is how Linux's scheduler behaves for a few single-threaded processes: a
-    waking thread goes to an idle core, else to the least loaded one, and a thread that runs
-    without pause keeps its core, so a long train step is slowed little while the short, bursty
-    rollout work piles onto the other cores. All methods run on one event loop (the
+    per core). This approximates Linux's scheduler with a few single-threaded processes (it
+    balances by recent load, not by work left, which it cannot know): a waking thread goes to
+    an idle core, else to a lightly loaded one, and a thread that runs without pause keeps its
+    core, so a long train step is slowed little while the short, bursty rollout work piles onto
+    the other cores. All methods run on one event loop (the
     simulation's); time is that loop's ``time()``.
 
     Args:
@@ -118,6 +119,8 @@ class SharedCores:
             if job.done.done():
                 return None
             self._leave(key, loop)
+            if job.done.done():  # it finished at the very instant of the interrupt
+                return None
             return max(float(work) - max(job.left, 0.0), 0.0)
         finally:
             if waiter is not None:
@@ -182,12 +185,13 @@ class Host:
             right for GPU clusters, where each device computes on its own).
         turn_cpu_s: CPU seconds the control plane spends per turn (the env manager's
             tokenizing and bookkeeping, the proxy, the client side of the call), spent one turn
-            at a time, as on a rollout worker's one event loop; 0 leaves it out.
+            at a time, as on a rollout worker's one event loop; 0 leaves it out. It is CPU, not
+            latency: a sim worker call still waits its round trip (``call_latency_s``) besides.
     """
 
     cores: SharedCores | None = None
     turn_cpu_s: float = 0.0
-    _control: asyncio.Lock | None = field(default=None, repr=False)
+    _control: asyncio.Lock | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not (isinstance(self.turn_cpu_s, int | float) and self.turn_cpu_s >= 0):

@@ -167,8 +167,11 @@ class SimTrainBackend:
             await asyncio.sleep(modelled_s * self.time_scale)
 
     async def aexport(self) -> dict[str, Any]:
-        """:meth:`state_dict` after ``export_overhead_s`` (the weights handed over for a sync)."""
+        """:meth:`state_dict` after ``export_overhead_s`` (the weights handed over for a sync);
+        with an overhead, the weights count as published when the export ends."""
         await self._compute(self.export_overhead_s)
+        if self.export_overhead_s > 0 and self.time_scale > 0:
+            self.published_at = asyncio.get_running_loop().time()
         return self.state_dict()
 
     async def atrain_step(self, batch: list[Trajectory]) -> dict[str, float]:

@@ -412,12 +412,16 @@ def test_row_overhead_is_paid_once_per_request_in_its_first_pass():
 
 def test_a_load_overhead_adds_to_every_weight_load():
     async def scenario(overhead):
+        loop = asyncio.get_running_loop()
         b = SimBackend(Q8, H800, time_scale=1, load_overhead_s=overhead)
-        return await b.aload_weights({}, 1), b.version
+        t0 = loop.time()
+        reported = await b.aload_weights({}, 1)
+        return reported, loop.time() - t0, b.version
 
-    base, _ = SimClockRun(lambda: scenario(0.0))
-    more, version = SimClockRun(lambda: scenario(0.03))
-    assert more - base == pytest.approx(0.03) and version == 1
+    base, base_took, _ = SimClockRun(lambda: scenario(0.0))
+    more, more_took, version = SimClockRun(lambda: scenario(0.03))
+    assert more - base == pytest.approx(0.03) and version == 1  # reported ...
+    assert more_took - base_took == pytest.approx(0.03)  # ... and waited
     with pytest.raises(ConfigError, match="load_overhead_s"):
         SimBackend(Q8, H800, load_overhead_s=-0.1)
 
@@ -452,3 +456,40 @@ def test_engines_on_one_shared_core_slow_each_other_and_gpus_do_not():
     assert two_engines(H800, Host(SharedCores(1))) == pytest.approx(
         two_engines(H800, Host()), rel=1e-6
     )  # GPUs compute on their own
+
+
+def test_an_abort_during_a_shared_core_pass_frees_the_core():
+    """An engine whose request is aborted mid-pass leaves the shared core: the other engine's
+    work then runs at full speed."""
+    from rollart_nb.resources.profiles import HardwareProfile
+    from rollart_nb.sim.clock import SimClock
+    from rollart_nb.sim.cores import Host, SharedCores
+
+    cpu = HardwareProfile("CPU-TEST-ABORT", "cpu", 0.1, 20.0, 64.0, 0.0, "general")
+    clock = SimClock()
+    clock.host = Host(SharedCores(1))
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        a = SimBackend(Q8, cpu, time_scale=1, response_tokens=fixed(50))
+        b = SimBackend(Q8, cpu, time_scale=1, response_tokens=fixed(50))
+        t0 = loop.time()
+        await b.generate(req("solo"))
+        took_alone = loop.time() - t0
+        victim = asyncio.ensure_future(a.generate(req("victim", prompt=4000)))
+        t0 = loop.time()
+        other = asyncio.ensure_future(b.generate(req("other")))
+        await asyncio.sleep(took_alone / 4)
+        await a.abort("victim")
+        res = await victim
+        await other
+        return took_alone, loop.time() - t0, res.finish_reason, clock.host.cores.running
+
+    try:
+        took_alone, took, reason, running = clock.run(scenario(), timeout=30)
+    finally:
+        clock.close()
+    assert reason == "abort" and running == 0
+    # half speed for the first quarter (an eighth of its work done), full speed after the abort:
+    # 1/4 + 7/8 = 1.125x its time alone, not 2x
+    assert took == pytest.approx(1.125 * took_alone, rel=0.02)
