@@ -52,7 +52,7 @@ from rollart_nb.errors import ConfigError
 from rollart_nb.models.spec import ModelSpec
 from rollart_nb.protocols import GenerationRequest, GenerationResult, Tokenizer
 from rollart_nb.resources.profiles import HardwareProfile
-from rollart_nb.sim.clock import current, resolve_time_scale
+from rollart_nb.sim.clock import host_for, resolve_time_scale
 from rollart_nb.sim.cores import Host
 from rollart_nb.sim.roofline import decode_steps_within, decode_time, iteration_time
 from rollart_nb.sim.tokenizer import SimTokenizer
@@ -342,13 +342,9 @@ class SimBackend:
         if self.time_scale > 0:
             await asyncio.sleep(wait_s * self.time_scale)
             if self.load_overhead_s > 0:
-                host = self._shared_host()
                 loop = asyncio.get_running_loop()
                 t0 = loop.time()
-                if host is not None:
-                    await host.compute(self.load_overhead_s * self.time_scale)
-                else:
-                    await asyncio.sleep(self.load_overhead_s * self.time_scale)
+                await host_for(self.hardware).compute(self.load_overhead_s * self.time_scale)
                 wait_s += (loop.time() - t0) / self.time_scale  # longer on busy shared cores
         else:
             wait_s += self.load_overhead_s
@@ -609,10 +605,8 @@ class SimBackend:
 
     def _shared_host(self) -> Host | None:
         """The simulation's host when this device is one of its CPUs with shared cores, else None."""
-        clock = current()
-        if clock is None or self.hardware.kind != "cpu" or clock.host.cores is None:
-            return None
-        return clock.host
+        host = host_for(self.hardware)
+        return host if host.cores is not None else None
 
     async def _pass(self, dt: float, ev: asyncio.Event, work: bool = True) -> float | None:
         """Sleep ``dt`` modelled seconds; returns the modelled seconds elapsed if ``ev`` cut it

@@ -56,7 +56,16 @@ from typing import TYPE_CHECKING, Any, TypeVar, TypeVarTuple
 from rollart_nb.errors import StateError
 from rollart_nb.sim.cores import Host
 
-__all__ = ["REAL_TIME_SCALE", "SimClock", "VirtualEventLoop", "current", "is_virtual", "resolve_time_scale", "sleep"]
+__all__ = [
+    "REAL_TIME_SCALE",
+    "SimClock",
+    "VirtualEventLoop",
+    "current",
+    "host_for",
+    "is_virtual",
+    "resolve_time_scale",
+    "sleep",
+]
 
 REAL_TIME_SCALE = 1e-3
 """Default ``time_scale`` of sim backends and envs off a virtual clock (a 10 s turn sleeps 10 ms)."""
@@ -352,6 +361,20 @@ def sleep(seconds: float) -> None:
         log.debug("sim.clock.sleep(%g) on the loop thread: no simulated time passes", seconds)
         return
     clock.sleep(seconds)
+
+
+_OWN_TIME = Host()
+"""The host of a device that computes on its own time (no shared cores): its work is a sleep."""
+
+
+def host_for(hardware: Any) -> Host:
+    """Where a device of ``hardware`` does its work: the simulation's host when the device is
+    a CPU (``hardware.kind == "cpu"``) on a virtual clock's thread, else a host without shared
+    cores (:meth:`Host.compute <rollart_nb.sim.cores.Host.compute>` then sleeps)."""
+    clock = current()
+    if clock is None or getattr(hardware, "kind", None) != "cpu":
+        return _OWN_TIME
+    return clock.host
 
 
 def is_virtual() -> bool:

@@ -22,7 +22,7 @@ from rollart_nb.algo.grpo import mean_response_length, micro_batches
 from rollart_nb.errors import ConfigError, StateError
 from rollart_nb.models.spec import ModelSpec
 from rollart_nb.resources.profiles import HardwareProfile
-from rollart_nb.sim.clock import current, resolve_time_scale
+from rollart_nb.sim.clock import host_for, resolve_time_scale
 from rollart_nb.sim.clock import sleep as clock_sleep
 from rollart_nb.sim.roofline import train_time
 from rollart_nb.trajectory import Trajectory
@@ -158,13 +158,8 @@ class SimTrainBackend:
     async def _compute(self, modelled_s: float) -> None:
         """Pass ``modelled_s`` (times ``time_scale``): on a simulated host's shared cores when
         this is a CPU device of one (:mod:`rollart_nb.sim.cores`), else an ``asyncio.sleep``."""
-        if self.time_scale <= 0 or modelled_s <= 0:
-            return
-        clock = current()
-        if clock is not None and self.hardware.kind == "cpu":
-            await clock.host.compute(modelled_s * self.time_scale)
-        else:
-            await asyncio.sleep(modelled_s * self.time_scale)
+        if self.time_scale > 0:
+            await host_for(self.hardware).compute(modelled_s * self.time_scale)
 
     async def aexport(self) -> dict[str, Any]:
         """:meth:`state_dict` after ``export_overhead_s`` (the weights handed over for a sync);
