@@ -7,7 +7,7 @@ one-off, rollart):
 
 * **measured**: for real on ``rn.Session.local()`` (wall seconds);
 * **predicted**: on ``rn.Session.sim()`` (simulated seconds on a virtual clock) with what
-  :mod:`rollart_nb.sim.calibrate` measures at start, each part alone, never the run itself:
+  :mod:`rollart_nb.bench.calibrate` measures at start, each part alone, never the run itself:
   matmul FLOP/s, memory bandwidth and the fixed cost of one forward pass of the tiny model (the
   generator's roofline); the ``hf`` engine's own work per request beyond its passes
   (``row_overhead``) and its batching (a batch runs to its end; ``static_batching``); the real
@@ -19,7 +19,7 @@ one-off, rollart):
   and the control plane's CPU seconds per turn, from the real pipeline with a generator and
   trainer that cost nothing.
   The sim's machine is one host of this machine's cores that the generator, the trainer and the
-  control plane share (``Session.sim(host_cores=...)``, :mod:`rollart_nb.sim.cores`). Every
+  control plane share (``Session.sim(host_cores=...)``, :mod:`rollart_nb.clock.cores`). Every
   timing is measured before and again after the real run and the two are averaged
   (:func:`bracket`), so a steady drift of the machine's speed over the run cancels.
 
@@ -60,12 +60,7 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 import rollart_nb as rn  # noqa: E402
 from rollart_nb.backends.hf import BATCH_WAIT_S, HFBackend  # noqa: E402
-from rollart_nb.config import RolloutConfig, load  # noqa: E402
-from rollart_nb.control.report import PHASES  # noqa: E402
-from rollart_nb.envs import Arithmetic, FrozenLake  # noqa: E402
-from rollart_nb.rewards import close_answer, exact_answer  # noqa: E402
-from rollart_nb.sim import SimEnv, response_tokens_fn  # noqa: E402
-from rollart_nb.sim.calibrate import (  # noqa: E402
+from rollart_nb.bench.calibrate import (  # noqa: E402
     Calibration,
     calibrate,
     call_latency,
@@ -73,6 +68,11 @@ from rollart_nb.sim.calibrate import (  # noqa: E402
     measure_weight_sync,
     register_profile,
 )
+from rollart_nb.config import RolloutConfig, load  # noqa: E402
+from rollart_nb.control.report import PHASES  # noqa: E402
+from rollart_nb.envs import Arithmetic, FrozenLake  # noqa: E402
+from rollart_nb.rewards import close_answer, exact_answer  # noqa: E402
+from rollart_nb.sim import SimEnv, response_tokens_fn  # noqa: E402
 from rollart_nb.train import FORMAT_YAML, TrainConfig  # noqa: E402
 from rollart_nb.workers.roles import HFGenerator, SimGenerator, SimTrainer, TorchTrainer  # noqa: E402
 
@@ -271,7 +271,7 @@ def run_sim(cal: Calibration, a: argparse.Namespace, algo: Any, host: dict[str, 
     """The same workload on ``Session.sim()`` with the measured profile: simulated seconds.
 
     The machine is one host of ``host_cores`` cores that the generator's and the trainer's
-    devices and the control plane share (:mod:`rollart_nb.sim.cores`), as ``Session.local()``'s
+    devices and the control plane share (:mod:`rollart_nb.clock.cores`), as ``Session.local()``'s
     workers share this machine."""
     pool = cal.profile.name
     sess = rn.Session.sim(

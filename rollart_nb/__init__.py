@@ -42,6 +42,10 @@ _LAZY = (
 _LAZY_NAMES = {
     "plan": "rollart_nb.planner",  # rn.plan(workload, budget): the what-if advisor
     "PromptCurriculum": "rollart_nb.control.curriculum",
+    "Pipeline": "rollart_nb.control.pipeline",
+    "StepReport": "rollart_nb.control.report",
+    "TaskSet": "rollart_nb.control.tasks",
+    "SimSession": "rollart_nb.sim_session",
 }
 
 
@@ -63,13 +67,17 @@ __all__ = [
     "GRPO",
     "HardwareProfile",
     "PROFILES",
+    "Pipeline",
     "PipelineConfig",
     "Pool",
     "PromptCurriculum",
     "RollartError",
     "RolloutConfig",
     "Session",
+    "SimSession",
     "Status",
+    "StepReport",
+    "TaskSet",
     "Trajectory",
     "TrajectoryGroup",
     "TrajectoryList",

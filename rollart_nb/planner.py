@@ -2,7 +2,7 @@
 
 The planner searches with the simulator: it sizes a few candidate configurations from the
 hardware profiles' prices, runs each for a couple of pipeline steps on a
-:class:`~rollart_nb.sim.session.SimSession` (the same Pipeline and scheduler as a real run), and
+:class:`~rollart_nb.sim_session.SimSession` (the same Pipeline and scheduler as a real run), and
 keeps the fastest per dollar. It is a small, greedy search (pool mix first, then alpha, then
 redundancy, then PD), not an optimiser: a handful of short sim runs, each explained in the
 returned :class:`Plan`'s table.

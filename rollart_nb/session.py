@@ -24,14 +24,14 @@ from rollart_nb.resources.manager import ResourceManager
 from rollart_nb.resources.pools import Pool, discover_pools
 from rollart_nb.resources.profiles import PROFILES
 from rollart_nb.resources.store import make_store
-from rollart_nb.runtime import RayRuntime
+from rollart_nb.runtime.base import RayRuntime
 from rollart_nb.serverless.client import Endpoint
 from rollart_nb.session_base import SessionBase
 from rollart_nb.workers.cluster import Cluster
 from rollart_nb.workers.worker import Worker
 
 if TYPE_CHECKING:
-    from rollart_nb.sim.session import SimSession
+    from rollart_nb.sim_session import SimSession
 
 __all__ = ["DEFAULT_LOCAL_POOLS", "Session", "SessionBase"]
 
@@ -209,20 +209,20 @@ class Session(SessionBase[RayRuntime]):
     ) -> SimSession:
         """A simulated cluster in this process, for what-if studies: same API, sim workers.
 
-        Returns a :class:`~rollart_nb.sim.session.SimSession` (pools such as
+        Returns a :class:`~rollart_nb.sim_session.SimSession` (pools such as
         ``{"H800": 64, "H20": 24, "cpu": 8}``; workers are in-process objects on one event loop,
         timed by roofline models on a virtual clock). Build clusters of
         :class:`~rollart_nb.workers.SimGenerator` / :class:`~rollart_nb.workers.SimTrainer` and
         pipelines exactly as on a real session. ``call_latency_s``: modelled seconds of every
         call to a worker (a Ray actor call's round trip; 0 by default). ``host_cores`` and
         ``turn_cpu_s``: one machine's cores shared by its CPU devices and the control plane, and
-        the control plane's CPU seconds per turn (see :class:`~rollart_nb.sim.session.SimSession`).
+        the control plane's CPU seconds per turn (see :class:`~rollart_nb.sim_session.SimSession`).
 
         Example:
             >>> with rn.Session.sim({"H800": 8, "H20": 8, "cpu": 4}) as sim:    # doctest: +SKIP
             ...     gen = sim.cluster("actor_gen", SimGenerator, pool="H20", replicas=8, model=spec("qwen3-8b"))
         """
-        from rollart_nb.sim.session import SimSession
+        from rollart_nb.sim_session import SimSession
 
         return SimSession(
             pools,

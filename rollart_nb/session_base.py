@@ -1,5 +1,5 @@
 """SessionBase: the session API that :class:`~rollart_nb.Session` (Ray) and
-:class:`~rollart_nb.sim.session.SimSession` (in-process) share: cluster checks, tasks, rewards,
+:class:`~rollart_nb.sim_session.SimSession` (in-process) share: cluster checks, tasks, rewards,
 pipelines, bindings.
 
 Everything that differs between them lives in the session's :class:`~rollart_nb.runtime.Runtime`
@@ -30,7 +30,7 @@ from rollart_nb.workers.worker import Worker
 if TYPE_CHECKING:
     from rollart_nb.control.pipeline import Pipeline
     from rollart_nb.logs import LogTail
-    from rollart_nb.runtime import Runtime
+    from rollart_nb.runtime.base import Runtime
     from rollart_nb.workers.cluster import ClusterBase
 
 __all__ = ["SessionBase"]
@@ -54,7 +54,7 @@ R = TypeVar("R", bound="Runtime")
 class SessionBase(abc.ABC, Generic[R]):
     """What every session offers on top of its clusters: tasks, rewards, pipelines, bindings.
 
-    :class:`~rollart_nb.Session` (Ray) and :class:`~rollart_nb.sim.session.SimSession`
+    :class:`~rollart_nb.Session` (Ray) and :class:`~rollart_nb.sim_session.SimSession`
     (in-process, simulated) share this code; how workers run, which weight transports and reward
     deployments exist, and what owns the clusters and pipelines by name is their
     :attr:`runtime`'s. Lifecycle: ``state`` is ``"detached"``, ``"attached"`` or ``"closed"``.

@@ -231,8 +231,8 @@ def test_the_group_html_puts_members_side_by_side(rolled, tok):
 
 def test_a_sim_pipelines_trajectories_make_frames_and_groups():
     from rollart_nb.sim import SimEnv, response_tokens_fn, workload
-    from rollart_nb.sim.session import SimSession
     from rollart_nb.sim.tokenizer import SimTokenizer
+    from rollart_nb.sim_session import SimSession
     from rollart_nb.workers.roles import SimGenerator, SimTrainer
 
     sess = SimSession({"H800": 4, "cpu": 4}, seed=0)

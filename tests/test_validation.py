@@ -16,9 +16,9 @@ from rollart_nb.control.reward import RewardDispatcher
 from rollart_nb.control.scheduler import SchedulerConfig
 from rollart_nb.envs import Arithmetic
 from rollart_nb.envs.code import CodeTask
-from rollart_nb.envs.sandbox import _check_args
 from rollart_nb.errors import ConfigError, RollartError
 from rollart_nb.models import ModelSpec
+from rollart_nb.sandbox.run import _check_args
 from rollart_nb.serverless.client import Endpoint
 from rollart_nb.workers.roles import SimGenerator, SimTrainer
 

@@ -1,6 +1,6 @@
 """What-if experiments on a simulated cluster, next to the RollArt paper's numbers.
 
-Each experiment builds :class:`~rollart_nb.sim.session.SimSession` s and runs the real Pipeline
+Each experiment builds :class:`~rollart_nb.sim_session.SimSession` s and runs the real Pipeline
 on sim backends, returns a dict of our ratios and the paper's (see
 :mod:`rollart_nb.bench.report`), prints a table, and writes a plotly figure into ``out``.
 ``rollart-nb bench <experiment> [--out DIR] [--quick]`` calls :func:`run_experiments`.

@@ -1,12 +1,12 @@
 """What every what-if experiment shares: one simulated run, equal-cost pool sizing, the result record.
 
-A run (:func:`simulate`) builds a :class:`~rollart_nb.sim.session.SimSession`, a SimTrainer
+A run (:func:`simulate`) builds a :class:`~rollart_nb.sim_session.SimSession`, a SimTrainer
 cluster, a SimGenerator cluster (one worker per TP group; a mix of pools by binding the
 preferred pool first and falling back to the next), the tasks as :class:`~rollart_nb.sim.SimEnv`
 s, and the real Pipeline; it runs warm-up steps, then measured steps, and reports their
 *modelled* seconds.
 
-By default the session runs on a virtual clock (:mod:`rollart_nb.sim.clock`): simulated time
+By default the session runs on a virtual clock (:mod:`rollart_nb.clock`): simulated time
 jumps from event to event and the control plane's own CPU time costs none of it, so a result
 does not depend on the machine or its load, and a seed gives the same numbers twice.
 ``RunSpec(virtual=False)`` runs in scaled real time instead (modelled = wall / ``time_scale``):
@@ -30,8 +30,8 @@ from rollart_nb.control.env_manager import RolloutConfig
 from rollart_nb.envs.wrappers import WithLatency
 from rollart_nb.models.spec import spec as model_spec
 from rollart_nb.resources.profiles import PROFILES
-from rollart_nb.sim.session import SimSession
 from rollart_nb.sim.workloads import SimEnv, Workload, response_tokens_fn, workload
+from rollart_nb.sim_session import SimSession
 from rollart_nb.workers.roles import SimGenerator, SimTrainer
 
 __all__ = [

@@ -67,7 +67,7 @@ from rollart_nb.workers.routing import shape_affinity
 
 if TYPE_CHECKING:
     from rollart_nb.control.tasks import TaskSet
-    from rollart_nb.runtime import Runtime
+    from rollart_nb.runtime.base import Runtime
     from rollart_nb.workers.cluster import ClusterBase
 
 __all__ = ["Pipeline"]

@@ -37,7 +37,7 @@ from rollart_nb.trajectory import Trajectory
 
 if TYPE_CHECKING:
     from rollart_nb.control.scheduler import SchedulerConfig
-    from rollart_nb.runtime import Runtime
+    from rollart_nb.runtime.base import Runtime
     from rollart_nb.workers.cluster import ClusterBase
 
 __all__ = ["ENVS_PER_SHARD", "ShardPlan", "ShardedRollout", "auto_shards", "max_shards", "plan_shards"]

@@ -26,8 +26,8 @@ from rollart_nb.envs.frozenlake import FrozenLake
 from rollart_nb.envs.gem import GEMEnv
 from rollart_nb.envs.launchers import KubernetesLauncher, LocalLauncher
 from rollart_nb.envs.remote import RemoteEnv
-from rollart_nb.envs.sandbox import SandboxResult, arun_sandboxed, run_sandboxed
 from rollart_nb.envs.wrappers import WithFailures, WithLatency
+from rollart_nb.sandbox import SandboxResult, arun_sandboxed, run_sandboxed
 from rollart_nb.tokens import Tokens
 
 __all__ = [

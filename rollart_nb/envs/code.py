@@ -12,7 +12,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from rollart_nb.envs.sandbox import (
+from rollart_nb.errors import ConfigError
+from rollart_nb.sandbox.run import (
     ISOLATION_MODES,
     MAX_MEMORY_MB,
     MAX_TIMEOUT_S,
@@ -21,7 +22,6 @@ from rollart_nb.envs.sandbox import (
     arun_sandboxed,
     run_sandboxed,
 )
-from rollart_nb.errors import ConfigError
 
 __all__ = ["PROBLEMS", "CodeProblem", "CodeTask", "extract_code"]
 

@@ -1,6 +1,6 @@
 """Wrappers that inject latency and failures into any env, for experiments and tests.
 
-Both have a sync path (``reset``/``step``, blocking with :func:`rollart_nb.sim.clock.sleep`:
+Both have a sync path (``reset``/``step``, blocking with :func:`rollart_nb.clock.sleep`:
 ``time.sleep``, or simulated time inside a SimSession) and an async
 path (``areset``/``astep``, :func:`asyncio.sleep`), so an asyncio EnvManager can run many
 wrapped envs concurrently on one thread. The async path reaches the inner env through
@@ -19,9 +19,9 @@ import copy
 import random
 from typing import Any
 
+from rollart_nb.clock import sleep
 from rollart_nb.envs.base import EnvWrapper, StepResult, env_reset, env_step
 from rollart_nb.errors import ConfigError, EnvError
-from rollart_nb.sim.clock import sleep
 
 __all__ = ["WithFailures", "WithLatency"]
 

@@ -32,7 +32,7 @@ class HardwareProfile:
         pass_overhead_s: fixed seconds of one forward pass besides its FLOPs and bytes
             (kernel launches, framework dispatch). 0 for the spec-sheet profiles, where a
             pass of a served model is far longer; a profile measured on a small model
-            (:mod:`rollart_nb.sim.calibrate`) has it.
+            (:mod:`rollart_nb.bench.calibrate`) has it.
     """
 
     name: str

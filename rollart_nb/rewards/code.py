@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from rollart_nb.envs.code import PROBLEMS, extract_code
-from rollart_nb.envs.sandbox import arun_sandboxed, run_sandboxed
 from rollart_nb.errors import RewardError
+from rollart_nb.sandbox.run import arun_sandboxed, run_sandboxed
 from rollart_nb.trajectory import Trajectory
 
 __all__ = ["acode_tests", "code_tests"]

@@ -48,12 +48,12 @@ from typing import Any
 import numpy as np
 
 from rollart_nb.backends.history import HistoryStore
+from rollart_nb.clock import host_for, resolve_time_scale
+from rollart_nb.clock.cores import Host
 from rollart_nb.errors import ConfigError
 from rollart_nb.models.spec import ModelSpec
 from rollart_nb.protocols import GenerationRequest, GenerationResult, Tokenizer
 from rollart_nb.resources.profiles import HardwareProfile
-from rollart_nb.sim.clock import host_for, resolve_time_scale
-from rollart_nb.sim.cores import Host
 from rollart_nb.sim.roofline import decode_steps_within, decode_time, iteration_time
 from rollart_nb.sim.tokenizer import SimTokenizer
 
@@ -147,11 +147,11 @@ class SimBackend:
             (default): continuous batching, as vLLM does (a request joins at the next iteration).
         row_overhead_s: modelled seconds of the engine's own work per request, paid in the pass
             where its prefill starts (building its row, copying its cached KV in and out, its
-            sampling; measured by :func:`rollart_nb.sim.calibrate.row_overhead`). 0 (default):
+            sampling; measured by :func:`rollart_nb.bench.calibrate.row_overhead`). 0 (default):
             a GPU engine, where that work is negligible beside a pass.
         load_overhead_s: fixed modelled seconds of loading a new weight version besides moving
             its bytes (deserialize, copy into the model; measured by
-            :func:`rollart_nb.sim.calibrate.measure_weight_sync`); paid by :meth:`aload_weights`.
+            :func:`rollart_nb.bench.calibrate.measure_weight_sync`); paid by :meth:`aload_weights`.
 
     Raises:
         ConfigError: a bad argument, or the model does not fit on ``tp`` devices.
@@ -610,7 +610,7 @@ class SimBackend:
 
     async def _pass(self, dt: float, ev: asyncio.Event, work: bool = True) -> float | None:
         """Sleep ``dt`` modelled seconds; returns the modelled seconds elapsed if ``ev`` cut it
-        short, else None. On a host's shared cores (:mod:`rollart_nb.sim.cores`) ``dt`` is work,
+        short, else None. On a host's shared cores (:mod:`rollart_nb.clock.cores`) ``dt`` is work,
         which may take longer while other work shares them; the extra time is added to the
         engine's clock at the next ``_set_now``. ``work=False``: a wait, not work (a KV transfer),
         which never takes a core."""

@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from rollart_nb.algo.grpo import mean_response_length, micro_batches
+from rollart_nb.clock import host_for, resolve_time_scale
+from rollart_nb.clock import sleep as clock_sleep
 from rollart_nb.errors import ConfigError, StateError
 from rollart_nb.models.spec import ModelSpec
 from rollart_nb.resources.profiles import HardwareProfile
-from rollart_nb.sim.clock import host_for, resolve_time_scale
-from rollart_nb.sim.clock import sleep as clock_sleep
 from rollart_nb.sim.roofline import train_time
 from rollart_nb.trajectory import Trajectory
 
@@ -84,7 +84,7 @@ class SimTrainBackend:
         hardware: device type of the training pool.
         gpus: devices the step is spread over (data/tensor/pipeline parallel alike).
         time_scale: seconds slept per modelled second (0: no sleep). Default: 1 on a SimSession's
-            virtual clock, 1e-3 elsewhere (:func:`rollart_nb.sim.clock.resolve_time_scale`).
+            virtual clock, 1e-3 elsewhere (:func:`rollart_nb.clock.resolve_time_scale`).
         mfu: achieved fraction of peak FLOP/s.
         algo: the run's GRPO settings, to price the step as a padding trainer runs it (None: every
             token once at 6 FLOPs per parameter, as a packing trainer runs it). With an ``algo``:
@@ -94,10 +94,10 @@ class SimTrainBackend:
             trajectory, sorted by length, at most ``micro_batch_size`` rows and
             ``micro_batch_tokens`` padded tokens each: :func:`~rollart_nb.algo.grpo.micro_batches`).
         step_overhead_s: fixed seconds per optimizer step besides its FLOPs (the optimizer update,
-            Python and framework dispatch; measured by :func:`rollart_nb.sim.calibrate.measure_trainer`).
+            Python and framework dispatch; measured by :func:`rollart_nb.bench.calibrate.measure_trainer`).
         export_overhead_s: fixed seconds to hand the weights over for a sync (copy the
             state_dict out and serialize it; measured by
-            :func:`rollart_nb.sim.calibrate.measure_weight_sync`); paid by :meth:`aexport`.
+            :func:`rollart_nb.bench.calibrate.measure_weight_sync`); paid by :meth:`aexport`.
 
     Example:
         >>> from rollart_nb.models.spec import spec
@@ -142,7 +142,7 @@ class SimTrainBackend:
     def train_step(self, batch: list[Trajectory]) -> dict[str, float]:
         """One optimizer step over ``batch``: sleep the modelled time, bump the version.
 
-        Blocks (:func:`rollart_nb.sim.clock.sleep`: simulated time on a SimSession's virtual
+        Blocks (:func:`rollart_nb.clock.sleep`: simulated time on a SimSession's virtual
         clock, else ``time.sleep``): call it off any event loop (:meth:`atrain_step` on one).
 
         Returns:
@@ -157,7 +157,7 @@ class SimTrainBackend:
 
     async def _compute(self, modelled_s: float) -> None:
         """Pass ``modelled_s`` (times ``time_scale``): on a simulated host's shared cores when
-        this is a CPU device of one (:mod:`rollart_nb.sim.cores`), else an ``asyncio.sleep``."""
+        this is a CPU device of one (:mod:`rollart_nb.clock.cores`), else an ``asyncio.sleep``."""
         if self.time_scale > 0:
             await host_for(self.hardware).compute(modelled_s * self.time_scale)
 
@@ -171,7 +171,7 @@ class SimTrainBackend:
 
     async def atrain_step(self, batch: list[Trajectory]) -> dict[str, float]:
         """:meth:`train_step` as a coroutine: an ``asyncio.sleep`` of the modelled time, or, on a
-        CPU device of a simulation whose host shares its cores (:mod:`rollart_nb.sim.cores`),
+        CPU device of a simulation whose host shares its cores (:mod:`rollart_nb.clock.cores`),
         that much work on them (longer while other work shares them). Its metrics add
         ``step_s``: the seconds the step took (``modelled_s`` unless the cores were shared)."""
         tokens, modelled_s = self._price(batch)

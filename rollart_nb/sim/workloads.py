@@ -25,10 +25,10 @@ from typing import Any
 
 import numpy as np
 
+from rollart_nb.clock import resolve_time_scale
+from rollart_nb.clock import sleep as clock_sleep
 from rollart_nb.errors import ConfigError, EnvError
 from rollart_nb.protocols import GenerationRequest
-from rollart_nb.sim.clock import resolve_time_scale
-from rollart_nb.sim.clock import sleep as clock_sleep
 
 __all__ = ["PRESETS", "SimEnv", "Workload", "response_tokens_fn", "workload"]
 
@@ -213,7 +213,7 @@ class SimEnv:
       actions, yet members of one GRPO group (same seed, different actions) differ.
     * The final step's reward is uniform in [0, 1] from the same hash; earlier steps give 0.
       It carries no learning signal.
-    * ``step``/``reset`` sleep ``latency * time_scale`` (:func:`rollart_nb.sim.clock.sleep`); ``astep``/``areset``
+    * ``step``/``reset`` sleep ``latency * time_scale`` (:func:`rollart_nb.clock.sleep`); ``astep``/``areset``
       await :func:`asyncio.sleep` instead, so thousands run on one event loop.
 
     Args:

@@ -11,13 +11,14 @@ import pytest
 import ray
 
 import rollart_nb as rn
+from rollart_nb import SimSession
 from rollart_nb.config import PipelineConfig
 from rollart_nb.control.buffer import split_quota
 from rollart_nb.control.scheduler import SchedulerConfig
 from rollart_nb.control.shards import ENVS_PER_SHARD, auto_shards, max_shards, plan_shards
 from rollart_nb.envs import Arithmetic
 from rollart_nb.errors import ConfigError
-from rollart_nb.sim import SimEnv, SimSession
+from rollart_nb.sim import SimEnv
 from rollart_nb.workers.roles import SimGenerator, SimTrainer
 
 M = rn.models.spec("qwen3-0.6b")

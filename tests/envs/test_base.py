@@ -173,8 +173,8 @@ def test_wrong_result_shape_is_an_env_error():
 def test_an_abandoned_call_keeps_a_virtual_clock_running():
     """A sync env passing simulated time (sim.clock.sleep) that times out: its thread's hold on
     the clock must stay balanced, or simulated time would freeze for every other coroutine."""
-    from rollart_nb.sim.clock import SimClock
-    from rollart_nb.sim.clock import sleep as sim_sleep
+    from rollart_nb.clock import SimClock
+    from rollart_nb.clock import sleep as sim_sleep
 
     class SimHang(Broken):
         def reset(self, seed=None):

@@ -180,8 +180,8 @@ def test_env_classes_and_notebook_classes():
 
 
 def _bwrap_ok():
-    from rollart_nb.envs import isolation
     from rollart_nb.errors import SandboxError
+    from rollart_nb.sandbox import isolation
 
     try:
         isolation.require_bwrap()

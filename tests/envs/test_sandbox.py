@@ -205,7 +205,7 @@ def test_temp_dirs_are_removed(tmp_path, monkeypatch, isolation):
 
 @pytest.fixture
 def fresh_probe():
-    from rollart_nb.envs import isolation
+    from rollart_nb.sandbox import isolation
 
     isolation._probe.cache_clear()
     yield isolation

@@ -1,4 +1,4 @@
-"""Hostile tests of the code sandbox (:mod:`rollart_nb.envs.sandbox`).
+"""Hostile tests of the code sandbox (:mod:`rollart_nb.sandbox.run`).
 
 Each test plays model-written code that attacks the host or its own grader, and asserts that
 the *effect* did not happen outside: a marker file is absent, a host file is unchanged, a server
@@ -2145,7 +2145,7 @@ def test_concurrent_cold_runs_return_in_time_with_correct_results():
     each ran it itself, against its own deadline."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from rollart_nb.envs import isolation as iso
+    from rollart_nb.sandbox import isolation as iso
 
     for fn in list(vars(iso).values()):  # forget the one-time setup: the runs below start cold
         if callable(getattr(fn, "cache_clear", None)):

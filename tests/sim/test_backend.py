@@ -30,7 +30,7 @@ def pf(hw, tokens, context=0):
 
 def SimClockRun(scenario):
     """Run ``scenario()`` on a virtual clock (modelled seconds at time_scale 1, no real sleeping)."""
-    from rollart_nb.sim.clock import SimClock
+    from rollart_nb.clock import SimClock
 
     clock = SimClock()
     try:
@@ -353,7 +353,7 @@ def test_a_batching_engines_wait_delays_a_request_and_a_pd_prefill_but_not_the_d
 def _arrivals(backend_kwargs, arrivals, hw=H800, host=None):
     """Requests ``(traj, at_s, response_tokens)`` arriving at simulated times; returns traj ->
     (finish time, result). ``host``: the clock's :class:`Host` (shared cores) for the run."""
-    from rollart_nb.sim.clock import SimClock
+    from rollart_nb.clock import SimClock
 
     lengths = {t: n for t, _, n in arrivals}
     clock = SimClock()
@@ -427,13 +427,13 @@ def test_a_load_overhead_adds_to_every_weight_load():
 
 
 def test_engines_on_one_shared_core_slow_each_other_and_gpus_do_not():
+    from rollart_nb.clock.cores import Host, SharedCores
     from rollart_nb.resources.profiles import HardwareProfile
-    from rollart_nb.sim.cores import Host, SharedCores
 
     cpu = HardwareProfile("CPU-TEST-SHARED", "cpu", 0.1, 20.0, 64.0, 0.0, "general")
 
     def two_engines(hw, host):
-        from rollart_nb.sim.clock import SimClock
+        from rollart_nb.clock import SimClock
 
         clock = SimClock()
         clock.host = host
@@ -461,9 +461,9 @@ def test_engines_on_one_shared_core_slow_each_other_and_gpus_do_not():
 def test_an_abort_during_a_shared_core_pass_frees_the_core():
     """An engine whose request is aborted mid-pass leaves the shared core: the other engine's
     work then runs at full speed."""
+    from rollart_nb.clock import SimClock
+    from rollart_nb.clock.cores import Host, SharedCores
     from rollart_nb.resources.profiles import HardwareProfile
-    from rollart_nb.sim.clock import SimClock
-    from rollart_nb.sim.cores import Host, SharedCores
 
     cpu = HardwareProfile("CPU-TEST-ABORT", "cpu", 0.1, 20.0, 64.0, 0.0, "general")
     clock = SimClock()

@@ -13,14 +13,7 @@ from pathlib import Path
 import pytest
 
 from rollart_nb.algo.grpo import GRPO
-from rollart_nb.envs import Arithmetic, FrozenLake
-from rollart_nb.errors import ConfigError
-from rollart_nb.models.spec import ModelSpec, hf_spec
-from rollart_nb.protocols import GenerationRequest
-from rollart_nb.resources import profiles
-from rollart_nb.resources.profiles import PROFILES, HardwareProfile
-from rollart_nb.sim.backend import SimBackend
-from rollart_nb.sim.calibrate import (
+from rollart_nb.bench.calibrate import (
     EpisodeStats,
     measure_cpu,
     measure_trainer,
@@ -30,6 +23,13 @@ from rollart_nb.sim.calibrate import (
     sample_episodes,
     workload_from_stats,
 )
+from rollart_nb.envs import Arithmetic, FrozenLake
+from rollart_nb.errors import ConfigError
+from rollart_nb.models.spec import ModelSpec, hf_spec
+from rollart_nb.protocols import GenerationRequest
+from rollart_nb.resources import profiles
+from rollart_nb.resources.profiles import PROFILES, HardwareProfile
+from rollart_nb.sim.backend import SimBackend
 from rollart_nb.sim.roofline import decode_time, prefill_flops, weights_read_bytes
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "sim_to_real.py"
@@ -127,7 +127,7 @@ def test_trainer_cost_is_a_line_through_two_real_train_steps(model):
     assert 0 < cost.per_token_s < 0.01 and 0 <= cost.fixed_s < 1.0
     # a real step on a batch unlike the two it was measured on is predicted to within a factor 2
     from rollart_nb.backends.torch_train import TorchTrainBackend
-    from rollart_nb.sim.calibrate import _synthetic_batch, _threads
+    from rollart_nb.bench.calibrate import _synthetic_batch, _threads
     from rollart_nb.sim.trainer import flops_factor, padded_tokens
 
     batch = _synthetic_batch(16, 64, 8)

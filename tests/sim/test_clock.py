@@ -9,9 +9,9 @@ import time
 
 import pytest
 
+from rollart_nb import clock as simclock
+from rollart_nb.clock import SimClock
 from rollart_nb.errors import StateError
-from rollart_nb.sim import clock as simclock
-from rollart_nb.sim.clock import SimClock
 
 
 @pytest.fixture

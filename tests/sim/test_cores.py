@@ -6,9 +6,9 @@ import asyncio
 
 import pytest
 
+from rollart_nb.clock import SimClock
+from rollart_nb.clock.cores import Host, SharedCores
 from rollart_nb.errors import ConfigError
-from rollart_nb.sim.clock import SimClock
-from rollart_nb.sim.cores import Host, SharedCores
 
 
 @pytest.fixture

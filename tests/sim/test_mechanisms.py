@@ -10,6 +10,7 @@ import statistics
 import pytest
 
 import rollart_nb as rn
+from rollart_nb.clock import SimClock
 from rollart_nb.control.env_manager import RolloutConfig
 from rollart_nb.control.local import LocalGenerator, LocalHandle
 from rollart_nb.control.proxy import GenTarget, LLMProxy
@@ -17,7 +18,6 @@ from rollart_nb.models.spec import spec
 from rollart_nb.protocols import GenerationRequest
 from rollart_nb.resources.profiles import PROFILES
 from rollart_nb.sim import SimBackend, SimEnv, Workload, response_tokens_fn, workload
-from rollart_nb.sim.clock import SimClock
 from rollart_nb.workers.roles import SimGenerator, SimTrainer
 from rollart_nb.workers.routing import MIN_PROFILE_TURNS, TokenProfile, assign_affinity, profile_affinity
 

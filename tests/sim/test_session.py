@@ -16,9 +16,9 @@ from rollart_nb.control.rollout_worker import RolloutWorker
 from rollart_nb.control.scheduler import RolloutScheduler
 from rollart_nb.errors import ClusterError, ConfigError, NoCapacityError, StateError
 from rollart_nb.models.spec import spec
+from rollart_nb.runtime.local import LocalCluster, LocalRef
 from rollart_nb.sim import SimEnv, response_tokens_fn, workload
-from rollart_nb.sim.cluster import LocalCluster, LocalRef
-from rollart_nb.sim.session import SimSession
+from rollart_nb.sim_session import SimSession
 from rollart_nb.workers.roles import SimGenerator, SimTrainer, TrainerWorker
 
 

@@ -91,9 +91,9 @@ def test_with_algo_a_step_is_priced_on_padded_micro_batches_and_the_reference_pa
 def test_export_overhead_and_a_step_slowed_by_a_shared_core():
     import asyncio
 
+    from rollart_nb.clock import SimClock
+    from rollart_nb.clock.cores import Host, SharedCores
     from rollart_nb.resources.profiles import HardwareProfile
-    from rollart_nb.sim.clock import SimClock
-    from rollart_nb.sim.cores import Host, SharedCores
 
     cpu = HardwareProfile("CPU-TEST-TRAINER", "cpu", 1.0, 20.0, 64.0, 0.0, "general")
     small = spec("qwen3-0.6b")

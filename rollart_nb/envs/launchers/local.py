@@ -67,7 +67,7 @@ class LocalLauncher:
         kwargs: the env's constructor arguments (JSON-able).
         replicas: how many servers.
         task: task name the servers report (and replica ids start with).
-        sandbox: run each server under bubblewrap (:func:`rollart_nb.envs.isolation.service_argv`).
+        sandbox: run each server under bubblewrap (:func:`rollart_nb.sandbox.isolation.service_argv`).
         max_episodes: concurrent episodes per replica.
         health_interval_s: seconds between health checks.
         unhealthy_after: failed health checks in a row before a live process is replaced.
@@ -334,7 +334,7 @@ class LocalLauncher:
             cmd += ["--task", self.task]
         if not self.sandbox:
             return cmd
-        from rollart_nb.envs.isolation import service_argv
+        from rollart_nb.sandbox.isolation import service_argv
 
         return service_argv(cmd, ro_paths=self._code_paths(), env=self._child_env())
 

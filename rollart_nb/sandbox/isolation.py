@@ -8,7 +8,7 @@ Two policies:
   a root filesystem holding only the Python runtime, its standard library and the shared
   libraries they link, all read-only; a size-capped tmpfs work directory; a minimal, read-only
   ``/dev``; its own ``/proc`` (none inside an env server's sandbox); a seccomp filter
-  (:mod:`rollart_nb.envs.seccomp`); an empty environment; no further user namespaces; ``--die-with-parent``
+  (:mod:`rollart_nb.sandbox.seccomp`); an empty environment; no further user namespaces; ``--die-with-parent``
   and ``--new-session``. Killing the returned process kills everything in the sandbox: its
   PID namespace dies with bubblewrap's init.
 * :func:`service_argv` — for trusted services (an env server running the user's env class):
@@ -261,7 +261,7 @@ def code_argv(
         command: the program and its arguments, e.g. ``[python_runtime().executable, "-c", ...]``.
         work_mb: size cap of the tmpfs work directory (also ``$HOME`` and ``$TMPDIR``).
         workdir: where the work directory is mounted, and the working directory.
-        seccomp_fd: an fd holding a seccomp program (:func:`rollart_nb.envs.seccomp.program_fd`),
+        seccomp_fd: an fd holding a seccomp program (:func:`rollart_nb.sandbox.seccomp.program_fd`),
             to be passed to the child; bubblewrap loads it last, right before ``command``.
 
     Raises:

@@ -2,19 +2,19 @@
 
 ``Session.local()`` runs every worker as a Ray actor: right for real backends, but a hundred
 sim generation workers would be a hundred processes on a laptop. A :class:`SimSession` instead
-builds :class:`~rollart_nb.sim.cluster.LocalCluster` s whose Workers live in this process on one
+builds :class:`~rollart_nb.runtime.local.LocalCluster` s whose Workers live in this process on one
 background asyncio loop thread. Everything else is the real thing: pools, the
 :class:`~rollart_nb.resources.manager.ResourceManager` and its bindings, the
 :class:`~rollart_nb.control.pipeline.Pipeline`, the RolloutWorker with its LLMProxy and
 RolloutScheduler. Time comes only from the sim backends, envs and trainer sleeping their
 modelled time on that loop's clock: by default a virtual clock
-(:class:`~rollart_nb.sim.clock.SimClock`) that jumps to the next event, so results do not
+(:class:`~rollart_nb.clock.SimClock`) that jumps to the next event, so results do not
 depend on how fast or loaded the machine is; ``virtual=False`` sleeps really (modelled time
 times each backend's ``time_scale``).
 
 Lifecycle: ``attached -> closed`` (it is attached from construction; nothing to connect to).
 The API shared with a Ray session is :class:`~rollart_nb.session_base.SessionBase`; where workers
-run is the session's :class:`~rollart_nb.sim.runtime.SimRuntime`.
+run is the session's :class:`~rollart_nb.runtime.sim.SimRuntime`.
 """
 
 from __future__ import annotations
@@ -25,15 +25,15 @@ import threading
 import uuid
 from typing import Any
 
+from rollart_nb.clock.cores import Host, SharedCores
 from rollart_nb.errors import ConfigError, StateError
 from rollart_nb.resources.manager import ResourceManager
 from rollart_nb.resources.pools import SERVERLESS_SLOTS, Pool, hardware_for_pool
 from rollart_nb.resources.profiles import PROFILES
 from rollart_nb.resources.store import MemoryStore
+from rollart_nb.runtime.local import LocalCluster
+from rollart_nb.runtime.sim import SimRuntime
 from rollart_nb.session_base import SessionBase
-from rollart_nb.sim.cluster import LocalCluster
-from rollart_nb.sim.cores import Host, SharedCores
-from rollart_nb.sim.runtime import SimRuntime
 from rollart_nb.workers.worker import Worker
 
 __all__ = ["DEFAULT_SIM_POOLS", "SimSession"]
@@ -59,14 +59,14 @@ class SimSession(SessionBase[SimRuntime]):
         call_latency_s: modelled seconds every call to a worker takes before it runs (the round
             trip of a Ray actor call, which in-process calls do not pay). 0 (default) leaves the
             control plane's calls out, as at GPU scale, where a turn or a step lasts seconds;
-            :func:`rollart_nb.sim.calibrate.call_latency` measures it on a running Ray.
+            :func:`rollart_nb.bench.calibrate.call_latency` measures it on a running Ray.
         host_cores: the number of CPU cores that work on ``cpu``-kind devices (a measured
-            profile's) and the control plane share (:mod:`rollart_nb.sim.cores`: each burst of
+            profile's) and the control plane share (:mod:`rollart_nb.clock.cores`: each burst of
             work on the least loaded core), as on one machine running ``Session.local()``. None
             (default): every device computes on its own time, as GPUs do.
         turn_cpu_s: CPU seconds the control plane spends per turn, one turn at a time (a
             rollout worker's one event loop), on the host's cores when ``host_cores`` is given.
-            0 (default) leaves it out; :func:`rollart_nb.sim.calibrate.measure_control_plane`
+            0 (default) leaves it out; :func:`rollart_nb.bench.calibrate.measure_control_plane`
             measures it for a real session.
 
     Example:
@@ -165,7 +165,7 @@ class SimSession(SessionBase[SimRuntime]):
             endpoints: serverless endpoint name -> URL for ``@register_serverless`` methods.
             affinity: tag -> hardware overrides for ``@hw_mapping`` methods.
             threaded: run the workers' sync methods on a thread of their own (default: only for
-                trainers, whose sim step blocks; see :mod:`rollart_nb.sim.cluster`).
+                trainers, whose sim step blocks; see :mod:`rollart_nb.runtime.local`).
             **init_kwargs: passed to ``worker_cls.__init__`` (by reference: nothing is pickled).
         """
         pool, eps = self._before_cluster(name, worker_cls, pool, replicas, slots, endpoints)

@@ -1,7 +1,7 @@
 """Run model-written code against hidden tests, with the isolation below Python.
 
 Model-written code is hostile, including code that targets its own grader. A run uses two
-processes, each in its own bubblewrap sandbox (see :mod:`rollart_nb.envs.isolation`: new
+processes, each in its own bubblewrap sandbox (see :mod:`rollart_nb.sandbox.isolation`: new
 user/PID/network/IPC/UTS/cgroup namespaces, an unprivileged uid, a read-only runtime, a
 size-capped tmpfs work directory, an empty environment):
 
@@ -51,8 +51,8 @@ import time
 import warnings
 from dataclasses import dataclass, field
 
-import rollart_nb.envs.isolation as iso
-import rollart_nb.envs.seccomp as seccomp
+import rollart_nb.sandbox.isolation as iso
+import rollart_nb.sandbox.seccomp as seccomp
 from rollart_nb.errors import ConfigError
 
 __all__ = ["ISOLATION_MODES", "SandboxResult", "arun_sandboxed", "run_sandboxed"]

@@ -1,7 +1,7 @@
 """SimRuntime: the :class:`~rollart_nb.runtime.Runtime` of a SimSession.
 
-Workers are in-process objects (:class:`~rollart_nb.sim.cluster.LocalCluster`) on the one loop
-of a :class:`~rollart_nb.sim.clock.SimClock`, which it owns; step timing reads that clock (virtual
+Workers are in-process objects (:class:`~rollart_nb.runtime.local.LocalCluster`) on the one loop
+of a :class:`~rollart_nb.clock.SimClock`, which it owns; step timing reads that clock (virtual
 seconds by default). Weights move directly only (sim weights are a version number), and there is
 no Ray Serve to deploy rewards on.
 """
@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from rollart_nb.clock import SimClock
 from rollart_nb.errors import ConfigError
 from rollart_nb.resources.manager import ResourceManager
-from rollart_nb.runtime import Closers, close_all, register_cluster
+from rollart_nb.runtime.base import Closers, close_all, register_cluster
+from rollart_nb.runtime.local import LocalCluster
 from rollart_nb.serverless.client import Endpoint
-from rollart_nb.sim.clock import SimClock
-from rollart_nb.sim.cluster import LocalCluster
 from rollart_nb.workers.cluster import ClusterBase
 from rollart_nb.workers.worker import Worker
 
@@ -32,7 +32,7 @@ NO_SERVE = (
 
 
 class SimRuntime:
-    """Workers on one in-process event loop, timed by a :class:`~rollart_nb.sim.clock.SimClock`.
+    """Workers on one in-process event loop, timed by a :class:`~rollart_nb.clock.SimClock`.
 
     Args:
         resources: the simulated pools' slot accounting.
@@ -40,7 +40,7 @@ class SimRuntime:
         virtual: simulated time (default) or real time on the loop.
         name: the loop thread's name.
         call_latency_s: modelled seconds of every call to a worker (see
-            :class:`~rollart_nb.sim.session.SimSession`).
+            :class:`~rollart_nb.sim_session.SimSession`).
     """
 
     def __init__(

@@ -1,6 +1,6 @@
 """Virtual time for the simulator: an event loop whose clock jumps to the next timer.
 
-A :class:`~rollart_nb.sim.session.SimSession` runs its workers on one event loop. With a real
+A :class:`~rollart_nb.sim_session.SimSession` runs its workers on one event loop. With a real
 clock, every modelled second is slept (scaled by ``time_scale``), and whatever CPU the control
 plane itself burns stretches those sleeps: ratios measured that way drift with machine load.
 :class:`VirtualEventLoop` instead keeps its own ``time()``. When nothing is ready to run, no
@@ -53,8 +53,8 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar, TypeVarTuple
 
+from rollart_nb.clock.cores import Host
 from rollart_nb.errors import StateError
-from rollart_nb.sim.cores import Host
 
 __all__ = [
     "REAL_TIME_SCALE",
@@ -206,7 +206,7 @@ class SimClock:
         self.loop = VirtualEventLoop(virtual)
         self.loop.clock = self
         #: The machine the simulated CPU devices and the control plane share
-        #: (:class:`~rollart_nb.sim.cores.Host`; by default every device has its own time).
+        #: (:class:`~rollart_nb.clock.cores.Host`; by default every device has its own time).
         self.host = Host()
         self._sleepers: set[threading.Event] = set()
         self._lock = threading.Lock()
@@ -370,7 +370,7 @@ _OWN_TIME = Host()
 def host_for(hardware: Any) -> Host:
     """Where a device of ``hardware`` does its work: the simulation's host when the device is
     a CPU (``hardware.kind == "cpu"``) on a virtual clock's thread, else a host without shared
-    cores (:meth:`Host.compute <rollart_nb.sim.cores.Host.compute>` then sleeps)."""
+    cores (:meth:`Host.compute <rollart_nb.clock.cores.Host.compute>` then sleeps)."""
     clock = current()
     if clock is None or getattr(hardware, "kind", None) != "cpu":
         return _OWN_TIME

@@ -18,7 +18,7 @@ and a :class:`~rollart_nb.sim.workloads.Workload` per task. For a sim-to-real ch
 * :func:`row_overhead`: the ``hf`` engine's own seconds per request beyond its forward passes.
 * :func:`measure_trainer`: the real trainer's seconds per padded token and per step.
 * :func:`calibrate` does all of the above and :func:`register_profile` makes the profile a pool
-  name a :class:`~rollart_nb.sim.SimSession` accepts.
+  name a :class:`~rollart_nb.SimSession` accepts.
 * On a running ``Session.local()``, the control plane alone: :func:`call_latency` (one Ray actor
   call), :func:`measure_weight_sync` (a weight update's two halves) and
   :func:`measure_control_plane` (the rollout's CPU seconds per turn), for

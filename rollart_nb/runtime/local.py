@@ -1,6 +1,6 @@
 """LocalCluster: a :class:`~rollart_nb.workers.cluster.Cluster` whose workers are in-process objects.
 
-A :class:`~rollart_nb.sim.session.SimSession` builds these instead of Ray actors, so a what-if
+A :class:`~rollart_nb.sim_session.SimSession` builds these instead of Ray actors, so a what-if
 study with a hundred simulated GPUs and thousands of envs runs in one process: every Worker
 instance lives on the session's single background asyncio loop thread, and the same Pipeline,
 RolloutWorker, LLMProxy and RolloutScheduler code as a Ray run drives them.
@@ -47,16 +47,16 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from rollart_nb.clock import resolve_time_scale
 from rollart_nb.errors import ClusterError, StateError
 from rollart_nb.resources.manager import Binding, ResourceManager
 from rollart_nb.serverless.client import Endpoint
-from rollart_nb.sim.clock import resolve_time_scale
 from rollart_nb.workers.cluster import ClusterBase
 from rollart_nb.workers.roles import TrainerWorker
 from rollart_nb.workers.worker import Worker, actor_class_for
 
 if TYPE_CHECKING:
-    from rollart_nb.sim.clock import SimClock
+    from rollart_nb.clock import SimClock
 
 __all__ = ["LocalActor", "LocalCluster", "LocalFuture", "LocalRef", "LocalWorkerHandle", "turns_carried"]
 
@@ -114,11 +114,11 @@ class LocalActor:
 
     Args:
         instance: the Worker object.
-        clock: the session's :class:`~rollart_nb.sim.clock.SimClock` (its loop runs every call).
+        clock: the session's :class:`~rollart_nb.clock.SimClock` (its loop runs every call).
         threaded: run sync methods in this actor's own thread instead of on the loop.
         call_latency_s: modelled seconds each call waits before it runs (a Ray actor call's round
             trip, which an in-process call would otherwise not pay), scaled as every modelled cost
-            is (:func:`~rollart_nb.sim.clock.resolve_time_scale`: 1 on a virtual clock).
+            is (:func:`~rollart_nb.clock.resolve_time_scale`: 1 on a virtual clock).
     """
 
     def __init__(self, instance: Worker, clock: SimClock, threaded: bool, call_latency_s: float = 0.0) -> None:
@@ -214,8 +214,8 @@ class LocalFuture:
 class LocalCluster(ClusterBase):
     """A role's Workers as in-process objects on a SimSession's event loop.
 
-    Built by :meth:`rollart_nb.sim.session.SimSession.cluster` (through its
-    :class:`~rollart_nb.sim.runtime.SimRuntime`); same interface as
+    Built by :meth:`rollart_nb.sim_session.SimSession.cluster` (through its
+    :class:`~rollart_nb.runtime.sim.SimRuntime`); same interface as
     :class:`~rollart_nb.workers.cluster.Cluster`.
 
     Example:

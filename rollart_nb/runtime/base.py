@@ -1,12 +1,12 @@
 """Runtime: where a session's workers run, and what its pipelines get from it.
 
-A session (:class:`~rollart_nb.Session` or :class:`~rollart_nb.sim.session.SimSession`) owns one
+A session (:class:`~rollart_nb.Session` or :class:`~rollart_nb.sim_session.SimSession`) owns one
 runtime; the runtime owns the session's clusters and pipelines by name and everything that
 differs between Ray and the in-process simulation. The layers, each importing only the ones
 below it::
 
     Session / SimSession        the notebook API: argument checks, tasks, rewards, lifecycle
-      Runtime                   RayRuntime (this module) or SimRuntime (rollart_nb.sim.runtime)
+      Runtime                   RayRuntime (this module) or SimRuntime (rollart_nb.runtime.sim)
         Pipeline                gets the runtime: the rollout cluster, weight transport, reward deployment
         Cluster / LocalCluster  get the ResourceManager (and a log dir or the sim clock), not the session
 

@@ -1,6 +1,6 @@
 """A host's CPU cores shared by what runs on them: processor sharing on the simulation's loop.
 
-A :class:`~rollart_nb.sim.session.SimSession` normally gives every device its own time: a
+A :class:`~rollart_nb.sim_session.SimSession` normally gives every device its own time: a
 generator's forward passes and a trainer's step never slow each other. On one CPU machine
 (``Session.local()`` on a laptop or a CI box) they do: the generator, the trainer and the
 control plane's Python all run on the same few cores. :class:`SharedCores` models that: each
@@ -13,11 +13,11 @@ throughout, ``2 w``.
 device has its own) and the control plane's CPU seconds per turn, which are spent one turn at a
 time (a rollout worker is one event loop on one thread), on the shared cores when there are some.
 Sim workers find the host through their clock (:attr:`SimClock.host
-<rollart_nb.sim.clock.SimClock>`): work priced on a device of kind ``"cpu"`` runs on its cores.
+<rollart_nb.clock.SimClock>`): work priced on a device of kind ``"cpu"`` runs on its cores.
 
 Example:
     >>> import asyncio
-    >>> from rollart_nb.sim.clock import SimClock
+    >>> from rollart_nb.clock import SimClock
     >>> clock = SimClock()
     >>> cores = SharedCores(2)
     >>> async def three_jobs():
