@@ -14,10 +14,10 @@ from rollart_nb.errors import RollartError
 from rollart_nb.resources.manager import Binding
 from rollart_nb.resources.pools import Pool
 from rollart_nb.resources.profiles import PROFILES, HardwareProfile
+from rollart_nb.runtime.ray import Cluster
 from rollart_nb.session import Session
 from rollart_nb.trajectory import Status, Trajectory, TrajectoryList, Turn
 from rollart_nb.trajectory_groups import TrajectoryGroup
-from rollart_nb.workers.cluster import Cluster
 from rollart_nb.workers.decorators import hw_mapping, register, register_serverless
 from rollart_nb.workers.worker import Worker
 

@@ -4,7 +4,7 @@ Lifecycle: ``detached -> attached -> closed``. :meth:`Session.local` and :meth:`
 return an attached session (:meth:`Session.sim` returns a simulated one with the same API); every call on a closed
 one raises a :class:`StateError` that names the fix. The API shared with the simulated session is
 :class:`~rollart_nb.session_base.SessionBase`; where workers run (Ray actors, Ray Serve, weight
-transports) is the session's :class:`~rollart_nb.runtime.RayRuntime`.
+transports) is the session's :class:`~rollart_nb.runtime.ray.RayRuntime`.
 """
 
 from __future__ import annotations
@@ -24,11 +24,9 @@ from rollart_nb.resources.manager import ResourceManager
 from rollart_nb.resources.pools import Pool, discover_pools
 from rollart_nb.resources.profiles import PROFILES
 from rollart_nb.resources.store import make_store
-from rollart_nb.runtime.base import RayRuntime
+from rollart_nb.runtime.ray import Cluster, RayRuntime
 from rollart_nb.serverless.client import Endpoint
 from rollart_nb.session_base import SessionBase
-from rollart_nb.workers.cluster import Cluster
-from rollart_nb.workers.worker import Worker
 
 if TYPE_CHECKING:
     from rollart_nb.sim_session import SimSession
@@ -43,7 +41,7 @@ DEFAULT_LOCAL_POOLS: dict[str, int] = {"H800": 2, "H20": 2, "cpu": 4}
 _LOCAL: Session | None = None  # the one local session of this process (re-run cells replace it)
 
 
-class Session(SessionBase[RayRuntime]):
+class Session(SessionBase[RayRuntime, Cluster]):
     """A connection to a Ray cluster whose nodes form hardware pools.
 
     Create one with :meth:`local` (embedded Ray, simulated pools) or :meth:`attach`
@@ -262,56 +260,6 @@ class Session(SessionBase[RayRuntime]):
             ResourceManager(self.pools, self.store), seed=self.seed, log_dir=self.log_dir, session_id=self.id
         )
         self.state = "attached"
-
-    # -- clusters --------------------------------------------------------------------
-    def cluster(
-        self,
-        name: str,
-        worker_cls: type[Worker],
-        pool: str | None = None,
-        replicas: int = 1,
-        *,
-        fallback: list[str] | None = None,
-        slots: float = 1.0,
-        endpoints: dict[str, str] | None = None,
-        affinity: dict[str, str] | None = None,
-        max_concurrency: int | None = None,
-        start_timeout_s: float = 120.0,
-        **init_kwargs: Any,
-    ) -> Cluster:
-        """Build (or rebuild) the Cluster ``name`` of ``replicas`` ``worker_cls`` workers.
-
-        Args:
-            name: role name ("actor_train", "actor_gen", "reward", "env", ...). Building the same
-                name again closes the old cluster first (re-running a cell is safe); while a pipeline
-                that is not closed uses it, StateError names the pipeline and nothing changes
-                (``pipe.close()`` first).
-            worker_cls: a :class:`~rollart_nb.Worker` subclass.
-            pool: preferred pool; default ``worker_cls.default_pool``.
-            replicas: number of workers (>= 1).
-            fallback: pools to try if ``pool`` is full or absent (default: compatible pools).
-            slots: pool slots per worker (GPUs per worker on a GPU pool).
-            endpoints: serverless endpoint name -> URL for ``@register_serverless`` methods.
-            affinity: tag -> hardware overrides for ``@hw_mapping`` methods.
-            max_concurrency: concurrent calls one worker actor accepts (default: the worker class's
-                ``max_concurrency``, 64; generation workers take 4096, so every sequence their
-                engine can hold is in it rather than queued in front of the actor).
-            **init_kwargs: passed to ``worker_cls.__init__``.
-        """
-        pool, eps = self._before_cluster(name, worker_cls, pool, replicas, slots, endpoints)
-        return self.runtime.cluster(
-            name,
-            worker_cls,
-            pool=pool,
-            replicas=replicas,
-            fallback=fallback,
-            slots=slots,
-            endpoints=eps,
-            affinity=affinity,
-            max_concurrency=max_concurrency,
-            start_timeout_s=start_timeout_s,
-            **init_kwargs,
-        )
 
     def register_endpoint(
         self, name: str, url: str, *, token_env: str | None = None, timeout_s: float = 30.0, retries: int = 2

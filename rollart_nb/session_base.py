@@ -15,7 +15,7 @@ import dataclasses
 import inspect
 import logging
 import os
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, Self, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Self, TypeVar, cast
 
 from rollart_nb import _ray
 from rollart_nb._checks import is_whole
@@ -24,6 +24,7 @@ from rollart_nb.control.env_manager import RolloutConfig
 from rollart_nb.control.tasks import TaskSet
 from rollart_nb.errors import ConfigError, StateError, brief
 from rollart_nb.resources.manager import Binding
+from rollart_nb.runtime.base import ClusterSpec
 from rollart_nb.serverless.client import Endpoint
 from rollart_nb.workers.worker import Worker
 
@@ -49,9 +50,10 @@ UNSET: Any = _Unset()
 _SETTINGS = frozenset(f.name for f in dataclasses.fields(PipelineConfig))
 
 R = TypeVar("R", bound="Runtime")
+C = TypeVar("C", bound="ClusterBase")
 
 
-class SessionBase(abc.ABC, Generic[R]):
+class SessionBase(abc.ABC, Generic[R, C]):
     """What every session offers on top of its clusters: tasks, rewards, pipelines, bindings.
 
     :class:`~rollart_nb.Session` (Ray) and :class:`~rollart_nb.sim_session.SimSession`
@@ -95,36 +97,65 @@ class SessionBase(abc.ABC, Generic[R]):
             raise StateError(f"{name} is not attached; use {self._reopen}")
 
     # -- clusters ----------------------------------------------------------------------
-    def _before_cluster(
+    def cluster(
         self,
         name: str,
-        worker_cls: Any,
-        pool: str | None,
-        replicas: Any,
-        slots: float,
-        endpoints: dict[str, str] | None,
-    ) -> tuple[str, dict[str, Endpoint]]:
-        """Check :meth:`cluster`'s arguments, close a cluster of the same name; returns the pool
-        (default ``worker_cls.default_pool``) and the serverless endpoints."""
+        worker_cls: type[Worker],
+        pool: str | None = None,
+        replicas: int = 1,
+        *,
+        fallback: list[str] | None = None,
+        slots: float = 1.0,
+        endpoints: dict[str, str] | None = None,
+        affinity: dict[str, str] | None = None,
+        max_concurrency: int | None = None,
+        start_timeout_s: float = 120.0,
+        threaded: bool | None = None,
+        **init_kwargs: Any,
+    ) -> C:
+        """Build (or rebuild) the cluster ``name`` of ``replicas`` ``worker_cls`` workers.
+
+        Args:
+            name: role name ("actor_train", "actor_gen", "reward", "env", ...). Building the same
+                name again closes the old cluster first (re-running a cell is safe); while a pipeline
+                that is not closed uses it, StateError names the pipeline and nothing changes
+                (``pipe.close()`` first).
+            worker_cls: a :class:`~rollart_nb.Worker` subclass.
+            pool: preferred pool; default ``worker_cls.default_pool``.
+            replicas: number of workers (>= 1).
+            fallback: pools to try if ``pool`` is full or absent (default: compatible pools).
+            slots: pool slots per worker (GPUs of one TP group; they must fit on one node).
+            endpoints: serverless endpoint name -> URL for ``@register_serverless`` methods.
+            affinity: tag -> hardware overrides for ``@hw_mapping`` methods.
+            max_concurrency: Ray workers: concurrent calls one worker actor accepts (default: the
+                worker class's ``max_concurrency``, 64; generation workers take 4096, so every
+                sequence their engine can hold is in it rather than queued in front of the actor).
+            start_timeout_s: Ray workers: seconds a worker may take to start.
+            threaded: in-process (SimSession) workers: run sync methods on a thread of their own
+                (default: only for trainers, whose sim step blocks; see :mod:`rollart_nb.runtime.local`).
+            **init_kwargs: passed to ``worker_cls.__init__`` (by reference in a SimSession).
+        """
         self._check()
-        problems = []
-        if not (isinstance(worker_cls, type) and issubclass(worker_cls, Worker)):
-            problems.append(f"worker_cls must be a rollart_nb.Worker subclass, got {worker_cls!r}")
-        if not isinstance(replicas, int) or replicas < 1:
-            problems.append(f"replicas must be an int >= 1, got {replicas!r}")
-        if slots <= 0:
-            problems.append(f"slots must be > 0, got {slots!r}")
-        if not name or not isinstance(name, str):
-            problems.append("name must be a non-empty string")
-        if problems:
-            raise ConfigError(problems, where=f"sess.cluster({name!r}, ...)")
-        pool = pool or str(getattr(worker_cls, "default_pool", "cpu"))
-        self.runtime.resources.check_pool_name(pool)
+        spec = ClusterSpec(
+            name,
+            worker_cls,
+            pool=pool or "",
+            replicas=replicas,
+            fallback=fallback,
+            slots=slots,
+            endpoints={n: Endpoint(n, u) for n, u in (endpoints or {}).items()},
+            affinity=affinity,
+            max_concurrency=max_concurrency,
+            start_timeout_s=start_timeout_s,
+            threaded=threaded,
+            init_kwargs=init_kwargs,
+        )
+        self.runtime.resources.check_pool_name(spec.pool)
         if name in self.clusters:
             self._check_unused(name, f"rebuilding cluster {name!r} (sess.cluster({name!r}, ...))")
             log.info("replacing cluster %s", name)
             self.close_cluster(name)
-        return pool, {n: Endpoint(n, u) for n, u in (endpoints or {}).items()}
+        return cast(C, self.runtime.cluster(spec))
 
     def close_cluster(self, name: str) -> None:
         """Drop a cluster's workers and free its slots.

@@ -34,7 +34,6 @@ from rollart_nb.resources.store import MemoryStore
 from rollart_nb.runtime.local import LocalCluster
 from rollart_nb.runtime.sim import SimRuntime
 from rollart_nb.session_base import SessionBase
-from rollart_nb.workers.worker import Worker
 
 __all__ = ["DEFAULT_SIM_POOLS", "SimSession"]
 
@@ -44,7 +43,7 @@ DEFAULT_SIM_POOLS: dict[str, int] = {"H800": 96, "H20": 32, "cpu": 64}
 """Pools of a :class:`SimSession` when none are given (pool name -> devices / CPU slots)."""
 
 
-class SimSession(SessionBase[SimRuntime]):
+class SimSession(SessionBase[SimRuntime, LocalCluster]):
     """An in-process simulated cluster with the Session API (clusters, tasks, rewards, pipelines).
 
     Args:
@@ -136,51 +135,6 @@ class SimSession(SessionBase[SimRuntime]):
         if threading.current_thread() is self._thread:
             raise StateError("SimSession.run() was called on the simulation loop itself; await the coroutine")
         return self.clock.run(coro, timeout)
-
-    # -- clusters --------------------------------------------------------------------
-    def cluster(
-        self,
-        name: str,
-        worker_cls: type[Worker],
-        pool: str | None = None,
-        replicas: int = 1,
-        *,
-        fallback: list[str] | None = None,
-        slots: float = 1,
-        endpoints: dict[str, str] | None = None,
-        affinity: dict[str, str] | None = None,
-        threaded: bool | None = None,
-        **init_kwargs: Any,
-    ) -> LocalCluster:
-        """Build (or rebuild) the in-process cluster ``name`` of ``replicas`` ``worker_cls`` workers.
-
-        Args:
-            name: role name; building the same name again closes the old cluster first (StateError,
-                changing nothing, while a pipeline that is not closed uses it).
-            worker_cls: a :class:`~rollart_nb.Worker` subclass.
-            pool: preferred pool; default ``worker_cls.default_pool``.
-            replicas: number of workers (>= 1).
-            fallback: pools to try if ``pool`` is full or absent (default: compatible pools).
-            slots: pool slots per worker (GPUs of one TP group; they must fit on one node).
-            endpoints: serverless endpoint name -> URL for ``@register_serverless`` methods.
-            affinity: tag -> hardware overrides for ``@hw_mapping`` methods.
-            threaded: run the workers' sync methods on a thread of their own (default: only for
-                trainers, whose sim step blocks; see :mod:`rollart_nb.runtime.local`).
-            **init_kwargs: passed to ``worker_cls.__init__`` (by reference: nothing is pickled).
-        """
-        pool, eps = self._before_cluster(name, worker_cls, pool, replicas, slots, endpoints)
-        return self.runtime.cluster(
-            name,
-            worker_cls,
-            pool=pool,
-            replicas=replicas,
-            fallback=fallback,
-            slots=slots,
-            endpoints=eps,
-            affinity=affinity,
-            threaded=threaded,
-            **init_kwargs,
-        )
 
     # -- lifecycle -------------------------------------------------------------------
     def close(self) -> None:

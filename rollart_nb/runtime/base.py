@@ -6,31 +6,32 @@ differs between Ray and the in-process simulation. The layers, each importing on
 below it::
 
     Session / SimSession        the notebook API: argument checks, tasks, rewards, lifecycle
-      Runtime                   RayRuntime (this module) or SimRuntime (rollart_nb.runtime.sim)
+      Runtime                   RayRuntime (rollart_nb.runtime.ray) or SimRuntime (rollart_nb.runtime.sim)
         Pipeline                gets the runtime: the rollout cluster, weight transport, reward deployment
-        Cluster / LocalCluster  get the ResourceManager (and a log dir or the sim clock), not the session
+        Cluster / LocalCluster  get a ClusterSpec and the ResourceManager (and a log dir or the sim clock)
 
 so nothing below the session calls back into it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
-import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from rollart_nb.errors import ConfigError
 from rollart_nb.resources.manager import ResourceManager
 from rollart_nb.serverless.client import Endpoint
-from rollart_nb.workers.cluster import Cluster, ClusterBase
+from rollart_nb.workers.cluster import ClusterBase
 from rollart_nb.workers.worker import Worker
 
 if TYPE_CHECKING:
     from rollart_nb.protocols import WeightTransport
 
-__all__ = ["Closers", "RayRuntime", "Runtime", "close_all"]
+__all__ = ["ClusterSpec", "Closers", "Runtime", "close_all", "register_cluster"]
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +40,70 @@ C = TypeVar("C", bound=ClusterBase)
 
 Closers = Sequence[tuple[str, Callable[[], None]]]
 """(what, how) pairs: ``("stopping Ray Serve", serve.shutdown)``."""
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """One cluster to start: what ``sess.cluster(...)`` was given, handed whole from the session
+    to its runtime and on to the cluster class. Every problem is reported at once (ConfigError).
+
+    Example:
+        >>> spec = ClusterSpec("actor_gen", SimGenerator, pool="H20", replicas=2)   # doctest: +SKIP
+        >>> sess.runtime.cluster(spec)                                              # doctest: +SKIP
+    """
+
+    name: str
+    """Role name ("actor_train", "actor_gen", "reward", ...): one cluster per name in a session."""
+    worker_cls: type[Worker]
+    """The :class:`~rollart_nb.Worker` subclass every worker is an instance of."""
+    pool: str = ""
+    """Preferred pool; "" (default): ``worker_cls.default_pool``."""
+    replicas: int = 1
+    """Number of workers (>= 1)."""
+    fallback: list[str] | None = None
+    """Pools to try if ``pool`` is full or absent (None: the compatible pools)."""
+    slots: float = 1.0
+    """Pool slots per worker (GPUs of one TP group on a GPU pool; they fit on one node)."""
+    endpoints: dict[str, Endpoint] = field(default_factory=dict)
+    """This cluster's own serverless endpoints (name -> endpoint) for ``@register_serverless`` methods."""
+    affinity: dict[str, str] | None = None
+    """Tag -> hardware overrides for ``@hw_mapping`` methods."""
+    max_concurrency: int | None = None
+    """Ray actors: concurrent calls one worker accepts (None: ``worker_cls.max_concurrency``)."""
+    start_timeout_s: float = 120.0
+    """Ray actors: seconds a worker may take to start before ClusterError."""
+    threaded: bool | None = None
+    """In-process workers: run sync methods on a thread of their own (None: trainers only; see
+    :mod:`rollart_nb.runtime.local`)."""
+    init_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Passed to ``worker_cls.__init__``."""
+
+    def __post_init__(self) -> None:
+        p = []
+        if not self.name or not isinstance(self.name, str):
+            p.append("name must be a non-empty string")
+        if not (isinstance(self.worker_cls, type) and issubclass(self.worker_cls, Worker)):
+            p.append(f"worker_cls must be a rollart_nb.Worker subclass, got {self.worker_cls!r}")
+        elif not self.pool:
+            object.__setattr__(self, "pool", str(getattr(self.worker_cls, "default_pool", "cpu")))
+        if not isinstance(self.replicas, int) or isinstance(self.replicas, bool) or self.replicas < 1:
+            p.append(f"replicas must be an int >= 1, got {self.replicas!r}")
+        if not isinstance(self.slots, int | float) or self.slots <= 0:
+            p.append(f"slots must be > 0, got {self.slots!r}")
+        if self.max_concurrency is not None and (not isinstance(self.max_concurrency, int) or self.max_concurrency < 1):
+            p.append(f"max_concurrency must be an int >= 1 or None, got {self.max_concurrency!r}")
+        if not isinstance(self.start_timeout_s, int | float) or self.start_timeout_s <= 0:
+            p.append(f"start_timeout_s must be a number of seconds > 0, got {self.start_timeout_s!r}")
+        if p:
+            raise ConfigError(p, where=f"sess.cluster({self.name!r}, ...)")
+
+    @classmethod
+    def of(cls, name: str, worker_cls: type[Worker], **options: Any) -> ClusterSpec:
+        """A spec from ``sess.cluster``-style keywords: those naming a field set it, the rest are
+        ``init_kwargs``."""
+        fields = {f.name for f in dataclasses.fields(cls)} - {"name", "worker_cls", "init_kwargs"}
+        own = {k: options.pop(k) for k in fields & options.keys()}
+        return cls(name, worker_cls, **own, init_kwargs=options)
 
 
 class Runtime(Protocol):
@@ -64,20 +129,10 @@ class Runtime(Protocol):
         """Seconds for step timing: wall time, or a simulation's virtual time."""
         ...
 
-    def cluster(
-        self,
-        name: str,
-        worker_cls: type[Worker],
-        *,
-        pool: str,
-        replicas: int = 1,
-        fallback: list[str] | None = None,
-        slots: float = 1.0,
-        endpoints: dict[str, Endpoint] | None = None,
-        affinity: dict[str, str] | None = None,
-        **init_kwargs: Any,
-    ) -> ClusterBase:
-        """Start ``replicas`` workers as the cluster ``name`` (closing one of that name first) and register it."""
+    def cluster(self, spec: ClusterSpec | str, worker_cls: type[Worker] | None = None, **options: Any) -> ClusterBase:
+        """Start ``spec``'s workers as the cluster ``spec.name`` (closing one of that name first) and
+        register it; a name, worker class and ``sess.cluster``'s keywords stand for
+        ``ClusterSpec.of(name, worker_cls, **options)``."""
         ...
 
     def close_cluster(self, name: str) -> None:
@@ -98,13 +153,23 @@ class Runtime(Protocol):
         ...
 
 
-def register_cluster(runtime: Runtime, name: str, build: Callable[[], C]) -> C:
-    """Close the cluster ``name`` if there is one, then build the new one and register it."""
-    if name in runtime.clusters:
-        log.info("replacing cluster %s", name)
-        runtime.close_cluster(name)
-    c = build()
-    runtime.clusters[name] = c
+def register_cluster(
+    runtime: Runtime,
+    spec: ClusterSpec | str,
+    worker_cls: type[Worker] | None,
+    options: dict[str, Any],
+    build: Callable[[ClusterSpec], C],
+) -> C:
+    """Close the cluster ``spec.name`` if there is one, then build the new one and register it."""
+    if isinstance(spec, str):
+        if worker_cls is None:
+            raise ConfigError(f"runtime.cluster({spec!r}, ...) needs a worker class")
+        spec = ClusterSpec.of(spec, worker_cls, **options)
+    if spec.name in runtime.clusters:
+        log.info("replacing cluster %s", spec.name)
+        runtime.close_cluster(spec.name)
+    c = build(spec)
+    runtime.clusters[spec.name] = c
     return c
 
 
@@ -124,105 +189,3 @@ def _try(what: str, fn: Callable[[], None]) -> None:
         fn()
     except Exception as e:
         log.warning("%s: %s", what, e)
-
-
-class RayRuntime:
-    """The :class:`Runtime` of a Ray session: workers are Ray actors placed by their bindings.
-
-    Weights move directly, through the object store or through Mooncake (a master on 127.0.0.1
-    started on first use); serverless rewards are Ray Serve deployments (started on first use).
-    """
-
-    def __init__(self, resources: ResourceManager, *, seed: int, log_dir: str, session_id: str) -> None:
-        self.resources, self.seed, self.log_dir, self._id = resources, seed, log_dir, session_id
-        self.clusters: dict[str, ClusterBase] = {}
-        self.pipelines: dict[str, Any] = {}
-        self.endpoints: dict[str, Endpoint] = {}
-        self._serve: Any = None
-        self._mooncake: Any = None
-
-    def clock(self) -> float:
-        return time.monotonic()
-
-    def cluster(
-        self,
-        name: str,
-        worker_cls: type[Worker],
-        *,
-        pool: str,
-        replicas: int = 1,
-        fallback: list[str] | None = None,
-        slots: float = 1.0,
-        endpoints: dict[str, Endpoint] | None = None,
-        affinity: dict[str, str] | None = None,
-        max_concurrency: int | None = None,
-        start_timeout_s: float = 120.0,
-        **init_kwargs: Any,
-    ) -> Cluster:
-        return register_cluster(
-            self,
-            name,
-            lambda: Cluster(
-                self.resources,
-                name,
-                worker_cls,
-                replicas=replicas,
-                pool=pool,
-                fallback=fallback,
-                slots=slots,
-                init_kwargs=init_kwargs,
-                endpoints=endpoints or {},
-                registry=self.endpoints,
-                affinity=affinity,
-                log_dir=self.log_dir,
-                max_concurrency=max_concurrency,
-                start_timeout_s=start_timeout_s,
-            ),
-        )
-
-    def close_cluster(self, name: str) -> None:
-        c = self.clusters.pop(name, None)
-        if c is not None:
-            c.close()
-
-    def serve_manager(self) -> Any:
-        """The session's Ray Serve manager (started on first use)."""
-        if self._serve is None:
-            from rollart_nb.serverless.serve import ServeManager
-
-            self._serve = ServeManager()
-        return self._serve
-
-    def weight_transport(self, weights: Any, name: str) -> WeightTransport | None:
-        """``"direct"`` (None), ``"object_store"``, ``"mooncake"`` (a master on 127.0.0.1), or a transport."""
-        if weights in (None, "direct"):
-            return None
-        if weights == "object_store":
-            from rollart_nb.weights.object_store import ObjectStoreTransport
-
-            return ObjectStoreTransport(name=f"rollart_nb/{self._id}/{name}/weights")
-        if weights == "mooncake":
-            from rollart_nb.weights.mooncake import MooncakeMaster, MooncakeTransport
-
-            if self._mooncake is None:
-                self._mooncake = MooncakeMaster().start()
-            return MooncakeTransport(self._mooncake.address, prefix=f"{self._id}/{name}", segment_bytes=256 * 2**20)
-        if hasattr(weights, "publish") and hasattr(weights, "pull"):
-            return weights
-        raise ConfigError(f"weights={weights!r}: use 'direct', 'object_store', 'mooncake' or a WeightTransport")
-
-    def deploy_reward(self, task: str, fn: Any, **serve_options: Any) -> Endpoint:
-        """Deploy ``fn`` under a new route per version, so the dispatcher's switch is atomic:
-        a trajectory is scored by exactly the version it records (old routes scale to zero)."""
-        mgr = self.serve_manager()
-        n = sum(1 for name in mgr.deployments if name.startswith(f"reward-{task}-v"))
-        return mgr.deploy(f"reward-{task}-v{n}", fn, **serve_options)
-
-    def close(self, after_pipelines: Closers = ()) -> None:
-        closers = list(after_pipelines)
-        if self._serve is not None:
-            closers.append(("stopping Ray Serve", self._serve.shutdown))
-        if self._mooncake is not None:
-            closers.append(("stopping mooncake_master", self._mooncake.stop))
-        close_all(self, closers)
-        self._serve = self._mooncake = None

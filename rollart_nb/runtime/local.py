@@ -1,11 +1,11 @@
-"""LocalCluster: a :class:`~rollart_nb.workers.cluster.Cluster` whose workers are in-process objects.
+"""LocalCluster: a :class:`~rollart_nb.runtime.ray.Cluster` whose workers are in-process objects.
 
 A :class:`~rollart_nb.sim_session.SimSession` builds these instead of Ray actors, so a what-if
 study with a hundred simulated GPUs and thousands of envs runs in one process: every Worker
 instance lives on the session's single background asyncio loop thread, and the same Pipeline,
 RolloutWorker, LLMProxy and RolloutScheduler code as a Ray run drives them.
 
-Calling convention (the same as :class:`~rollart_nb.workers.cluster.Cluster`):
+Calling convention (the same as :class:`~rollart_nb.runtime.ray.Cluster`):
 
 - ``cluster.method(...)`` has the Worker method's signature and docstring plus a keyword-only
   ``blocking``; ``@register`` / ``@hw_mapping`` / ``@register_serverless`` dispatch the same way
@@ -57,6 +57,7 @@ from rollart_nb.workers.worker import Worker, actor_class_for
 
 if TYPE_CHECKING:
     from rollart_nb.clock import SimClock
+    from rollart_nb.runtime.base import ClusterSpec
 
 __all__ = ["LocalActor", "LocalCluster", "LocalFuture", "LocalRef", "LocalWorkerHandle", "turns_carried"]
 
@@ -214,9 +215,9 @@ class LocalFuture:
 class LocalCluster(ClusterBase):
     """A role's Workers as in-process objects on a SimSession's event loop.
 
-    Built by :meth:`rollart_nb.sim_session.SimSession.cluster` (through its
+    Built by ``SimSession.cluster`` (through its
     :class:`~rollart_nb.runtime.sim.SimRuntime`); same interface as
-    :class:`~rollart_nb.workers.cluster.Cluster`.
+    :class:`~rollart_nb.runtime.ray.Cluster`.
 
     Example:
         >>> sess = SimSession({"H800": 8, "H20": 8, "cpu": 4})                     # doctest: +SKIP
@@ -231,53 +232,31 @@ class LocalCluster(ClusterBase):
     def __init__(
         self,
         resources: ResourceManager,
-        name: str,
-        worker_cls: type[Worker],
+        spec: ClusterSpec,
         *,
-        clock: SimClock,
-        replicas: int,
-        pool: str,
-        fallback: list[str] | None,
-        slots: float,
-        init_kwargs: dict[str, Any],
-        endpoints: dict[str, Endpoint],
         registry: Mapping[str, Endpoint],
-        affinity: dict[str, str] | None,
-        threaded: bool | None = None,
+        clock: SimClock,
         call_latency_s: float = 0.0,
     ) -> None:
         self._clock = clock  # its loop runs every worker and every call
         self.call_latency_s = call_latency_s
+        threaded, cls = spec.threaded, spec.worker_cls
         if threaded is None:  # trainers block in their steps, unless they say they run on the loop
-            threaded = issubclass(worker_cls, TrainerWorker) and not getattr(worker_cls, "runs_on_loop", False)
+            threaded = issubclass(cls, TrainerWorker) and not getattr(cls, "runs_on_loop", False)
         self.threaded = bool(threaded)
         # re-entrant: a done-callback runs at once, under the lock, when the call already finished
         self._lock = threading.RLock()
-        self._cls = actor_class_for(worker_cls)
+        self._cls = actor_class_for(cls)
         self.workers: list[LocalWorkerHandle]
-        super().__init__(
-            resources,
-            name,
-            worker_cls,
-            replicas=replicas,
-            pool=pool,
-            fallback=fallback,
-            slots=slots,
-            init_kwargs=init_kwargs,
-            endpoints=endpoints,
-            registry=registry,
-            affinity=affinity,
-        )
+        super().__init__(resources, spec, registry)
 
     # -- construction ----------------------------------------------------------------
     def _spawn(self, index: int, world: int, binding: Binding | None = None) -> LocalWorkerHandle:
-        b = binding or self._resources.bind(
-            self.name, index, prefer=self.pool, fallback=self._fallback, slots=self._slots
-        )
+        b = binding or self._bind(index)
         try:
             # built on the loop thread: a worker may create loop-bound objects in __init__.
             # No log dir: in-process, a per-worker file handler would capture the driver's logs too.
-            inst = self._clock.call(lambda: self._cls(b, world, None, **self._init_kwargs))
+            inst = self._clock.call(lambda: self._cls(b, world, None, **self.spec.init_kwargs))
         except Exception as e:
             self._resources.release(self.name, index)
             raise ClusterError(

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from rollart_nb.clock import SimClock
 from rollart_nb.errors import ConfigError
 from rollart_nb.resources.manager import ResourceManager
-from rollart_nb.runtime.base import Closers, close_all, register_cluster
+from rollart_nb.runtime.base import Closers, ClusterSpec, close_all, register_cluster
 from rollart_nb.runtime.local import LocalCluster
 from rollart_nb.serverless.client import Endpoint
 from rollart_nb.workers.cluster import ClusterBase
@@ -63,40 +63,13 @@ class SimRuntime:
     def clock(self) -> float:
         return self.sim_clock.now()
 
-    def cluster(
-        self,
-        name: str,
-        worker_cls: type[Worker],
-        *,
-        pool: str,
-        replicas: int = 1,
-        fallback: list[str] | None = None,
-        slots: float = 1.0,
-        endpoints: dict[str, Endpoint] | None = None,
-        affinity: dict[str, str] | None = None,
-        threaded: bool | None = None,
-        **init_kwargs: Any,
-    ) -> LocalCluster:
-        return register_cluster(
-            self,
-            name,
-            lambda: LocalCluster(
-                self.resources,
-                name,
-                worker_cls,
-                clock=self.sim_clock,
-                replicas=replicas,
-                pool=pool,
-                fallback=fallback,
-                slots=slots,
-                init_kwargs=init_kwargs,
-                endpoints=endpoints or {},
-                registry=self.endpoints,
-                affinity=affinity,
-                threaded=threaded,
-                call_latency_s=self.call_latency_s,
-            ),
-        )
+    def cluster(self, spec: ClusterSpec | str, worker_cls: type[Worker] | None = None, **options: Any) -> LocalCluster:
+        def build(s: ClusterSpec) -> LocalCluster:
+            return LocalCluster(
+                self.resources, s, registry=self.endpoints, clock=self.sim_clock, call_latency_s=self.call_latency_s
+            )
+
+        return register_cluster(self, spec, worker_cls, options, build)
 
     def close_cluster(self, name: str) -> None:
         c = self.clusters.pop(name, None)

@@ -1,6 +1,5 @@
 """Data plane: the Worker base class, its decorators, and Clusters of workers."""
 
-from rollart_nb.workers.cluster import Cluster, ClusterFuture
 from rollart_nb.workers.decorators import hw_mapping, register, register_serverless
 from rollart_nb.workers.roles import (
     GeneratorWorker,
@@ -15,8 +14,6 @@ from rollart_nb.workers.roles import (
 from rollart_nb.workers.worker import Worker
 
 __all__ = [
-    "Cluster",
-    "ClusterFuture",
     "GeneratorWorker",
     "HFGenerator",
     "MegatronTrainer",

@@ -1,8 +1,10 @@
-"""Cluster: spawns a role's Workers from bindings and binds their decorated methods onto itself.
+"""ClusterBase: what every cluster shares, whichever transport starts its Workers.
 
+A cluster spawns a role's Workers from bindings and binds their decorated methods onto itself:
 ``cluster.compute_gradients(...)`` has the Worker method's own signature and docstring (so
-``help()`` and tab completion work) plus a keyword-only ``blocking`` flag: ``blocking=False``
-returns a :class:`ClusterFuture` (``.result()`` or ``await``).
+``help()`` and tab completion work) plus a keyword-only ``blocking`` flag. The transports sit
+beside their runtimes: :class:`~rollart_nb.runtime.ray.Cluster` (Ray actors) and
+:class:`~rollart_nb.runtime.local.LocalCluster` (in-process objects).
 """
 
 from __future__ import annotations
@@ -12,81 +14,23 @@ import contextlib
 import functools
 import html
 import inspect
-import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-import rollart_nb._ray as _ray
-from rollart_nb.errors import ClusterError, ConfigError, StateError
+from rollart_nb.errors import ConfigError, StateError
 from rollart_nb.resources.manager import Binding, ResourceManager
 from rollart_nb.serverless.client import Endpoint, acall, call
 from rollart_nb.workers.decorators import Dispatch, dispatch_of
 from rollart_nb.workers.routing import pick_worker
-from rollart_nb.workers.worker import Worker, actor_class_for
 
-__all__ = ["Cluster", "ClusterFuture", "ClusterBase", "WorkerHandle"]
+if TYPE_CHECKING:
+    from rollart_nb.runtime.base import ClusterSpec
 
-
-@dataclass
-class WorkerHandle:
-    """One worker actor of a Cluster, with its binding and in-flight call count."""
-
-    actor: Any
-    binding: Binding
-    inflight: int = 0
-    calls: int = 0
-
-
-class ClusterFuture:
-    """Result of a non-blocking cluster call: ``.result(timeout)`` or ``await fut``."""
-
-    def __init__(
-        self,
-        refs: list[Any],
-        combine: Callable[[list[Any]], Any],
-        what: str,
-        on_done: Callable[[], None],
-        who: list[Binding],
-    ):
-        self._refs, self._combine, self._what, self._on_done = refs, combine, what, on_done
-        self._who = who
-        self._done = False
-
-    @property
-    def refs(self) -> list[Any]:
-        """The underlying Ray object refs (pass them to other workers without a driver copy)."""
-        return list(self._refs)
-
-    def _finish(self) -> None:
-        if not self._done:
-            self._done = True
-            self._on_done()
-
-    def result(self, timeout: float | None = None) -> Any:
-        try:
-            # one get per worker, so a failure names the worker and pool it came from
-            return self._combine(
-                [
-                    _ray.get(r, timeout_s=timeout, what=self._what, worker=b.worker, pool=b.pool)
-                    for r, b in zip(self._refs, self._who, strict=True)
-                ]
-            )
-        finally:
-            self._finish()
-
-    def __await__(self):  # noqa: ANN204
-        async def run() -> Any:
-            try:
-                return self._combine([await r for r in self._refs])
-            finally:
-                self._finish()
-
-        return run().__await__()
+__all__ = ["ClusterBase"]
 
 
 class ClusterBase(abc.ABC):
-    """What :class:`Cluster` and the simulator's in-process ``LocalCluster`` share (same rules,
+    """What the Ray ``Cluster`` and the simulator's in-process ``LocalCluster`` share (same rules,
     different transports): the ``@register`` / ``@hw_mapping`` / ``@register_serverless``
     dispatch, the methods bound from the Worker class, and the views.
 
@@ -198,42 +142,32 @@ class ClusterBase(abc.ABC):
     _node_chars: int | None = None
     """Characters of a node id shown in the HTML view (None: all)."""
 
-    def __init__(
-        self,
-        resources: ResourceManager,
-        name: str,
-        worker_cls: type[Worker],
-        *,
-        replicas: int,
-        pool: str,
-        fallback: list[str] | None,
-        slots: float,
-        init_kwargs: dict[str, Any],
-        endpoints: dict[str, Endpoint],
-        registry: Mapping[str, Endpoint],
-        affinity: dict[str, str] | None,
-    ) -> None:
-        """Bind the Worker's decorated methods, then start ``replicas`` workers (closing them all
-        if one fails). Subclasses set what their ``_spawn`` needs before calling this.
+    def __init__(self, resources: ResourceManager, spec: ClusterSpec, registry: Mapping[str, Endpoint]) -> None:
+        """Bind the Worker's decorated methods, then start ``spec.replicas`` workers (closing them
+        all if one fails). Subclasses set what their ``_spawn`` needs before calling this.
 
-        ``endpoints`` are this cluster's own serverless endpoints; ``registry`` is the session's
-        (read at call time, so endpoints registered later are found).
+        ``spec.endpoints`` are this cluster's own serverless endpoints; ``registry`` is the
+        session's (read at call time, so endpoints registered later are found).
         """
-        self.name, self.worker_cls, self.pool = name, worker_cls, pool
-        self._resources, self._init_kwargs, self._fallback, self._slots = resources, init_kwargs, fallback, slots
-        self._endpoints, self._registry = endpoints, registry
-        self._affinity_override = dict(affinity or {})
+        self.spec, self.name, self.worker_cls, self.pool = spec, spec.name, spec.worker_cls, spec.pool
+        self._resources, self._registry = resources, registry
+        self._affinity_override = dict(spec.affinity or {})
         self.fallbacks: dict[str, int] = {}
         self.closed = False
         self.workers: list[Any] = []
         self._bind_methods()  # validates the Worker class before any worker starts
         try:
-            for i in range(replicas):
-                self.workers.append(self._spawn(i, replicas))
-            self._wait_ready(range(replicas))
+            for i in range(spec.replicas):
+                self.workers.append(self._spawn(i, spec.replicas))
+            self._wait_ready(range(spec.replicas))
         except BaseException:
             self.close()
             raise
+
+    def _bind(self, index: int) -> Binding:
+        """A slot for worker ``index`` by the spec's pool, fallback and slots."""
+        s = self.spec
+        return self._resources.bind(self.name, index, prefer=s.pool, fallback=s.fallback, slots=s.slots)
 
     def call_worker(self, index: int, attr: str, *args: Any, **kwargs: Any) -> Any:
         """Call ``attr`` on worker ``index`` only and wait for its result (e.g. load weights into
@@ -284,7 +218,7 @@ class ClusterBase(abc.ABC):
 
     def _endpoint(self, d: Dispatch) -> Endpoint:
         name = d.endpoint or ""
-        ep = self._endpoints.get(name) or self._registry.get(name)
+        ep = self.spec.endpoints.get(name) or self._registry.get(name)
         if ep is None:
             how = f"call sess.register_endpoint({name!r}, url) or " if self._register_hint else ""
             raise ConfigError(
@@ -307,7 +241,7 @@ class ClusterBase(abc.ABC):
     @property
     def model(self) -> Any:
         """The ``model`` the workers were built with (None if not given)."""
-        return self._init_kwargs.get("model")
+        return self.spec.init_kwargs.get("model")
 
     @property
     def bindings(self) -> list[Binding]:
@@ -334,191 +268,6 @@ class ClusterBase(abc.ABC):
             f"{'closed' if self.closed else 'open'}{self._html_note}<table><tr><th>rank</th><th>pool</th><th>hardware</th><th>node</th>"
             f"<th>fell back</th><th>in flight</th><th>calls</th></tr>{rows}</table></div>"
         )
-
-
-class Cluster(ClusterBase):
-    """A role-specific group of Workers, driven as one object.
-
-    Built by :meth:`rollart_nb.Session.cluster`; not constructed directly.
-
-    Example:
-        >>> gen = sess.cluster("actor_gen", MyGen, pool="H20", replicas=2)   # doctest: +SKIP
-        >>> gen.generate("2 + 2 =", tag_name="math")                         # doctest: +SKIP
-    """
-
-    _node_chars = 8  # Ray node ids are 56 hex characters
-    _register_hint = True
-
-    def __init__(
-        self,
-        resources: ResourceManager,
-        name: str,
-        worker_cls: type[Worker],
-        *,
-        replicas: int,
-        pool: str,
-        fallback: list[str] | None,
-        slots: float,
-        init_kwargs: dict[str, Any],
-        endpoints: dict[str, Endpoint],
-        registry: Mapping[str, Endpoint],
-        affinity: dict[str, str] | None,
-        log_dir: str,
-        max_concurrency: int | None,
-        start_timeout_s: float,
-    ) -> None:
-        self._log_dir = log_dir  # workers write their logs here
-        if max_concurrency is None:
-            max_concurrency = worker_cls.max_concurrency
-        self._max_concurrency, self._start_timeout_s = max_concurrency, start_timeout_s
-        self._lock = threading.Lock()
-        self.restarts: dict[int, int] = {}  # worker index -> restarts so far
-        self._probes: dict[int, tuple[Any, Any]] = {}  # worker index -> (health probe in flight, its actor)
-        self.workers: list[WorkerHandle]
-        super().__init__(
-            resources,
-            name,
-            worker_cls,
-            replicas=replicas,
-            pool=pool,
-            fallback=fallback,
-            slots=slots,
-            init_kwargs=init_kwargs,
-            endpoints=endpoints,
-            registry=registry,
-            affinity=affinity,
-        )
-
-    # -- construction ----------------------------------------------------------------
-    def _spawn(self, index: int, world: int, binding: Binding | None = None) -> WorkerHandle:
-        b = binding or self._resources.bind(
-            self.name, index, prefer=self.pool, fallback=self._fallback, slots=self._slots
-        )
-        res: dict[str, float] = {}
-        num_gpus = num_cpus = 0.0
-        if b.resource == "GPU":
-            num_gpus = b.slots
-        elif b.resource == "CPU":
-            num_cpus = b.slots
-        elif b.resource:
-            res[b.resource] = b.slots
-        opts = _ray.actor_options(
-            node_id=b.node,
-            num_gpus=num_gpus,
-            num_cpus=num_cpus,
-            resources=res,
-            name=None,
-            max_concurrency=self._max_concurrency,
-        )
-        _ray.ship_by_value(self.worker_cls)
-        cls = _ray.remote_class(actor_class_for(self.worker_cls), **opts)
-        actor = cls.remote(b, world, self._log_dir, **self._init_kwargs)
-        _ray.register_actor(actor, b.worker, b.pool)
-        return WorkerHandle(actor, b)
-
-    def _wait_ready(self, indices: range | list[int]) -> None:
-        for i in indices:
-            h = self.workers[i]
-            try:
-                info = _ray.get(
-                    h.actor._rn_info.remote(),
-                    timeout_s=self._start_timeout_s,
-                    what="start",
-                    worker=h.binding.worker,
-                    pool=h.binding.pool,
-                )
-            except ClusterError as e:
-                raise ClusterError(
-                    f"worker {h.binding.worker} on pool {h.binding.pool} did not start: {e}. Check the "
-                    f"Worker's __init__ (and {self._log_dir} for its log)"
-                ) from e
-            if info["node_id"] != h.binding.node:  # the scheduler must honour the binding
-                raise ClusterError(f"worker {h.binding.worker} landed on node {info['node_id']}, not its binding")
-
-    # -- dispatch paths --------------------------------------------------------------
-    def _submit(self, idx: list[int], attr: str, per_worker_args: list[tuple[tuple, dict]]) -> list[Any]:
-        refs = []
-        with self._lock:
-            for i, (a, k) in zip(idx, per_worker_args, strict=True):
-                h = self.workers[i]
-                h.inflight += 1
-                h.calls += 1
-                refs.append(getattr(h.actor, attr).remote(*a, **k))
-        return refs
-
-    def _release(self, idx: list[int]) -> None:
-        with self._lock:
-            for i in idx:
-                self.workers[i].inflight -= 1
-
-    def _finish(
-        self, idx: list[int], refs: list[Any], combine: Callable[[list[Any]], Any], blocking: bool, what: str
-    ) -> Any:
-        fut = ClusterFuture(refs, combine, what, lambda: self._release(idx), [self.workers[i].binding for i in idx])
-        return fut.result() if blocking else fut
-
-    # -- lifecycle -------------------------------------------------------------------
-    def restart_worker(self, index: int) -> Binding:
-        """Failover: kill worker ``index``, rebind its slot (another node if possible, by the
-        pool's fallback rules; the binding records why), respawn it and wait until it is up.
-
-        A pipeline using this cluster notices the new worker at its next step: a generator
-        loads the served weights before it gets requests, a trainer is restored from the
-        pipeline's newest autosave.
-        """
-        self._check_open()
-        if not 0 <= index < len(self.workers):
-            raise ConfigError(f"{self.name} has workers 0..{len(self.workers) - 1}, not {index}")
-        old = self.workers[index]
-        _ray.kill(old.actor)
-        b = self._resources.rebind(self.name, index)
-        self.workers[index] = self._spawn(index, len(self.workers), binding=b)
-        self.restarts[index] = self.restarts.get(index, 0) + 1
-        self._wait_ready([index])
-        return self.workers[index].binding
-
-    def dead_workers(self, timeout_s: float = 0.0) -> dict[int, str]:
-        """Health probe: index -> reason for every worker whose process is gone.
-
-        Probes are sent ahead and answered in the background, so a call costs no wait: it
-        reports what the probes that came back found (waiting up to ``timeout_s`` for those in
-        flight) and sends fresh ones. A worker that is only slow to answer never counts as dead.
-        """
-        r = _ray.ray()
-        with self._lock:
-            for i, h in enumerate(self.workers):
-                probe = self._probes.get(i)
-                if probe is None or probe[1] is not h.actor:  # none in flight, or one to a replaced worker
-                    self._probes[i] = (h.actor._rn_info.remote(), h.actor)
-            refs = {ref: i for i, (ref, _) in self._probes.items()}
-        ready, _ = _ray.wait(list(refs), num_returns=len(refs), timeout_s=timeout_s)
-        out = {}
-        for ref in ready:
-            i = refs[ref]
-            self._probes.pop(i, None)  # answered: the next call sends a fresh one
-            try:
-                r.get(ref, timeout=0)
-            except r.exceptions.RayActorError as e:
-                out[i] = f"{type(e).__name__}: {_ray._short(e, 200)}"
-            except Exception:  # noqa: S110 - alive, only the probe failed
-                pass
-        return out
-
-    def info(self) -> list[dict[str, Any]]:
-        """Live info from every worker (node, pid, hardware); raises WorkerDiedError for a dead one."""
-        return [
-            _ray.get(h.actor._rn_info.remote(), timeout_s=30, what="info", worker=h.binding.worker, pool=h.binding.pool)
-            for h in self.workers
-        ]
-
-    def close(self) -> None:
-        """Kill the workers and release their pool slots (idempotent)."""
-        if self.closed:
-            return
-        self.closed = True
-        for h in self.workers:
-            _ray.kill(h.actor)
-        self._resources.release(self.name)
 
 
 def _pick(v: Any, i: int) -> Any:

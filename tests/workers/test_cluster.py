@@ -8,6 +8,7 @@ import pytest
 
 import rollart_nb as rn
 from rollart_nb.errors import ConfigError, StateError, UnknownPoolError, WorkerDiedError
+from rollart_nb.runtime.ray import ClusterFuture
 
 
 class Echo(rn.Worker):
@@ -70,7 +71,7 @@ def test_methods_keep_signature_and_doc(sess):
     assert "Return (rank, hardware, k * x)" in c.scale.__doc__
     assert "scale" in dir(c)
     fut = c.scale(5, blocking=False)
-    assert isinstance(fut, rn.workers.ClusterFuture)
+    assert isinstance(fut, ClusterFuture)
     assert fut.result(timeout=30) == [(0, "H20", 5)]
     sess.close_cluster("echo")
 
