@@ -128,8 +128,8 @@ def test_forget_drops_the_prefix_without_counting_a_recompute():
 
 def test_prefix_cache_is_bounded_by_device_memory():
     b = SimBackend(Q8, H800, time_scale=0, response_tokens=fixed(10))
-    assert b.kv_capacity_tokens == int((80e9 - 16.4e9) * 0.9 // Q8.kv_bytes_per_token)
-    b.kv_capacity_tokens = 250  # shrink to watch LRU eviction
+    assert b.engine.kv_capacity_tokens == int((80e9 - 16.4e9) * 0.9 // Q8.kv_bytes_per_token)
+    b.engine.kv_capacity_tokens = 250  # shrink to watch LRU eviction
     for t in ("a", "b", "c"):
         run(b.generate(req(t, prompt=100)))
     assert b.cached_tokens("a") == 0 and b.cached_tokens("b") == b.cached_tokens("c") == 110
@@ -202,7 +202,7 @@ def test_a_prefill_slows_the_decodes_sharing_its_device_more_on_h20():
 def test_kv_capacity_queues_what_does_not_fit():
     """A request waits (FCFS) until its whole sequence fits in the KV memory left."""
     b = SimBackend(Q8, H800, time_scale=0, response_tokens=fixed(100))
-    b.kv_capacity_tokens = 2500  # two sequences of 1000 + 100 fit, a third must wait
+    b.engine.kv_capacity_tokens = 2500  # two sequences of 1000 + 100 fit, a third must wait
 
     async def burst():
         return await asyncio.gather(*(b.generate(req(f"k{i}", prompt=1000, max_new=200)) for i in range(3)))
@@ -226,7 +226,7 @@ def test_abort_returns_promptly_with_partial_tokens_and_drops_the_cache():
     b = SimBackend(Q8, H20, time_scale=1.0, response_tokens=fixed(2000))
 
     async def scenario():
-        b._remember("t0", 100, 0)
+        b.engine.remember("t0", 100, 0)
         task = asyncio.create_task(b.generate(req(prompt=100, max_new=4000)))
         await asyncio.sleep(0.3)
         t0 = time.perf_counter()
@@ -320,7 +320,7 @@ def test_config_errors_list_every_problem():
     big = ModelSpec("dense-70b", 70e9, 70e9, 80, 8192, 8, 128)
     with pytest.raises(ConfigError, match="does not fit.*raise tp"):
         SimBackend(big, H20)
-    assert SimBackend(big, H20, tp=2).kv_capacity_tokens > 0
+    assert SimBackend(big, H20, tp=2).engine.kv_capacity_tokens > 0
 
 
 def test_a_batching_engines_wait_delays_a_request_and_a_pd_prefill_but_not_the_decode_node():

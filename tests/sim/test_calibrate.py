@@ -71,11 +71,12 @@ def test_measured_profile_is_plausible_and_prices_sim_work(model, registered):
     spec = hf_spec(model)
     b = SimBackend(spec, hw, time_scale=0, response_tokens=lambda r: 3)
     r = asyncio.run(b.generate(GenerationRequest("t0", "math", [5] * 10, max_new_tokens=4)))
-    flops_s = prefill_flops(spec, 10) / (hw.bf16_tflops * 1e12 * b.mfu)
+    mfu, mbu = b.engine.settings.mfu, b.engine.settings.mbu
+    flops_s = prefill_flops(spec, 10) / (hw.bf16_tflops * 1e12 * mfu)
     assert r.prefill_s == pytest.approx(
         max(flops_s + hw.pass_overhead_s, weights_read_bytes(spec, 10) / 1e9 / hw.mem_bw_gbps)
     )
-    assert r.decode_s == pytest.approx(decode_time(spec, hw, 3, 10, mbu=b.mbu, mfu=b.mfu))
+    assert r.decode_s == pytest.approx(decode_time(spec, hw, 3, 10, mbu=mbu, mfu=mfu))
     assert r.decode_s >= 3 * hw.pass_overhead_s  # each decoded token pays one pass
 
 
