@@ -559,7 +559,7 @@ def _pretrain(base: Any, envs: dict[str, Any], cfg: TrainConfig, *, quiet: bool)
 def _write_report(
     out: Path, reports: list[Any], first: dict[str, float], last: dict[str, float], cfg: TrainConfig
 ) -> None:
-    from rollart_nb.nb.figures import curves_svg, report_html
+    from rollart_nb.nb.report import curves_svg, report_html
 
     p = cfg.pipeline
     title = f"rollart_nb {cfg.name} ({p.mode}, alpha={p.alpha}, seed {cfg.seed})"

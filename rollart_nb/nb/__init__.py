@@ -9,7 +9,9 @@ pandas). Names load on first use, so ``import rollart_nb.nb`` stays cheap:
   worker filter, Pause and Clear.
 * :class:`TrajectoryViewer` — ``pipe.trajectories(...)`` / ``pipe.viewer(...)``: turns, token
   loss masks, logprobs, per-turn policy versions, reward versions, export.
-* :mod:`rollart_nb.nb.figures` — pure figure functions (StepReports in, plotly figures out).
+* :mod:`rollart_nb.nb.figures` — pure figure functions (StepReports in, plotly figures out);
+  :mod:`~rollart_nb.nb.timeline` the pool utilization timeline, :mod:`~rollart_nb.nb.report` the
+  curves SVG and the HTML report.
 * :func:`trajectory_html` — one trajectory as HTML, without widgets.
 """
 

@@ -21,7 +21,7 @@ click is not stuck behind them. The timeout keeps the plots moving where no answ
 answers reach the kernel only while it is idle (a busy cell holds them), and a dashboard never
 displayed sends none; there the pace is one push per ``ack_timeout_s``. The status line does not
 wait: it follows the pipeline's state at once. The figures themselves are the pure functions of
-:mod:`rollart_nb.nb.figures`.
+:mod:`rollart_nb.nb.figures` and :mod:`~rollart_nb.nb.timeline`.
 
 The watcher stops when the pipeline closes or the widget is closed, and never raises: a
 drawing problem is logged once, and the run goes on.
@@ -38,7 +38,7 @@ from typing import Any
 
 import ipywidgets as widgets
 
-from rollart_nb.nb import figures
+from rollart_nb.nb import figures, timeline
 from rollart_nb.nb.live import LivePlots, spec_of
 
 __all__ = ["Dashboard"]
@@ -293,7 +293,7 @@ class Dashboard(widgets.VBox):
             "step_time": figures.step_time_figure(reports),
             "staleness": figures.staleness_figure(reports),
             "throughput": figures.throughput_figure(reports),
-            "utilization": figures.timeline_figure(
+            "utilization": timeline.timeline_figure(
                 segs, [e for r in reports for e in r.events], t0=self._t0, window_s=self.window_s
             ),
         }
@@ -309,7 +309,7 @@ class Dashboard(widgets.VBox):
         except Exception as e:  # a closed pipeline keeps its curves; only the timeline stops
             log.debug("no trajectories for the timeline: %s", e)
             trajs = []
-        for s in figures.utilization_segments(trajs, reports[-50:]):
+        for s in timeline.utilization_segments(trajs, reports[-50:]):
             self._segments.setdefault((s["row"], s["kind"], s["start"], s["label"]), s)
         if self.window_s is not None and self._segments:
             # segments long out of the window go, once they are as many as the rest (the timeline

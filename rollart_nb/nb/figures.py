@@ -9,15 +9,13 @@ from __future__ import annotations
 import html
 import math
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from rollart_nb.algo.grpo import TASK_METRICS, TRAIN_METRICS, per_task
 from rollart_nb.control.report import ENV_FAULTS, PHASES, StepReport
-from rollart_nb.trajectory import Trajectory
 
 __all__ = [
-    "curves_svg",
     "env_faults_line",
     "failed_aborted_figure",
     "failover_line",
@@ -25,23 +23,17 @@ __all__ = [
     "failures_figure",
     "reward_figure",
     "reason_kind",
-    "report_html",
     "staleness_figure",
     "step_failures",
     "step_time_figure",
     "swap_step",
     "task_figure",
     "throughput_figure",
-    "timeline_figure",
     "training_figure",
-    "utilization_figure",
-    "utilization_segments",
 ]
 
-#: Modes whose train step runs inside the step (after rollout_wait) rather than behind the next rollout.
-_INLINE_TRAIN_MODES = ("sync", "sync+")
-#: Row label of train steps in the utilization timeline.
-TRAIN_ROW = "trainer"
+#: One color per task, in sorted task order, in every per-task plot (the curves SVG too).
+TASK_COLORS = ("#4c78a8", "#e45756", "#54a24b", "#b279a2", "#f58518", "#72b7b2")
 
 _PHASE_COLORS = {
     "rollout_wait": "#4c78a8",
@@ -164,7 +156,7 @@ def training_figure(reports: Sequence[StepReport]) -> Any:
                 mode="lines+markers",
                 marker={"size": 4},
                 name=key,
-                line={"color": _TASK_COLORS[i % len(_TASK_COLORS)]},
+                line={"color": TASK_COLORS[i % len(TASK_COLORS)]},
             ),
             row=i // 3 + 1,
             col=i % 3 + 1,
@@ -218,7 +210,7 @@ def task_figure(reports: Sequence[StepReport]) -> Any:
     trained = [(r.step, per_task(r.train)) for r in reports]
     panels = [name for name, _ in _TASK_PANELS]
     for i, task in enumerate(tasks):
-        color = _TASK_COLORS[i % len(_TASK_COLORS)]
+        color = TASK_COLORS[i % len(TASK_COLORS)]
         series: list[tuple[str, list[tuple[int, float]], dict[str, Any]]] = [
             ("reward", [(r.step, r.reward[task]) for r in reports if task in r.reward], {}),
             ("validation", [(r.step, r.validation[task]) for r in reports if task in r.validation], {}),
@@ -496,305 +488,3 @@ def throughput_figure(reports: Sequence[StepReport]) -> Any:
         margin={"l": 40, "r": 10, "t": 40, "b": 40},
     )
     return fig
-
-
-def utilization_segments(
-    trajectories: Iterable[Trajectory], reports: Sequence[StepReport] = (), *, window_s: float | None = None
-) -> list[dict[str, Any]]:
-    """What each worker did, and when: one segment per generated turn and per train step.
-
-    Generation segments come from each turn's ``timings["t"]`` (wall start, unix seconds),
-    ``timings["generate"]`` (seconds) and ``worker``; turns without them are skipped. Train
-    segments come from ``StepReport.started_at`` and ``train_s``: in sync modes training starts
-    after the step's rollout wait, in overlapped modes it is launched at the end of the step.
-
-    Args:
-        trajectories: trajectories to read turns from (any status).
-        reports: step reports for the train row.
-        window_s: keep only segments that end within this many seconds of the latest end.
-
-    Returns:
-        Dicts with ``row`` (worker name or :data:`TRAIN_ROW`), ``kind`` ("generate" / "train"),
-        ``start`` and ``end`` (unix seconds), ``label`` (hover text), sorted by start.
-    """
-    segs: list[dict[str, Any]] = []
-    for traj in trajectories:
-        for i, turn in enumerate(traj.turns):
-            t, dur = turn.timings.get("t"), turn.timings.get("generate")
-            if t is None or dur is None or not turn.worker:
-                continue
-            segs.append(
-                {
-                    "row": turn.worker,
-                    "kind": "generate",
-                    "start": float(t),
-                    "end": float(t) + float(dur),
-                    "label": f"{traj.task} {traj.id} turn {i} v{turn.version}",
-                }
-            )
-    for r in reports:
-        if r.train_s <= 0 or r.started_at <= 0:
-            continue
-        start = r.started_at + (r.phases.get("rollout_wait", 0.0) if r.mode in _INLINE_TRAIN_MODES else r.step_s)
-        segs.append(
-            {
-                "row": TRAIN_ROW,
-                "kind": "train",
-                "start": start,
-                "end": start + r.train_s,
-                "label": f"train step {r.step} (v{r.version})",
-            }
-        )
-    if window_s is not None and segs:
-        latest = max(s["end"] for s in segs)
-        segs = [s for s in segs if s["end"] >= latest - window_s]
-    return sorted(segs, key=lambda s: s["start"])
-
-
-def utilization_figure(
-    trajectories: Iterable[Trajectory], reports: Sequence[StepReport] = (), *, window_s: float | None = None
-) -> Any:
-    """Pool utilization timeline: a Gantt row per generation worker plus the trainer.
-
-    The x axis is seconds since the earliest segment shown; the title gives each row's busy
-    fraction over the shown span (overlapping turns of a batching worker count once).
-    """
-    segs = utilization_segments(trajectories, reports, window_s=window_s)
-    return timeline_figure(segs, [e for r in reports for e in r.events])
-
-
-def timeline_figure(
-    segs: Sequence[dict[str, Any]],
-    events: Sequence[dict[str, Any]] = (),
-    *,
-    t0: float | None = None,
-    window_s: float | None = None,
-) -> Any:
-    """The utilization timeline of :func:`utilization_segments`' segments, drawn in the order given.
-
-    Args:
-        segs: segments (``row``, ``kind``, ``start``, ``end``, ``label``); a live view passes them
-            in the order it saw them, so that new ones are appended to the bars already drawn.
-        events: failover events (``kind``, ``worker``, ``at``): a mark on the worker's row.
-        t0: unix time of x = 0 (default: the earliest segment).
-        window_s: show only the last ``window_s`` seconds (the x axis range; busy fractions are
-            over that span). Default: everything.
-    """
-    go = _go()
-    fig = go.Figure()
-    if t0 is None:
-        t0 = min((s["start"] for s in segs), default=0.0)
-    latest = max((s["end"] for s in segs), default=t0)
-    lo = t0 if window_s is None else max(t0, latest - window_s)
-    for kind, color in (("generate", "#4c78a8"), ("train", "#54a24b")):
-        ks = [s for s in segs if s["kind"] == kind]
-        fig.add_trace(
-            go.Bar(
-                y=[s["row"] for s in ks],
-                x=[round(s["end"] - s["start"], 3) for s in ks],  # milliseconds: enough for a timeline, and
-                base=[round(s["start"] - t0, 3) for s in ks],  # a third of the bytes of full precision
-                orientation="h",
-                name=kind,
-                marker_color=color,
-                hovertext=[s["label"] for s in ks],
-                hoverinfo="text+x",
-            )
-        )
-    shown = [e for e in events if segs and e.get("at", 0) >= t0]
-    if shown:  # replacements and restores: a mark on the worker's row when it happened
-        fig.add_trace(
-            go.Scatter(
-                y=[TRAIN_ROW if e["kind"] == "trainer_restored" else e["worker"] for e in shown],
-                x=[e["at"] - t0 for e in shown],
-                mode="markers",
-                name="failover",
-                marker={"symbol": "x", "size": 12, "color": "#d62728"},
-                hovertext=[
-                    f"{e['kind'].replace('_', ' ')}: {e['worker']} (v{e.get('version')}; "
-                    f"{str(e.get('reason', ''))[:120]})"
-                    for e in shown
-                ],
-                hoverinfo="text",
-            )
-        )
-    span = latest - lo
-    clipped = [{**s, "start": max(s["start"], lo)} for s in segs if s["end"] > lo]
-    busy = {row: _busy(clipped, row) / span for row in sorted({s["row"] for s in segs})} if span > 0 else {}
-    util = ", ".join(f"{row} {frac:.0%}" for row, frac in busy.items())
-    fig.update_layout(
-        title=f"Pool utilization ({util})" if util else "Pool utilization",
-        barmode="overlay",
-        xaxis_title="seconds",
-        height=120 + 30 * max(1, len(busy)),
-        margin={"l": 40, "r": 10, "t": 40, "b": 40},
-    )
-    if window_s is not None and segs:
-        fig.update_xaxes(range=[lo - t0, latest - t0])
-    return fig
-
-
-def _busy(segs: Sequence[dict[str, Any]], row: str) -> float:
-    """Union length of a row's segments (concurrent turns on one worker count once)."""
-    total, cur_start, cur_end = 0.0, None, None
-    for s in sorted((s for s in segs if s["row"] == row), key=lambda s: s["start"]):
-        if cur_end is None or s["start"] > cur_end:
-            if cur_end is not None:
-                total += cur_end - cur_start
-            cur_start, cur_end = s["start"], s["end"]
-        else:
-            cur_end = max(cur_end, s["end"])
-    if cur_end is not None:
-        total += cur_end - cur_start
-    return total
-
-
-def _fmt(v: float | None) -> str:
-    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.3f}"
-
-
-_TASK_COLORS = ("#4c78a8", "#e45756", "#54a24b", "#b279a2", "#f58518", "#72b7b2")
-
-
-def curves_svg(
-    reports: Sequence[StepReport],
-    *,
-    before: dict[str, float] | None = None,
-    after: dict[str, float] | None = None,
-    title: str = "Learning curves",
-    width: int = 760,
-    height: int = 300,
-) -> str:
-    """The learning curves as one standalone SVG (no JavaScript: it renders in a README, a paper
-    or a browser with no network): per task, the greedy validation score (line with dots) and the
-    batch's mean reward (thin, faded), against wall seconds since the first step began.
-
-    Args:
-        reports: step reports, in order (``started_at`` gives the x axis; when no report has
-            one, the step index does).
-        before: validation scores before training, drawn at x = 0.
-        after: validation scores after the last step, drawn at the end of the x axis.
-        title: the chart's title.
-        width / height: the SVG's size in pixels.
-    """
-    timed = any(r.started_at for r in reports)
-    t0 = reports[0].started_at if timed and reports else 0.0
-
-    def x_of(r: StepReport) -> float:
-        return (r.started_at + r.step_s - t0) if timed else float(r.step + 1)
-
-    tasks = sorted({t for r in reports for t in (*r.reward, *r.validation)} | set(before or {}) | set(after or {}))
-    x_max = max([x_of(r) for r in reports] + [1e-9])
-    left, right, top, bottom = 44, 160, 28, 36
-    pw, ph = width - left - right, height - top - bottom
-
-    def pt(x: float, y: float) -> str:
-        y = min(max(y, 0.0), 1.0)
-        return f"{left + pw * x / x_max:.1f},{top + ph * (1 - y):.1f}"
-
-    out = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-        f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">',
-        f'<rect width="{width}" height="{height}" fill="white"/>',
-        f'<text x="{left}" y="16" font-size="13">{html.escape(title)}</text>',
-    ]
-    for i in range(6):  # y grid: 0, 0.2, ..., 1
-        y = i / 5
-        out.append(
-            f'<line x1="{left}" x2="{left + pw}" y1="{top + ph * (1 - y):.1f}" y2="{top + ph * (1 - y):.1f}" '
-            f'stroke="#ddd"/><text x="{left - 6}" y="{top + ph * (1 - y) + 4:.1f}" text-anchor="end">{y:.1f}</text>'
-        )
-    step = _nice_step(x_max / 6)
-    for k in range(int(x_max / step) + 1):
-        x = k * step
-        out.append(f'<text x="{left + pw * x / x_max:.1f}" y="{top + ph + 14}" text-anchor="middle">{x:g}</text>')
-    out.append(
-        f'<text x="{left + pw / 2}" y="{height - 6}" text-anchor="middle">{"wall seconds" if timed else "step"}</text>'
-    )
-    for i, task in enumerate(tasks):
-        color = _TASK_COLORS[i % len(_TASK_COLORS)]
-        rew = [(x_of(r), r.reward[task]) for r in reports if task in r.reward and math.isfinite(r.reward[task])]
-        if rew:
-            out.append(
-                f'<polyline fill="none" stroke="{color}" stroke-opacity="0.35" stroke-width="1" '
-                f'points="{" ".join(pt(x, y) for x, y in rew)}"/>'
-            )
-        val = [(0.0, before[task])] if before and task in before and math.isfinite(before[task]) else []
-        val += [
-            (x_of(r), r.validation[task]) for r in reports if task in r.validation and math.isfinite(r.validation[task])
-        ]
-        if after and task in after and math.isfinite(after[task]):
-            val.append((x_max, after[task]))
-        if val:
-            out.append(
-                f'<polyline fill="none" stroke="{color}" stroke-width="2" '
-                f'points="{" ".join(pt(x, y) for x, y in val)}"/>'
-            )
-            for cx, cy in (pt(x, y).split(",") for x, y in val):
-                out.append(f'<circle cx="{cx}" cy="{cy}" r="2.2" fill="{color}"/>')
-        ly = top + 14 + 34 * i
-        out.append(
-            f'<line x1="{left + pw + 10}" x2="{left + pw + 28}" y1="{ly}" y2="{ly}" stroke="{color}" '
-            f'stroke-width="2"/><text x="{left + pw + 32}" y="{ly + 4}">{html.escape(task)} validation</text>'
-        )
-        out.append(
-            f'<line x1="{left + pw + 10}" x2="{left + pw + 28}" y1="{ly + 15}" y2="{ly + 15}" stroke="{color}" '
-            f'stroke-opacity="0.35"/><text x="{left + pw + 32}" y="{ly + 19}">{html.escape(task)} reward</text>'
-        )
-    out.append("</svg>")
-    return "\n".join(out)
-
-
-def _nice_step(raw: float) -> float:
-    """1, 2 or 5 times a power of ten, at least ``raw``."""
-    mag = 10 ** math.floor(math.log10(raw)) if raw > 0 else 1.0
-    return next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw)
-
-
-def report_html(
-    reports: Sequence[StepReport],
-    *,
-    title: str = "rollart_nb run",
-    before: dict[str, float] | None = None,
-    after: dict[str, float] | None = None,
-) -> str:
-    """A standalone HTML report: validation before/after, learning curves, the training metrics,
-    step times, a table."""
-    parts = [f"<h1>{html.escape(title)}</h1>"]
-    if before or after:
-        tasks = sorted(set(before or {}) | set(after or {}))
-        rows = "".join(
-            f"<tr><td>{html.escape(t)}</td><td>{_fmt((before or {}).get(t))}</td>"
-            f"<td>{_fmt((after or {}).get(t))}</td></tr>"
-            for t in tasks
-        )
-        parts.append(
-            f"<h2>Validation (greedy)</h2><table border=1><tr><th>task</th><th>before</th>"
-            f"<th>after</th></tr>{rows}</table>"
-        )
-    try:
-        import plotly.io as pio
-
-        for i, fig in enumerate(
-            [
-                reward_figure(reports),
-                task_figure(reports),
-                training_figure(reports),
-                step_time_figure(reports),
-                staleness_figure(reports),
-                failures_figure(reports),
-                throughput_figure(reports),
-            ]
-        ):
-            parts.append(pio.to_html(fig, full_html=False, include_plotlyjs="cdn" if i else True))
-    except ImportError:
-        parts.append("<p>(install plotly for charts: pip install 'rollart_nb[nb]')</p>")
-    keys = list(reports[0].row()) if reports else []
-    body = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(str(r.row().get(k, '')))}</td>" for k in keys) + "</tr>" for r in reports
-    )
-    parts.append(
-        "<h2>Steps</h2><table border=1><tr>"
-        + "".join(f"<th>{html.escape(k)}</th>" for k in keys)
-        + f"</tr>{body}</table>"
-    )
-    return "<html><head><meta charset='utf-8'></head><body>" + "".join(parts) + "</body></html>"

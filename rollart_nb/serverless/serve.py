@@ -24,13 +24,9 @@ through the HTTP proxy (p50 ~0.15 s when saturated). See ``benchmarks/serverless
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import hashlib
-import hmac
-import inspect
 import io
-import json
 import logging
 import os
 import re
@@ -45,9 +41,9 @@ from typing import Any
 
 import rollart_nb._ray as _ray
 from rollart_nb.errors import ConfigError, ServerlessError, StateError
-from rollart_nb.redact import redact, redact_url, register_secret
+from rollart_nb.redact import redact_url, register_secret
 from rollart_nb.serverless.client import Endpoint
-from rollart_nb.trajectory import Trajectory
+from rollart_nb.serverless.replica import RewardReplica, ServeStats
 
 __all__ = ["ServeManager"]
 
@@ -57,160 +53,69 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 _TIMELINE_POINTS = 20_000  # per deployment; ~3 h at the default sampling interval
 
 
-# -- inside Serve ----------------------------------------------------------------------
-def _keep_replica_grpc_on_loopback() -> None:
-    """On a loopback-only session, bind this replica's inter-deployment gRPC server to 127.0.0.1.
+@dataclass(frozen=True)
+class _Scaling:
+    """A deployment's replica and autoscaling options (documented at ServeManager.deploy)."""
 
-    Serve starts that server after the deployment's constructor, always on ``[::]:0`` (every
-    interface, no authentication) and with no setting to change it; the proxy reaches replicas
-    through Ray, so nothing here needs it on another interface.
-    """
-    if os.environ.get(_ray.LOOPBACK_ENV) != "0":  # an exposed or attached cluster
-        return
-    from ray.serve._private import replica
+    min_replicas: int
+    max_replicas: int
+    downscale_delay_s: float
+    upscale_delay_s: float
+    target_ongoing_requests: float
+    max_ongoing_requests: int
+    batched: bool
+    max_batch_size: int
+    batch_wait_s: float
+    num_cpus: float
+    num_gpus: float
 
-    add_port = replica.add_port_to_grpc_server
-    if getattr(add_port, "loopback_only", False):
-        return
+    def problems(self) -> list[str]:
+        """Every bad option, one sentence each."""
+        lo, hi = self.min_replicas, self.max_replicas
+        problems = [] if isinstance(lo, int) and lo >= 0 else [f"min_replicas={lo!r} must be an int >= 0"]
+        if not isinstance(hi, int) or hi < max(1, lo if isinstance(lo, int) else 1):
+            problems.append(f"max_replicas={hi!r} must be an int >= max(1, min_replicas)")
+        for key in ("downscale_delay_s", "upscale_delay_s", "batch_wait_s", "num_cpus", "num_gpus"):
+            if getattr(self, key) < 0:
+                problems.append(f"{key}={getattr(self, key)} must be >= 0")
+        if self.target_ongoing_requests <= 0:
+            problems.append(f"target_ongoing_requests={self.target_ongoing_requests} must be > 0")
+        if self.max_ongoing_requests < 1 or self.max_batch_size < 1:
+            problems.append("max_ongoing_requests and max_batch_size must be >= 1")
+        return problems
 
-    def loopback_port(server: Any, address: str) -> int:
-        return add_port(server, "127.0.0.1:" + address[len("[::]:") :] if address.startswith("[::]:") else address)
-
-    loopback_port.loopback_only = True  # type: ignore[attr-defined]
-    replica.add_port_to_grpc_server = loopback_port
-
-
-class _RewardReplica:
-    """One replica of a reward deployment (runs in a Serve replica actor).
-
-    ``fn`` gets one :class:`Trajectory` (or, when batched, a list of them and returns a list).
-    If ``fn`` has a ``setup()`` method it runs here once, so a judge model loads per replica
-    (part of the cold start) rather than per request.
-    """
-
-    def __init__(
-        self,
-        fn: Any,
-        name: str,
-        version: int,
-        token_digest: str | None,
-        batched: bool,
-        max_batch_size: int,
-        batch_wait_s: float,
-        stats: Any,
-    ) -> None:
-        t0 = time.perf_counter()
-        _keep_replica_grpc_on_loopback()
-        self.fn, self.name, self.version = fn, name, version
-        self.token_digest, self.stats = token_digest, stats
-        if callable(getattr(fn, "setup", None)):
-            fn.setup()
-        self.is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__)
-        self.batch = None
-        if batched:
-            from ray import serve
-
-            self.batch = serve.batch(max_batch_size=max_batch_size, batch_wait_timeout_s=batch_wait_s)(self._run_batch)
-        # Busy time is the union of request intervals, so utilization stays <= 1 per replica
-        # even when requests overlap.
-        self.ongoing, self.busy_since, self.busy_unreported = 0, 0.0, 0.0
-        stats.replica_started.remote(name, version, time.perf_counter() - t0)
-
-    async def _run(self, traj: Trajectory) -> Any:
-        if self.is_async:
-            return await self.fn(traj)
-        return await asyncio.to_thread(self.fn, traj)  # keep the replica's loop answering
-
-    async def _run_batch(self, trajs: list[Trajectory]) -> list[Any]:
-        out = await self.fn(trajs) if self.is_async else await asyncio.to_thread(self.fn, trajs)
-        if not isinstance(out, list | tuple) or len(out) != len(trajs):
-            raise TypeError(
-                f"batched reward returned {type(out).__name__} for {len(trajs)} trajectories; "
-                "return a list with one value per trajectory"
-            )
-        return list(out)
-
-    def _authorized(self, header: str | None) -> bool:
-        if self.token_digest is None:
-            return True
-        scheme, _, token = (header or "").partition(" ")
-        digest = hashlib.sha256(token.encode()).hexdigest()
-        return scheme.lower() == "bearer" and hmac.compare_digest(digest, self.token_digest)
-
-    async def __call__(self, request: Any) -> Any:
-        from starlette.responses import Response
-
-        def answer(status: int, body: dict[str, Any]) -> Response:
-            return Response(json.dumps(body, allow_nan=True), status_code=status, media_type="application/json")
-
-        if not self._authorized(request.headers.get("authorization")):
-            return answer(401, {"error": "missing or wrong bearer token"})
-        try:
-            body = await request.json()
-            traj = Trajectory.from_dict(body["args"][0])
-        except Exception as e:  # any malformed body is the caller's error, not the reward's
-            return answer(
-                400,
-                {
-                    "error": f"body must be {{'args': [trajectory dict], 'kwargs': {{}}}}: "
-                    f"{type(e).__name__}: {redact(str(e))}"
-                },
-            )
-        now = time.perf_counter()
-        if self.ongoing == 0:
-            self.busy_since = now
-        self.ongoing += 1
-        ok = True
-        try:
-            value = await (self.batch(traj) if self.batch is not None else self._run(traj))
-            return answer(200, {"result": value, "version": self.version})
-        except Exception as e:
-            ok = False
-            why = f"{type(e).__name__}: {redact(str(e))}"
-            logging.getLogger(__name__).warning("reward %s v%d raised %s", self.name, self.version, why)
-            return answer(500, {"error": why})
-        finally:
-            self.ongoing -= 1
-            end = time.perf_counter()
-            if self.ongoing == 0:
-                self.busy_unreported += end - self.busy_since
-            busy, self.busy_unreported = self.busy_unreported, 0.0
-            self.stats.record.remote(self.name, ok, busy)  # fire and forget: off the request path
+    def autoscaling(self) -> dict[str, Any]:
+        """Serve's ``autoscaling_config``."""
+        return {
+            "min_replicas": self.min_replicas,
+            "max_replicas": self.max_replicas,
+            "target_ongoing_requests": self.target_ongoing_requests,
+            "upscale_delay_s": self.upscale_delay_s,
+            "downscale_delay_s": self.downscale_delay_s,
+            # Serve's defaults (10 s pushes, 30 s window) would keep an idle reward replica up
+            # for ~40 s past downscale_delay_s; between-step idleness is what we reclaim.
+            "metrics_interval_s": 0.5,
+            "look_back_period_s": max(1.0, min(5.0, self.downscale_delay_s)),
+        }
 
 
-class _ServeStats:
-    """Counters that outlive replicas (a replica scaled to zero takes its own with it)."""
-
-    def __init__(self) -> None:
-        self.by_name: dict[str, dict[str, float]] = {}
-
-    def _row(self, name: str) -> dict[str, float]:
-        return self.by_name.setdefault(
-            name, {"requests": 0, "errors": 0, "busy_s": 0.0, "replica_starts": 0, "init_s_total": 0.0}
-        )
-
-    def record(self, name: str, ok: bool, busy_s: float) -> None:
-        row = self._row(name)
-        row["requests"] += 1
-        row["errors"] += 0 if ok else 1
-        row["busy_s"] += busy_s
-
-    def replica_started(self, name: str, version: int, init_s: float) -> None:
-        row = self._row(name)
-        row["replica_starts"] += 1
-        row["init_s_total"] += init_s
-
-    def snapshot(self) -> dict[str, dict[str, float]]:
-        return {k: dict(v) for k, v in self.by_name.items()}
-
-
-# -- driver side ------------------------------------------------------------------------
 @dataclass
 class _Deployed:
     endpoint: Endpoint
     version: int
-    options: dict[str, Any]
+    scaling: _Scaling
     deployed_at: float
+
+
+def _token_digest(token_env: str | None, problems: list[str]) -> str | None:
+    """The SHA-256 of the bearer token in ``$token_env`` (None without one); a missing one is a problem."""
+    token = os.environ.get(token_env) if token_env is not None else None
+    if token_env is not None and not token:
+        problems.append(f"token_env ${token_env} is unset or empty; export the token first")
+    if not token:
+        return None
+    register_secret(token)
+    return hashlib.sha256(token.encode()).hexdigest()
 
 
 # Ray Serve's RequestRouterConfig() registers and then unregisters a module in cloudpickle's
@@ -304,7 +209,7 @@ class ServeManager:
         serve.start(http_options={"host": host, "port": want}, proxy_location="HeadOnly")
         self.port = self._bound_port(want)
         ray = _ray.ray()
-        self._stats = ray.remote(_ServeStats).options(num_cpus=0, max_concurrency=1).remote()
+        self._stats = ray.remote(ServeStats).options(num_cpus=0, max_concurrency=1).remote()
         self.deployments: dict[str, _Deployed] = {}
         self.state = "running"
         self._lock = threading.Lock()
@@ -386,70 +291,69 @@ class ServeManager:
             ServerlessError: Serve could not deploy it.
         """
         self._check()
-        from ray import serve
-
-        problems = []
-        if not isinstance(name, str) or not _NAME.match(name):
-            problems.append(f"name {name!r} must be 1-64 letters, digits, '_' or '-' (it becomes the URL route)")
+        scaling = _Scaling(
+            min_replicas,
+            max_replicas,
+            downscale_delay_s,
+            upscale_delay_s,
+            target_ongoing_requests,
+            max_ongoing_requests,
+            batched,
+            max_batch_size,
+            batch_wait_s,
+            num_cpus,
+            num_gpus,
+        )
+        problems = (
+            []
+            if isinstance(name, str) and _NAME.match(name)
+            else [f"name {name!r} must be 1-64 letters, digits, '_' or '-' (it becomes the URL route)"]
+        )
         if not callable(fn):
             problems.append(f"fn must be callable, got {type(fn).__name__}")
-        if not isinstance(min_replicas, int) or min_replicas < 0:
-            problems.append(f"min_replicas={min_replicas!r} must be an int >= 0")
-        if not isinstance(max_replicas, int) or max_replicas < max(
-            1, min_replicas if isinstance(min_replicas, int) else 1
-        ):
-            problems.append(f"max_replicas={max_replicas!r} must be an int >= max(1, min_replicas)")
-        for key, val in (
-            ("downscale_delay_s", downscale_delay_s),
-            ("upscale_delay_s", upscale_delay_s),
-            ("batch_wait_s", batch_wait_s),
-            ("num_cpus", num_cpus),
-            ("num_gpus", num_gpus),
-        ):
-            if val < 0:
-                problems.append(f"{key}={val} must be >= 0")
-        if target_ongoing_requests <= 0:
-            problems.append(f"target_ongoing_requests={target_ongoing_requests} must be > 0")
-        if max_ongoing_requests < 1 or max_batch_size < 1:
-            problems.append("max_ongoing_requests and max_batch_size must be >= 1")
-        digest = None
-        if token_env is not None:
-            token = os.environ.get(token_env)
-            if not token:
-                problems.append(f"token_env ${token_env} is unset or empty; export the token first")
-            else:
-                register_secret(token)
-                digest = hashlib.sha256(token.encode()).hexdigest()
+        problems += scaling.problems()
+        digest = _token_digest(token_env, problems)
         if problems:
             raise ConfigError(problems, where=f"ServeManager.deploy({name!r}, ...)")
 
         self._check_ships(name, fn)
         old = self.deployments.get(name)
         version = 0 if old is None else old.version + 1
-        autoscaling = {
-            "min_replicas": min_replicas,
-            "max_replicas": max_replicas,
-            "target_ongoing_requests": target_ongoing_requests,
-            "upscale_delay_s": upscale_delay_s,
-            "downscale_delay_s": downscale_delay_s,
-            # Serve's defaults (10 s pushes, 30 s window) would keep an idle reward replica up
-            # for ~40 s past downscale_delay_s; between-step idleness is what we reclaim.
-            "metrics_interval_s": 0.5,
-            "look_back_period_s": max(1.0, min(5.0, downscale_delay_s)),
-        }
+        t0 = time.perf_counter()
+        self._run_app(name, version, scaling, fn, digest)
+        ep = Endpoint(name, f"{self.url}/{name}", token_env=token_env, timeout_s=timeout_s, retries=retries)
+        with self._lock:
+            self.deployments[name] = _Deployed(ep, version, scaling, time.time())
+            self._timeline.setdefault(name, deque(maxlen=_TIMELINE_POINTS))
+            self._cold_starts.setdefault(name, 0)
+        log.info("deployed reward %s v%d at %s in %.2fs", name, version, redact_url(ep.url), time.perf_counter() - t0)
+        return ep
+
+    def _run_app(self, name: str, version: int, scaling: _Scaling, fn: Any, digest: str | None) -> None:
+        """Deploy ``fn`` as the Serve application ``name``, or update it in place."""
+        from ray import serve
+
         with _SERVE_CONFIG_LOCK:
             app = (
                 # Ray annotates deployment() as returning the decorator form, even given a class
-                serve.deployment(_RewardReplica)  # type: ignore[attr-defined]
+                serve.deployment(RewardReplica)  # type: ignore[attr-defined]
                 .options(
                     name=name,
-                    ray_actor_options={"num_cpus": num_cpus, "num_gpus": num_gpus},
-                    max_ongoing_requests=max_ongoing_requests,
-                    autoscaling_config=autoscaling,
+                    ray_actor_options={"num_cpus": scaling.num_cpus, "num_gpus": scaling.num_gpus},
+                    max_ongoing_requests=scaling.max_ongoing_requests,
+                    autoscaling_config=scaling.autoscaling(),
                 )
-                .bind(fn, name, version, digest, batched, max_batch_size, batch_wait_s, self._stats)
+                .bind(
+                    fn,
+                    name,
+                    version,
+                    digest,
+                    scaling.batched,
+                    scaling.max_batch_size,
+                    scaling.batch_wait_s,
+                    self._stats,
+                )
             )
-        t0 = time.perf_counter()
         try:
             serve.run(app, name=name, route_prefix=f"/{name}")
         except Exception as e:
@@ -458,21 +362,6 @@ class ServeManager:
                 f"{str(e)[:300]}; check that fn pickles and its setup() works",
                 url=f"{self.url}/{name}",
             ) from e
-        ep = Endpoint(name, f"{self.url}/{name}", token_env=token_env, timeout_s=timeout_s, retries=retries)
-        opts = dict(
-            autoscaling,
-            max_ongoing_requests=max_ongoing_requests,
-            batched=batched,
-            num_cpus=num_cpus,
-            num_gpus=num_gpus,
-            token=token_env is not None,
-        )
-        with self._lock:
-            self.deployments[name] = _Deployed(ep, version, opts, time.time())
-            self._timeline.setdefault(name, deque(maxlen=_TIMELINE_POINTS))
-            self._cold_starts.setdefault(name, 0)
-        log.info("deployed reward %s v%d at %s in %.2fs", name, version, redact_url(ep.url), time.perf_counter() - t0)
-        return ep
 
     def _check_ships(self, name: str, fn: Any) -> None:
         # A replica that cannot unpickle fn never starts, and with min_replicas=0 nobody

@@ -4,7 +4,7 @@ import pytest
 
 from rollart_nb.algo.grpo import TASK_METRICS, TRAIN_METRICS
 from rollart_nb.control.report import PHASES
-from rollart_nb.nb import figures
+from rollart_nb.nb import figures, timeline
 
 pytest.importorskip("plotly")
 
@@ -55,46 +55,11 @@ def test_throughput_figure():
     assert list(fig.data[0].y) == [400.0, 401.0]
 
 
-def test_utilization_segments_from_turn_timings_and_train_steps():
-    trajs = [make_trajectory(0), make_trajectory(1, worker="actor_gen/1")]
-    trajs[0].turns[1].timings.pop("t")  # a turn without a wall start is skipped
-    reps = [make_report(0), make_report(1, mode="sync")]
-    segs = figures.utilization_segments(trajs, reps)
-    gen = [s for s in segs if s["kind"] == "generate"]
-    assert [(s["row"], s["start"], s["end"]) for s in gen] == [
-        ("actor_gen/0", T0, T0 + 0.4),
-        ("actor_gen/1", T0 + 1, T0 + 1.4),
-        ("actor_gen/1", T0 + 2, T0 + 2.4),
-    ]
-    train = [s for s in segs if s["kind"] == "train"]
-    # overlapped mode: launched at the end of the step; sync: after the rollout wait
-    assert [(s["start"], s["end"]) for s in train] == [(T0 + 2.0, T0 + 2.5), (T0 + 11.5, T0 + 12.0)]
-    assert [s["start"] for s in segs] == sorted(s["start"] for s in segs)
-    windowed = figures.utilization_segments(trajs, reps, window_s=1.0)
-    assert [s["kind"] for s in windowed] == ["train"]
-
-
-def test_utilization_figure_rows_and_busy_fraction():
-    trajs = [make_trajectory(0, versions=(0, 0, 0))]
-    trajs[0].turns[1].timings["t"] = T0 + 0.2  # overlaps turn 0: counted once
-    fig = figures.utilization_figure(trajs)
-    gen, train = fig.data
-    assert list(gen.y) == ["actor_gen/0"] * 3 and list(gen.base) == pytest.approx([0.0, 0.2, 2.0])
-    assert list(gen.x) == pytest.approx([0.4] * 3) and len(train.x) == 0
-    # busy: [0, 0.6] + [2, 2.4] = 1.0 of 2.4 s
-    assert f"actor_gen/0 {1.0 / 2.4:.0%}" in fig.layout.title.text
-
-
 def test_empty_inputs_make_empty_figures():
-    assert figures.utilization_figure([], []).layout.title.text == "Pool utilization"
+    assert timeline.utilization_figure([], []).layout.title.text == "Pool utilization"
     assert all(len(t.x) == 0 for t in figures.step_time_figure([]).data)
     assert len(figures.reward_figure([]).data) == 0
     assert all(len(t.x) == 0 for t in figures.training_figure([]).data)
-
-
-def test_report_html_contains_charts_and_table():
-    out = figures.report_html([make_report(0), make_report(1)], before={"math": 0.1}, after={"math": 0.4})
-    assert "plotly" in out and "<h2>Steps</h2>" in out and "0.400" in out
 
 
 def _train(step, **kw):
@@ -157,53 +122,6 @@ def test_task_figure_draws_each_tasks_curves_in_its_own_color():
     assert len(early.data) == 2 * (4 + len(TASK_METRICS)) and all(len(t.x) == 0 for t in early.data[1:4])
 
 
-def test_report_html_includes_the_training_plot():
-    reps = [make_report(i, train=_train(i)) for i in range(2)]
-    out = figures.report_html(reps)
-    assert out.count("KL from behaviour policy (approx.)") == 1 and "response length (tokens)" in out
-    assert "held-out score (greedy)" in out  # the per-task curves
-
-
-def test_curves_svg_draws_validation_and_reward_per_task_against_wall_seconds():
-    import xml.etree.ElementTree as ET
-
-    reps = [
-        make_report(0),
-        make_report(1, validation={"math": 0.7}),
-        make_report(2, reward={"math": float("nan"), "fl": 0.5}),
-        make_report(3, validation={"math": 1.0}),
-    ]
-    svg = figures.curves_svg(reps, before={"math": 0.0, "fl": 0.0}, title="run <1>", width=760, height=300)
-    root = ET.fromstring(svg)  # well-formed, title escaped
-    ns = "{http://www.w3.org/2000/svg}"
-    lines = [[tuple(map(float, p.split(","))) for p in pl.get("points").split()] for pl in root.iter(f"{ns}polyline")]
-    solid = [ln for ln, pl in zip(lines, root.iter(f"{ns}polyline"), strict=True) if pl.get("stroke-opacity") is None]
-    faded = [ln for ln, pl in zip(lines, root.iter(f"{ns}polyline"), strict=True) if pl.get("stroke-opacity")]
-    # validation: fl before only; math before + two validations. Reward: fl 4 steps, math 3 (NaN skipped)
-    assert sorted(len(ln) for ln in solid) == [1, 3] and sorted(len(ln) for ln in faded) == [3, 4]
-    math_val = max(solid, key=len)
-    left, top, plot_w, plot_h = 44, 28, 760 - 44 - 160, 300 - 28 - 36
-    assert math_val[0] == pytest.approx((left, top + plot_h))  # 0.0 before training, at x = 0
-    # the last point: step 3 ended at 3 * 10 + 2 = 32 s, the right edge, at score 1.0 (the top)
-    assert math_val[2] == pytest.approx((left + plot_w, top), abs=0.06)
-    assert math_val[1] == pytest.approx((left + plot_w * 12 / 32, top + plot_h * 0.3), abs=0.06)
-    assert "wall seconds" in svg and "run &lt;1&gt;" in svg
-    # the score after training closes the validation line at the right edge
-    after = figures.curves_svg(reps, before={"math": 0.0}, after={"math": 0.5})
-    pts = [
-        p
-        for pl in ET.fromstring(after).iter(f"{ns}polyline")
-        if pl.get("stroke-opacity") is None
-        for p in [pl.get("points").split()]
-    ]
-    assert [tuple(map(float, q.split(","))) for q in pts[0]][-1] == pytest.approx((left + plot_w, top + plot_h * 0.5))
-
-
-def test_curves_svg_falls_back_to_steps_without_start_times():
-    reps = [make_report(i, started_at=0.0, validation={"math": 0.5}) for i in range(3)]
-    assert ">step</text>" in figures.curves_svg(reps)
-
-
 def test_step_reports_round_trip_through_their_json_lines():
     import json
 
@@ -236,14 +154,14 @@ def test_failover_events_are_marked_on_the_pool_timeline_and_summed_in_a_line():
         },
     ]
     reps = [make_report(0), make_report(1, events=events)]
-    fig = figures.utilization_figure(trajs, reps)
+    fig = timeline.utilization_figure(trajs, reps)
     marks = next(t for t in fig.data if t.name == "failover")
-    assert list(marks.y) == ["actor_gen/0", figures.TRAIN_ROW] and list(marks.x) == pytest.approx([1.5, 2.0])
+    assert list(marks.y) == ["actor_gen/0", timeline.TRAIN_ROW] and list(marks.x) == pytest.approx([1.5, 2.0])
     assert "generator replaced: actor_gen/0" in marks.hovertext[0]
     line = figures.failover_line(reps)
     assert line == "failover: 1 generator(s) replaced (actor_gen/0), 1 trainer restore(s) (last to v2)"
     assert figures.failover_line([make_report(0)]) == ""
-    assert not any(t.name == "failover" for t in figures.utilization_figure(trajs, [make_report(0)]).data)
+    assert not any(t.name == "failover" for t in timeline.utilization_figure(trajs, [make_report(0)]).data)
 
 
 def test_reward_figure_shows_the_failure_rate_beside_the_mean():
@@ -306,14 +224,3 @@ def test_failed_aborted_figure_splits_aborts_by_task_and_shows_penalized_failure
     assert list(by["penalized · math: env: TimeoutError: step took 5s"].y) == [1]
     assert list(by["failed · math: reward: ValueError: bad"].y) == [1]
     assert figures.failure_rate(reps[1]) == 2 / 5  # the penalized one is a failure, though trained on
-
-
-def test_timeline_figure_keeps_the_given_order_and_windows_by_axis_range():
-    segs = [
-        {"row": "g/0", "kind": "generate", "start": T0 + 5, "end": T0 + 6, "label": "b"},
-        {"row": "g/0", "kind": "generate", "start": T0, "end": T0 + 1, "label": "a"},
-    ]
-    fig = figures.timeline_figure(segs, t0=T0, window_s=2.0)
-    assert list(fig.data[0].base) == [5.0, 0.0] and list(fig.data[0].hovertext) == ["b", "a"]
-    assert list(fig.layout.xaxis.range) == [4.0, 6.0]
-    assert "g/0 50%" in fig.layout.title.text  # busy 1 s of the 2 s shown
