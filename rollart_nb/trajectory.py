@@ -21,12 +21,14 @@ from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, SupportsIndex, overload
 
+from rollart_nb.errors import ConfigError
 from rollart_nb.redact import redact
 from rollart_nb.trajectory_frames import TokenizerRef, frame, to_dataframe
+from rollart_nb.trajectory_groups import GROUP_COLUMNS, TrajectoryGroup, algo_of, group_key, groups_of
+from rollart_nb.views import view
 
 if TYPE_CHECKING:
     from rollart_nb.algo.grpo import GRPO
-    from rollart_nb.trajectory_groups import TrajectoryGroup
 
 __all__ = ["Status", "Trajectory", "TrajectoryList", "Turn"]
 
@@ -226,9 +228,6 @@ class Trajectory:
     def _repr_html_(self) -> str:
         """In a notebook: status and reason, reward and its version, every turn with its text and
         the whole sequence's masks (the viewer's detail pane), decoded with :attr:`tokenizer`."""
-        from rollart_nb.errors import ConfigError
-        from rollart_nb.views import view
-
         try:
             return view("trajectory_html", self, self.tokenizer)
         except ConfigError:  # no notebook extra: the plain repr, escaped
@@ -317,8 +316,6 @@ class TrajectoryList(list):
         """Every GRPO group here, one row per member with its reward and advantage (a DataFrame;
         see :mod:`rollart_nb.trajectory_groups`). ``algo``: the GRPO settings (default: the
         source pipeline's, else GRPO's defaults)."""
-        from rollart_nb.trajectory_groups import GROUP_COLUMNS
-
         return frame([row for g in self._groups(algo) for row in g.rows()], GROUP_COLUMNS)
 
     def group(self, group: str | Trajectory, algo: GRPO | None = None) -> TrajectoryGroup:
@@ -328,9 +325,6 @@ class TrajectoryList(list):
         Raises:
             ConfigError: no trajectory here is in that group.
         """
-        from rollart_nb.errors import ConfigError
-        from rollart_nb.trajectory_groups import group_key
-
         key = group if isinstance(group, str) else group_key(group)
         for g in self._groups(algo):
             if g.group_id == key:
@@ -338,13 +332,9 @@ class TrajectoryList(list):
         raise ConfigError(f"no trajectory in this list is in group {key!r}; .groups() lists the groups here")
 
     def _groups(self, algo: GRPO | None) -> list[TrajectoryGroup]:
-        from rollart_nb.trajectory_groups import algo_of, groups_of
-
         return groups_of(self, algo or algo_of(self.source), self.tokenizer)
 
     def _ipython_display_(self) -> None:
         from IPython.display import display
-
-        from rollart_nb.views import view
 
         display(view("trajectories", self))

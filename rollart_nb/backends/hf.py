@@ -40,12 +40,15 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rollart_nb.backends.history import DEFAULT_HISTORY_TOKENS, HistoryStore
 from rollart_nb.errors import GenerationError, WeightSyncError
 from rollart_nb.models.tiny import ModelRef, from_pretrained
 from rollart_nb.protocols import GenerationRequest, GenerationResult
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["BATCH_WAIT_S", "HFBackend", "sample_rows"]
 
@@ -76,13 +79,13 @@ class _Slot:
     logprobs: list[float] = field(default_factory=list)
 
 
-def cache_kwarg(lm: Any) -> str:
+def cache_kwarg(lm: torch.nn.Module) -> str:
     """The name under which ``lm.forward`` takes and returns its KV cache: ``"cache"`` in
     transformers >= 5.2x, ``"past_key_values"`` in older releases."""
     return "cache" if "cache" in inspect.signature(lm.forward).parameters else "past_key_values"
 
 
-def sample_rows(logits: Any, temperatures: Any, generators: list[Any]) -> Any:
+def sample_rows(logits: torch.Tensor, temperatures: torch.Tensor, generators: list[torch.Generator]) -> torch.Tensor:
     """One token per row of ``logits`` [B, V], drawn from ``softmax(logits / temperature)``.
 
     Inverse-CDF sampling: one uniform per row from that row's own ``torch.Generator`` (so a row's
@@ -215,7 +218,7 @@ class HFBackend:
         self._served.pop(traj_id, None)
         self._kv_drop.add(traj_id)
 
-    def load_weights(self, state: dict[str, Any], version: int) -> None:
+    def load_weights(self, state: dict[str, torch.Tensor], version: int) -> None:
         """Replace the weights in place, between batches; all-or-nothing.
 
         Raises:

@@ -24,7 +24,7 @@ import os
 import random
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rollart_nb.algo.grpo import (
     GRPO,
@@ -40,6 +40,9 @@ from rollart_nb.errors import ConfigError, StateError
 from rollart_nb.models.tiny import ModelRef, from_pretrained
 from rollart_nb.trajectory import Trajectory
 
+if TYPE_CHECKING:
+    import torch
+
 __all__ = ["MegatronTrainBackend", "hf_to_megatron", "megatron_to_hf"]
 
 log = logging.getLogger(__name__)
@@ -51,8 +54,8 @@ _COL_PARALLEL = ("self_attention.linear_qkv.weight", "self_attention.linear_qkv.
 
 
 def hf_to_megatron(
-    hf: dict[str, Any], *, layers: int, heads: int, kv_heads: int, tp: int = 1, rank: int = 0
-) -> dict[str, Any]:
+    hf: dict[str, torch.Tensor], *, layers: int, heads: int, kv_heads: int, tp: int = 1, rank: int = 0
+) -> dict[str, torch.Tensor]:
     """HF Qwen2/Llama weights -> tensor-parallel rank ``rank``'s megatron ``GPTModel`` weights.
 
     Args:
@@ -94,7 +97,9 @@ def hf_to_megatron(
     return out
 
 
-def megatron_to_hf(shards: list[dict[str, Any]], *, layers: int, heads: int, kv_heads: int) -> dict[str, Any]:
+def megatron_to_hf(
+    shards: list[dict[str, torch.Tensor]], *, layers: int, heads: int, kv_heads: int
+) -> dict[str, torch.Tensor]:
     """Inverse of :func:`hf_to_megatron`: all TP ranks' weights (in rank order) -> HF naming.
 
     ``lm_head.weight`` is always present (a copy of the embeddings when they are tied), as in
@@ -300,7 +305,7 @@ class MegatronTrainBackend:
             task_response_length=mean_response_length(batch, by_task=True),
         )
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, torch.Tensor]:
         """Whole-model weights in HF naming, as CPU tensors (gathered over TP; every rank gets them)."""
         import torch
         import torch.distributed as dist

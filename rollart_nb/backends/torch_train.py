@@ -371,7 +371,7 @@ class TorchTrainBackend:
         self.model.eval()
         return sums, grad_norm
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, torch.Tensor]:
         """Model weights as detached CPU tensors (safe to publish while training goes on)."""
         return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
 

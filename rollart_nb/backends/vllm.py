@@ -46,6 +46,9 @@ from rollart_nb.errors import ConfigError, GenerationError, StateError, WeightSy
 from rollart_nb.models.tiny import ModelRef, from_pretrained
 from rollart_nb.protocols import GenerationRequest, GenerationResult
 
+if TYPE_CHECKING:
+    import torch
+
 __all__ = ["VLLMBackend"]
 
 log = logging.getLogger(__name__)
@@ -224,7 +227,7 @@ class VLLMBackend:
         self.history.forget(traj_id)
         self._served.pop(traj_id, None)
 
-    def load_weights(self, state: dict[str, Any], version: int) -> None:
+    def load_weights(self, state: dict[str, torch.Tensor], version: int) -> None:
         """Reload the weights in place on every worker; all-or-nothing, between requests.
 
         New requests wait until the load is done; running ones finish under the old version first.

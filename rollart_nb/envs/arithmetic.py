@@ -19,7 +19,7 @@ import re
 from itertools import product
 from typing import Any
 
-from rollart_nb.errors import ConfigError
+from rollart_nb.errors import ConfigError, StateError
 
 __all__ = ["HELDOUT_SEED_BASE", "Arithmetic", "parse_answer", "parse_digits", "parse_int"]
 
@@ -237,7 +237,7 @@ class Arithmetic:
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         if self._answer is None:
-            raise RuntimeError("Arithmetic episode is over; call reset() first")
+            raise StateError("Arithmetic has no open episode (not reset yet, or it ended); call reset() first")
         self._turn += 1
         given = parse_int(action)
         # Fixed-width and reversed answers are read as the digits written ("2 5" is not "2 5 0");

@@ -26,7 +26,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
-from rollart_nb.errors import EnvError
+from rollart_nb.errors import EnvError, StateError
 
 __all__ = ["AsyncEnv", "BlockingPool", "EnvWrapper", "StepResult", "default_pool", "env_name", "env_reset", "env_step"]
 
@@ -142,7 +142,7 @@ class BlockingPool(concurrent.futures.Executor):
         fut: concurrent.futures.Future = concurrent.futures.Future()
         with self._cv:
             if self._closed:
-                raise RuntimeError(f"BlockingPool {self.name!r} is shut down")
+                raise StateError(f"BlockingPool {self.name!r} is shut down; create a new one")
             self._jobs.append((fut, lambda: fn(*args, **kwargs)))
             self._grow()
             self._cv.notify()

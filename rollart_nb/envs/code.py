@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from rollart_nb.errors import ConfigError
+from rollart_nb.errors import ConfigError, StateError
 from rollart_nb.sandbox.run import (
     ISOLATION_MODES,
     MAX_MEMORY_MB,
@@ -198,7 +198,7 @@ class CodeTask:
 
     def _current(self) -> CodeProblem:
         if self._problem is None:
-            raise RuntimeError("CodeTask episode is over; call reset() first")
+            raise StateError("CodeTask has no open episode (not reset yet, or it ended); call reset() first")
         return self._problem
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:

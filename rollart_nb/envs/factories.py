@@ -15,7 +15,11 @@ from __future__ import annotations
 
 import itertools
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rollart_nb.envs.wrappers import WithFailures, WithLatency
+    from rollart_nb.protocols import Env
 
 __all__ = ["with_failures", "with_latency"]
 
@@ -23,7 +27,7 @@ __all__ = ["with_failures", "with_latency"]
 _built = itertools.count()
 
 
-def _inner(env: str, env_kwargs: dict[str, Any] | None) -> Any:
+def _inner(env: str, env_kwargs: dict[str, Any] | None) -> Env:
     from rollart_nb.envs.server import load_env_factory
 
     return load_env_factory(env, env_kwargs)()
@@ -37,7 +41,7 @@ def _stream(seed: int | None) -> str | None:
 
 def with_failures(
     env: str, env_kwargs: dict[str, Any] | None = None, *, seed: int | None = None, **failures: Any
-) -> Any:
+) -> WithFailures:
     """:class:`~rollart_nb.envs.WithFailures` around the env named ``env`` (``"module:Class"``).
 
     Args:
@@ -51,7 +55,9 @@ def with_failures(
     return WithFailures(_inner(env, env_kwargs), seed=_stream(seed), **failures)
 
 
-def with_latency(env: str, env_kwargs: dict[str, Any] | None = None, *, seed: int | None = None, **latency: Any) -> Any:
+def with_latency(
+    env: str, env_kwargs: dict[str, Any] | None = None, *, seed: int | None = None, **latency: float
+) -> WithLatency:
     """:class:`~rollart_nb.envs.WithLatency` around the env named ``env`` (``"module:Class"``).
 
     Args:

@@ -23,7 +23,7 @@ from collections import deque
 from typing import Any
 
 from rollart_nb.envs.arithmetic import HELDOUT_SEED_BASE
-from rollart_nb.errors import ConfigError
+from rollart_nb.errors import ConfigError, StateError
 
 __all__ = ["FrozenLake"]
 
@@ -212,7 +212,7 @@ class FrozenLake:
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         if self._done:
-            raise RuntimeError("FrozenLake episode is over; call reset() first")
+            raise StateError("FrozenLake has no open episode (not reset yet, or it ended); call reset() first")
         self._turn += 1
         move = parse_move(action)
         truncated = self._turn >= self.max_turns
@@ -247,7 +247,7 @@ class FrozenLake:
         """Shortest move list from the current state to the goal (deterministic dynamics),
         or None if unreachable. Handy as a scripted policy in tests and demos."""
         if self._gym is None:
-            raise RuntimeError("call reset() before solve()")
+            raise StateError("FrozenLake has no episode to solve; call reset() before solve()")
         start = divmod(int(self._gym.unwrapped.s), self.size)
         return _shortest_path(list(self._desc), start)
 
@@ -294,7 +294,7 @@ class FrozenLake:
     def _desc(self) -> tuple[str, ...]:
         """The map the gymnasium env was built from (set together with ``_gym`` by ``reset``)."""
         if self._gym_desc is None:
-            raise RuntimeError("FrozenLake has no map yet; call reset() first")
+            raise StateError("FrozenLake has no map yet; call reset() first")
         return self._gym_desc
 
     def _make_gym(self, desc: list[str]) -> None:

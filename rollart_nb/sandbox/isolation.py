@@ -250,6 +250,14 @@ def _top_links() -> list[str]:
     return args
 
 
+# new namespaces for everything, an unprivileged uid, no capabilities, an empty environment
+_NAMESPACES = (
+    *("--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup"),
+    *("--disable-userns", "--uid", "1000", "--gid", "1000", "--hostname", "sandbox"),
+    *("--die-with-parent", "--new-session", "--cap-drop", "ALL", "--clearenv"),
+)
+
+
 def code_argv(
     command: Sequence[str], *, work_mb: int = 32, workdir: str = "/work", seccomp_fd: int | None = None
 ) -> list[str]:
@@ -271,24 +279,7 @@ def code_argv(
     args = [
         *_drop_privileges(),
         bwrap,
-        "--unshare-user",
-        "--unshare-pid",
-        "--unshare-net",
-        "--unshare-ipc",
-        "--unshare-uts",
-        "--unshare-cgroup",
-        "--disable-userns",
-        "--uid",
-        "1000",
-        "--gid",
-        "1000",
-        "--hostname",
-        "sandbox",
-        "--die-with-parent",
-        "--new-session",
-        "--cap-drop",
-        "ALL",
-        "--clearenv",
+        *_NAMESPACES,
         "--setenv",
         "HOME",
         workdir,

@@ -2,7 +2,7 @@ import pytest
 
 from rollart_nb.envs import Arithmetic, parse_answer, parse_int
 from rollart_nb.envs.arithmetic import format_number
-from rollart_nb.errors import ConfigError
+from rollart_nb.errors import ConfigError, StateError
 
 
 @pytest.mark.parametrize(
@@ -47,8 +47,13 @@ def test_wrong_answer_single_turn_truncates_with_zero():
     wrong = int(info["answer"]) + 1
     _, reward, terminated, truncated, _ = env.step(str(wrong))
     assert (reward, terminated, truncated) == (0.0, False, True)
-    with pytest.raises(RuntimeError):
+    with pytest.raises(StateError, match="reset"):
         env.step("1")
+
+
+def test_step_before_reset_is_a_state_error():
+    with pytest.raises(StateError, match=r"call reset\(\) first"):
+        Arithmetic().step("1")
 
 
 def test_multi_turn_retry():

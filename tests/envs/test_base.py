@@ -7,7 +7,7 @@ import pytest
 
 from rollart_nb.envs import Arithmetic, AsyncEnv, WithLatency, env_reset, env_step
 from rollart_nb.envs.base import BlockingPool
-from rollart_nb.errors import EnvError
+from rollart_nb.errors import EnvError, StateError
 from rollart_nb.protocols import Env
 
 
@@ -197,3 +197,10 @@ def test_an_abandoned_call_keeps_a_virtual_clock_running():
     assert t == pytest.approx(1.0) and passed == pytest.approx(7200)
     assert pool.stats()["abandoned"] == 1 and pool.stats()["returned_late"] == 1  # it woke at t=3600
     pool.shutdown()
+
+
+def test_submit_to_a_shut_down_pool_is_a_state_error():
+    pool = BlockingPool("closed", size=1)
+    pool.shutdown()
+    with pytest.raises(StateError, match="shut down; create a new one"):
+        pool.submit(lambda: None)

@@ -4,6 +4,7 @@ import pytest
 
 from rollart_nb.envs import CodeTask, env_step, extract_code
 from rollart_nb.envs.code import PROBLEMS
+from rollart_nb.errors import StateError
 
 
 def test_extract_code_formats():
@@ -60,3 +61,8 @@ def test_a_grader_forgery_scores_nothing():
     forged = "class Yes(int):\n    def __eq__(self, other):\n        return True\ndef add(a, b):\n    return Yes(0)\n"
     _, reward, _, _, info = env.step(forged)
     assert reward == 0.0 and info["passed"] == 0
+
+
+def test_step_before_reset_is_a_state_error():
+    with pytest.raises(StateError, match=r"call reset\(\) first"):
+        CodeTask().step("def f(): pass")

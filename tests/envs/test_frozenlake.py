@@ -5,7 +5,7 @@ import pytest
 
 from rollart_nb.envs import FrozenLake
 from rollart_nb.envs.frozenlake import parse_move
-from rollart_nb.errors import ConfigError
+from rollart_nb.errors import ConfigError, StateError
 
 
 def test_known_path_reaches_goal_and_pays_one():
@@ -29,8 +29,14 @@ def test_wrong_path_falls_in_hole_without_reward():
     obs, reward, terminated, truncated, _ = env.step("down")  # (1, 1) is a hole
     assert (reward, terminated, truncated) == (0.0, True, False)
     assert obs.startswith("fell in a hole")
-    with pytest.raises(RuntimeError, match="reset"):
+    with pytest.raises(StateError, match="reset"):
         env.step("down")
+
+
+@pytest.mark.parametrize("call", [lambda e: e.step("down"), lambda e: e.solve()])
+def test_step_or_solve_before_reset_is_a_state_error(call):
+    with pytest.raises(StateError, match=r"call reset\(\)"):
+        call(FrozenLake())
 
 
 def test_invalid_action_is_a_noop_turn_and_counts_towards_truncation():
