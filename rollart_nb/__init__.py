@@ -16,6 +16,7 @@ from rollart_nb.resources.pools import Pool
 from rollart_nb.resources.profiles import PROFILES, HardwareProfile
 from rollart_nb.runtime.ray import Cluster
 from rollart_nb.session import Session
+from rollart_nb.session_base import SessionState
 from rollart_nb.trajectory import Status, Trajectory, TrajectoryList, Turn
 from rollart_nb.trajectory_groups import TrajectoryGroup
 from rollart_nb.workers.decorators import hw_mapping, register, register_serverless
@@ -74,6 +75,7 @@ __all__ = [
     "RollartError",
     "RolloutConfig",
     "Session",
+    "SessionState",
     "SimSession",
     "Status",
     "StepReport",

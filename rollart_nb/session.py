@@ -18,15 +18,15 @@ import warnings
 from typing import TYPE_CHECKING, Any
 
 import rollart_nb._ray as _ray
+import rollart_nb._ray_connect as _ray_connect
 from rollart_nb.errors import ConfigError, StateError
 from rollart_nb.redact import redact_url
 from rollart_nb.resources.manager import ResourceManager
-from rollart_nb.resources.pools import Pool, discover_pools
-from rollart_nb.resources.profiles import PROFILES
+from rollart_nb.resources.pools import Pool, canonical_name, discover_pools, pool_map_problems, pool_problems
 from rollart_nb.resources.store import make_store
 from rollart_nb.runtime.ray import Cluster, RayRuntime
 from rollart_nb.serverless.client import Endpoint
-from rollart_nb.session_base import SessionBase
+from rollart_nb.session_base import SessionBase, SessionState
 
 if TYPE_CHECKING:
     from rollart_nb.sim_session import SimSession
@@ -108,13 +108,8 @@ class Session(SessionBase[RayRuntime, Cluster]):
         Calling it again in the same process closes the previous local session first.
         """
         global _LOCAL
-        pools = dict(DEFAULT_LOCAL_POOLS if pools is None else pools)
-        problems = []
-        for name, n in pools.items():
-            if name.lower() not in ("cpu", "serverless") and name.upper() not in PROFILES:
-                problems.append(f"pool {name!r} is not a known hardware type ({sorted(PROFILES)}) or 'cpu'")
-            if not isinstance(n, int | float) or n <= 0:
-                problems.append(f"pool {name!r} needs a positive slot count, got {n!r}")
+        pools = DEFAULT_LOCAL_POOLS if pools is None else pools
+        problems = pool_problems(pools, whole=False)
         if object_store_gb <= 0:
             problems.append(f"object_store_gb={object_store_gb} must be > 0")
         if expose is not None and not _valid_expose(expose):
@@ -127,8 +122,8 @@ class Session(SessionBase[RayRuntime, Cluster]):
         s = cls(_token=_PRIVATE)
         s.mode, s.seed = "local", seed
         s.log_dir = log_dir or tempfile.mkdtemp(prefix=f"rollart_{s.id}_")
-        resources = {f"{_ray.POOL_RESOURCE_PREFIX}{_canon(n)}": float(v) for n, v in pools.items()}
-        info = _ray.start_local(
+        resources = {f"{_ray.POOL_RESOURCE_PREFIX}{canonical_name(n)}": float(v) for n, v in pools.items()}
+        info = _ray_connect.start_local(
             num_cpus=num_cpus,
             resources=resources,
             namespace=f"rollart_{s.id}",
@@ -142,8 +137,8 @@ class Session(SessionBase[RayRuntime, Cluster]):
         try:
             s._finish_attach(pool_map=None, serverless=serverless, store=store)
         except BaseException:
-            _ray.shutdown()  # a failed start leaves no Ray behind: the corrected cell runs
-            s.state = "closed"
+            _ray_connect.shutdown()  # a failed start leaves no Ray behind: the corrected cell runs
+            s.state = SessionState.CLOSED
             raise
         _LOCAL = s
         return s
@@ -160,7 +155,7 @@ class Session(SessionBase[RayRuntime, Cluster]):
         log_dir: str | None = None,
         seed: int = 0,
         token: str | None = None,
-        token_env: str = _ray.TOKEN_ENV,
+        token_env: str = _ray_connect.TOKEN_ENV,
     ) -> Session:
         """Join an existing Ray cluster and discover its pools.
 
@@ -179,18 +174,21 @@ class Session(SessionBase[RayRuntime, Cluster]):
                 (default ``RAY_AUTH_TOKEN``; ``RAY_AUTH_TOKEN_PATH`` and ``~/.ray/auth_token``
                 are tried next). A cluster that refuses the token raises ConnectError.
         """
+        problems = pool_map_problems(pool_map)
+        if problems:
+            raise ConfigError(problems, where="Session.attach")
         if token is None and token_env:
             token = os.environ.get(token_env) or None
         s = cls(_token=_PRIVATE)
         s.mode, s.seed = "attach", seed
         s.log_dir = log_dir or tempfile.mkdtemp(prefix=f"rollart_{s.id}_")
-        s.address = _ray.connect(
+        s.address = _ray_connect.connect(
             address, namespace=f"rollart_{s.id}", timeout_s=timeout_s, log_to_driver=False, token=token
         )
         try:
             s._finish_attach(pool_map=pool_map, serverless=serverless, store=store)
         except BaseException:
-            _ray.shutdown()
+            _ray_connect.shutdown()
             raise
         return s
 
@@ -239,7 +237,7 @@ class Session(SessionBase[RayRuntime, Cluster]):
         Give its path to processes of your own that should join (``RAY_AUTH_TOKEN_PATH``), or
         copy it to the machines of an ``expose``\ d session; never print its contents.
         """
-        return _ray.token_path() if self.state == "attached" else None
+        return _ray_connect.token_path() if self.state == "attached" else None
 
     def ray_env(self) -> dict[str, str]:
         """Environment variables a child process needs to reach this session's Ray."""
@@ -259,7 +257,7 @@ class Session(SessionBase[RayRuntime, Cluster]):
         self._runtime = RayRuntime(
             ResourceManager(self.pools, self.store), seed=self.seed, log_dir=self.log_dir, session_id=self.id
         )
-        self.state = "attached"
+        self.state = SessionState.ATTACHED
 
     def register_endpoint(
         self, name: str, url: str, *, token_env: str | None = None, timeout_s: float = 30.0, retries: int = 2
@@ -290,8 +288,8 @@ class Session(SessionBase[RayRuntime, Cluster]):
         except Exception as e:
             log.warning("clearing the metadata store: %s", e)
         if self.mode in ("local", "attach"):
-            _ray.shutdown()
-        self.state = "closed"
+            _ray_connect.shutdown()
+        self.state = SessionState.CLOSED
         if _LOCAL is self:
             _LOCAL = None
 
@@ -344,10 +342,3 @@ def _valid_expose(value: str) -> bool:
         return not ipaddress.ip_address(value).is_loopback
     except ValueError:
         return False
-
-
-def _canon(name: str) -> str:
-    low = name.lower()
-    if low in ("cpu", "serverless"):
-        return low
-    return PROFILES[name.upper()].name

@@ -12,29 +12,45 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import enum
 import inspect
 import logging
 import os
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, Self, TypeVar, cast
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Self, TypeAlias, TypeVar, cast
 
 from rollart_nb import _ray
-from rollart_nb._checks import is_whole
 from rollart_nb.config import PipelineConfig, field_docs
 from rollart_nb.control.env_manager import RolloutConfig
 from rollart_nb.control.tasks import TaskSet
-from rollart_nb.errors import ConfigError, StateError, brief
+from rollart_nb.errors import ConfigError, StateError
 from rollart_nb.resources.manager import Binding
 from rollart_nb.runtime.base import ClusterSpec
 from rollart_nb.serverless.client import Endpoint
+from rollart_nb.session_checks import (
+    check_pipeline_parts,
+    pipeline_settings,
+    place_on_launchers,
+    reward_problems,
+    stray_reward_problem,
+)
 from rollart_nb.workers.worker import Worker
 
 if TYPE_CHECKING:
+    from rollart_nb.algo.grpo import GRPO
+    from rollart_nb.control.curriculum import PromptCurriculum
     from rollart_nb.control.pipeline import Pipeline
+    from rollart_nb.envs.base import AsyncEnv
+    from rollart_nb.envs.launchers import Launcher
     from rollart_nb.logs import LogTail
+    from rollart_nb.protocols import Env, RewardFn, WeightTransport
     from rollart_nb.runtime.base import Runtime
     from rollart_nb.workers.cluster import ClusterBase
 
-__all__ = ["SessionBase"]
+    TaskEnv: TypeAlias = Env | AsyncEnv | Launcher
+    """What ``sess.tasks`` takes per task: an env (copied per env instance) or a launcher serving it."""
+
+__all__ = ["SessionBase", "SessionState"]
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +66,16 @@ UNSET: Any = _Unset()
 _SETTINGS = frozenset(f.name for f in dataclasses.fields(PipelineConfig))
 
 R = TypeVar("R", bound="Runtime")
+
+
+class SessionState(enum.StrEnum):
+    """A session's lifecycle: ``DETACHED -> ATTACHED -> CLOSED`` (equal to the strings)."""
+
+    DETACHED = "detached"
+    ATTACHED = "attached"
+    CLOSED = "closed"
+
+
 C = TypeVar("C", bound="ClusterBase")
 
 
@@ -59,15 +85,16 @@ class SessionBase(abc.ABC, Generic[R, C]):
     :class:`~rollart_nb.Session` (Ray) and :class:`~rollart_nb.sim_session.SimSession`
     (in-process, simulated) share this code; how workers run, which weight transports and reward
     deployments exist, and what owns the clusters and pipelines by name is their
-    :attr:`runtime`'s. Lifecycle: ``state`` is ``"detached"``, ``"attached"`` or ``"closed"``.
+    :attr:`runtime`'s. Lifecycle: ``state`` is a :class:`SessionState` (detached, attached, closed).
     """
 
     _reopen: ClassVar[str]
     """How to make a new session, for the messages of a closed (or detached) one."""
 
     def __init__(self) -> None:
-        self.state = "detached"
+        self.state = SessionState.DETACHED
         self._runtime: R | None = None  # set once attached
+        self._known_tasks: set[str] = set()  # every task of a TaskSet this session built
         self._rewards: dict[str, dict[str, Any]] = {}
         self._launchers: dict[str, Any] = {}  # task -> env launcher this session started
 
@@ -91,9 +118,9 @@ class SessionBase(abc.ABC, Generic[R, C]):
 
     def _check(self) -> None:
         name = type(self).__name__
-        if self.state == "closed":
+        if self.state == SessionState.CLOSED:
             raise StateError(f"{name} is closed; create a new one with {self._reopen}")
-        if self.state != "attached":
+        if self.state != SessionState.ATTACHED:
             raise StateError(f"{name} is not attached; use {self._reopen}")
 
     # -- clusters ----------------------------------------------------------------------
@@ -187,12 +214,12 @@ class SessionBase(abc.ABC, Generic[R, C]):
     # -- tasks, rewards, pipelines -----------------------------------------------------
     def tasks(
         self,
-        envs: dict[str, Any],
+        envs: Mapping[str, TaskEnv],
         envs_per_task: int | dict[str, int] = 8,
         weights: dict[str, float] | None = None,
-        curriculum: dict[str, Any] | None = None,
+        curriculum: dict[str, PromptCurriculum] | None = None,
         *,
-        launcher: dict[str, Any] | None = None,
+        launcher: dict[str, Launcher] | None = None,
         check: bool = True,
     ) -> TaskSet:
         """Declare the tasks of a run.
@@ -228,7 +255,7 @@ class SessionBase(abc.ABC, Generic[R, C]):
             >>> tasks = sess.tasks({"code": rn.envs.CodeTask()}, launcher={"code": code})  # doctest: +SKIP
         """
         self._check()
-        envs, launchers = _place_on_launchers(dict(envs), dict(launcher or {}))
+        envs, launchers = place_on_launchers(dict(envs), dict(launcher or {}))
         for env in envs.values():  # workers cannot import a script's or test file's env classes
             for cls in {type(env), type(getattr(env, "unwrapped", env))}:
                 _ray.ship_by_value(cls)
@@ -243,7 +270,9 @@ class SessionBase(abc.ABC, Generic[R, C]):
         for task, lau in launchers.items():
             self._own_launcher(task, lau)
             envs[task].metadata()  # fetched once here, so every copy of the template carries it
-        return TaskSet(envs, dict(per), weights, dict(curriculum or {}), launchers=launchers)
+        ts = TaskSet(envs, dict(per), weights, dict(curriculum or {}), launchers=launchers)
+        self._known_tasks.update(ts.envs)
+        return ts
 
     def logs(self, worker: str | None = None, last: int = 50) -> LogTail:
         """The last ``last`` lines the session's workers logged or printed (envs and rewards in
@@ -307,14 +336,14 @@ class SessionBase(abc.ABC, Generic[R, C]):
     def reward(
         self,
         task: str,
-        fn: Any = None,
+        fn: RewardFn | None = None,
         *,
         serverless: bool = False,
         url: str | None = None,
         token_env: str | None = None,
         timeout_s: float = 30.0,
         retries: int = 1,
-        validate_with: Any = None,
+        validate_with: RewardFn | None = None,
         **serve_options: Any,
     ) -> None:
         """Set ``task``'s reward for pipelines built after this call (and swap it in existing ones).
@@ -333,34 +362,16 @@ class SessionBase(abc.ABC, Generic[R, C]):
                 match); it stays across later reward swaps until replaced.
             **serve_options: ``min_replicas``, ``max_replicas``, ``downscale_delay_s``, ...
 
+        Raises:
+            ConfigError: a bad argument, or ``task`` is in no TaskSet this session built and no live
+                pipeline (once it knows some tasks; before, the check waits for :meth:`pipeline`).
+
         Example:
             >>> sess.reward("math", rn.rewards.close_answer, validate_with=rn.rewards.exact_answer)  # doctest: +SKIP
         """
-        from rollart_nb.control.reward import option_problems
-
         self._check()
-        p = []
-        if not isinstance(task, str) or not task:
-            p.append(f"task={task!r} must be a task name (a non-empty string, as in sess.tasks({{name: env}}))")
-        if (fn is None) == (url is None):
-            p.append(
-                "give a reward function fn(trajectory) -> float, or url=... of an HTTP endpoint (not both, not neither)"
-            )
-        elif fn is not None and not callable(fn):
-            if isinstance(fn, Endpoint) or isinstance(fn, str) and fn.startswith(("http://", "https://")):
-                hint = "; for an HTTP endpoint pass its address as url=..."
-            else:
-                hint = ", e.g. rn.rewards.exact_answer or lambda t: ..."
-            p.append(
-                f"fn={brief(fn)} ({type(fn).__name__}) is not callable; pass a function fn(trajectory) -> float{hint}"
-            )
-        if url is not None and not isinstance(url, str):
-            p.append(f"url={brief(url)} must be a string http(s)://...")
-        if url is not None and serverless:
-            p.append("serverless=True deploys fn on Ray Serve; url=... is an endpoint already running: drop one")
-        if serve_options and not serverless:
-            p.append(f"{', '.join(sorted(serve_options))}: options of serverless=True only (add it, or drop them)")
-        p += option_problems(validate_with, timeout_s, retries)
+        known = sorted(self._live_tasks())
+        p = reward_problems(task, fn, url, serverless, serve_options, validate_with, timeout_s, retries, known)
         if p:
             raise ConfigError(p, where=f"sess.reward({task!r}, ...)")
         if url is not None:
@@ -384,14 +395,14 @@ class SessionBase(abc.ABC, Generic[R, C]):
 
     def pipeline(
         self,
-        train: Any,
-        gen: Any,
+        train: ClusterBase,
+        gen: ClusterBase,
         tasks: TaskSet,
         *,
         config: PipelineConfig | None = None,
-        algo: Any = None,
+        algo: GRPO | None = None,
         name: str = "pipeline",
-        resume_from: Any = None,
+        resume_from: str | os.PathLike[str] | None = None,
         group_size: int | None = None,
         batch_size: int = UNSET,
         alpha: int = UNSET,
@@ -407,7 +418,7 @@ class SessionBase(abc.ABC, Generic[R, C]):
         dispatch: str = UNSET,
         rollout_shards: int | None = UNSET,
         step_timeout_s: float | None = UNSET,
-        weights: Any = UNSET,
+        weights: str | WeightTransport | None = UNSET,
         hw_affinity: bool = UNSET,
         failed_trajectories: str = UNSET,
         failure_reward: float = UNSET,
@@ -428,7 +439,8 @@ class SessionBase(abc.ABC, Generic[R, C]):
         Every setting is checked before anything changes; all problems come in one ConfigError.
 
         Args:
-            train: the ActorTrain cluster (e.g. TorchTrainer, SimTrainer).
+            train: the ActorTrain cluster (e.g. TorchTrainer, SimTrainer); the order is
+                (train, gen, tasks): swapped clusters raise ConfigError.
             gen: the ActorGen cluster (e.g. HFGenerator, SimGenerator).
             tasks: from :meth:`tasks`. A reward registered (:meth:`reward`) for a task that neither
                 ``tasks`` nor an earlier pipeline of this session has raises ConfigError (a typo);
@@ -457,67 +469,18 @@ class SessionBase(abc.ABC, Generic[R, C]):
             >>> pipe = sess.pipeline(train, gen, tasks, algo=rn.GRPO(group_size=8),
             ...                      resume_from="ckpt/run1")       # doctest: +SKIP
         """
-        import dataclasses
-        import difflib
-
-        from rollart_nb.config import from_dict
         from rollart_nb.control.checkpoint import latest_reward_sources, resolve_checkpoint
         from rollart_nb.control.pipeline import Pipeline
 
         self._check()
         where = f"sess.pipeline(name={name!r})"
         given = {k: v for k, v in locals().items() if k in _SETTINGS and v is not UNSET}
-        if config is not None and not isinstance(config, PipelineConfig):
-            raise ConfigError(f"config={brief(config)} must be a PipelineConfig", where=where)
-        if not isinstance(tasks, TaskSet):
-            raise ConfigError(
-                f"tasks={brief(tasks)} must be a TaskSet; build it with sess.tasks({{name: env}})", where=where
-            )
-        # A reward for a task that neither this TaskSet nor an earlier pipeline of this session has
-        # is a typo, or belongs to a pipeline not built yet: it would be silently ignored, so refuse
-        # it and drop it (else every later pipeline would refuse it too; there is no unregister).
-        used = self.__dict__.setdefault("_pipeline_tasks", set())  # tasks of this session's pipelines
-        stray = [t for t in self._rewards if t not in tasks.envs and t not in used]
-        if stray:
-            known = sorted(tasks.envs)
-            p = []
-            for t in stray:
-                self._rewards.pop(t)
-                close = difflib.get_close_matches(t, known, n=1)
-                fix = f"did you mean {close[0]!r}? " if close else ""
-                p.append(
-                    f"a reward is registered for task {t!r}, which this pipeline's tasks {known} do not "
-                    f"have; {fix}the registration for {t!r} was dropped: register the reward again under "
-                    f"one of these names, e.g. sess.reward({(close or known)[0]!r}, fn), then call "
-                    "sess.pipeline(...) again"
-                )
-            raise ConfigError(p, where=where)
-        used.update(tasks.envs)  # their rewards are no typo, even if this call fails below
-        resume = None
-        if resume_from is not None:  # check everything before anything changes
-            resume = resolve_checkpoint(resume_from)
+        check_pipeline_parts(train, gen, tasks, config, where)
+        self._drop_stray_rewards(tasks, where)
+        resume = resolve_checkpoint(resume_from) if resume_from is not None else None
+        if resume is not None:  # check everything before anything changes
             resume.check_tasks(tasks)
-        base = config
-        if base is None and resume is not None and isinstance(resume.config.get("pipeline"), dict):
-            base = from_dict(PipelineConfig, resume.config["pipeline"], where=f"the config saved in {resume.path}")
-        # The loop's own settings, checked before anything changes (a same-named pipeline is closed below)
-        problems: list[str] = []
-        cfg = base or PipelineConfig()
-        try:
-            cfg = dataclasses.replace(cfg, **given)
-        except ConfigError as e:
-            problems += e.problems
-        saved_groups = resume.config.get("group_size", 8) if resume is not None else 8
-        groups = algo.group_size if algo is not None else group_size if group_size is not None else saved_groups
-        if algo is not None and group_size is not None and group_size != algo.group_size:
-            problems.append(f"group_size={group_size} differs from algo.group_size={algo.group_size}; give one of them")
-        elif not is_whole(groups) or groups < 1:
-            problems.append(f"group_size={groups!r} must be a whole number >= 1")
-        batch = given.get("batch_size", cfg.batch_size)
-        if is_whole(batch) and batch >= 1 and is_whole(groups) and groups >= 1 and batch % groups:
-            problems.append(f"batch_size={batch} must be a multiple of the group size {groups}")
-        if problems:
-            raise ConfigError(problems, where=where)
+        cfg, groups = pipeline_settings(config, given, algo, group_size, resume, where)
         scheduler_seed = None
         if resume is not None:
             log.warning(
@@ -550,6 +513,26 @@ class SessionBase(abc.ABC, Generic[R, C]):
             resume.warn_reward_changes(latest_reward_sources(pipe.reward_history()))
         return pipe
 
+    def _live_tasks(self) -> set[str]:
+        """Tasks of every TaskSet this session built and of its pipelines that are not closed."""
+        live = (p.tasks.envs for p in self._runtime.pipelines.values() if p.state != "closed") if self._runtime else ()
+        return self._known_tasks.union(*live)
+
+    def _drop_stray_rewards(self, tasks: TaskSet, where: str) -> None:
+        """Refuse (and drop) rewards for tasks that neither ``tasks`` nor an earlier pipeline has.
+
+        Such a reward is a typo, or belongs to a pipeline not built yet: it would be silently
+        ignored. It is dropped, else every later pipeline would refuse it too (there is no
+        unregister). The tasks of ``tasks`` count as used even if this pipeline fails later.
+        """
+        used = self.__dict__.setdefault("_pipeline_tasks", set())  # tasks of this session's pipelines
+        stray = [t for t in self._rewards if t not in tasks.envs and t not in used]
+        for t in stray:
+            self._rewards.pop(t)
+        if stray:
+            raise ConfigError([stray_reward_problem(t, sorted(tasks.envs)) for t in stray], where=where)
+        used.update(tasks.envs)
+
     def bindings(self, role: str | None = None) -> list[Binding]:
         """Current worker bindings (optionally of one role)."""
         self._check()
@@ -564,36 +547,6 @@ class SessionBase(abc.ABC, Generic[R, C]):
     @abc.abstractmethod
     def close(self) -> None:
         """Close pipelines and clusters and stop what the session started (idempotent)."""
-
-
-def _is_launcher(obj: Any) -> bool:
-    return callable(getattr(obj, "handle", None)) and callable(getattr(obj, "start", None))
-
-
-def _place_on_launchers(envs: dict[str, Any], launchers: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``envs`` with each launched task's env replaced by a RemoteEnv on its launcher."""
-    from rollart_nb.envs.remote import RemoteEnv
-
-    launchers.update({t: e for t, e in envs.items() if _is_launcher(e)})
-    problems = []
-    for task, lau in launchers.items():
-        if task not in envs:
-            problems.append(f"launcher for unknown task {task!r}; tasks are {sorted(envs)}")
-        elif not _is_launcher(lau):
-            problems.append(f"task {task!r}: {type(lau).__name__} is not a launcher (e.g. rn.envs.LocalLauncher)")
-        elif envs[task] is not lau:
-            served = str(getattr(lau, "env", "")).rpartition(":")[2]
-            given = type(envs[task]).__name__
-            if served and served != given:
-                problems.append(
-                    f"task {task!r}: the launcher serves {served} but the env given is {given}; "
-                    "pass the matching env, or the launcher itself as the task's env"
-                )
-    if problems:
-        raise ConfigError(problems, where="sess.tasks(...)")
-    for task, lau in launchers.items():
-        envs[task] = RemoteEnv(launcher=lau)
-    return envs, launchers
 
 
 def _close_launcher(lau: Any) -> None:

@@ -28,12 +28,11 @@ from typing import Any
 from rollart_nb.clock.cores import Host, SharedCores
 from rollart_nb.errors import ConfigError, StateError
 from rollart_nb.resources.manager import ResourceManager
-from rollart_nb.resources.pools import SERVERLESS_SLOTS, Pool, hardware_for_pool
-from rollart_nb.resources.profiles import PROFILES
+from rollart_nb.resources.pools import SERVERLESS_SLOTS, Pool, canonical_name, hardware_for_pool, pool_problems
 from rollart_nb.resources.store import MemoryStore
 from rollart_nb.runtime.local import LocalCluster
 from rollart_nb.runtime.sim import SimRuntime
-from rollart_nb.session_base import SessionBase
+from rollart_nb.session_base import SessionBase, SessionState
 
 __all__ = ["DEFAULT_SIM_POOLS", "SimSession"]
 
@@ -91,13 +90,8 @@ class SimSession(SessionBase[SimRuntime, LocalCluster]):
         turn_cpu_s: float = 0.0,
     ) -> None:
         super().__init__()
-        pools = dict(DEFAULT_SIM_POOLS if pools is None else pools)
-        problems = []
-        for name, n in pools.items():
-            if name.lower() not in ("cpu", "serverless") and name.upper() not in PROFILES:
-                problems.append(f"pool {name!r} is not a known hardware type ({sorted(PROFILES)}) or 'cpu'")
-            if not isinstance(n, int) or n <= 0:
-                problems.append(f"pool {name!r} needs a positive integer count, got {n!r}")
+        pools = DEFAULT_SIM_POOLS if pools is None else pools
+        problems = pool_problems(pools, whole=True)
         if not isinstance(gpus_per_node, int) or gpus_per_node < 1:
             problems.append(f"gpus_per_node must be an int >= 1, got {gpus_per_node!r}")
         if not (isinstance(call_latency_s, int | float) and call_latency_s >= 0):
@@ -112,7 +106,9 @@ class SimSession(SessionBase[SimRuntime, LocalCluster]):
             raise ConfigError(problems, where="SimSession")
         self.id = uuid.uuid4().hex[:8]
         self.mode, self.address, self.seed = "sim", "in-process", seed
-        self.pools: dict[str, Pool] = {_canon(n): _make_pool(_canon(n), c, gpus_per_node) for n, c in pools.items()}
+        self.pools: dict[str, Pool] = {
+            canonical_name(n): _make_pool(canonical_name(n), c, gpus_per_node) for n, c in pools.items()
+        }
         self.store = MemoryStore(prefix=f"sessions/{self.id}/")
         self._runtime = SimRuntime(
             ResourceManager(self.pools, self.store),
@@ -126,7 +122,7 @@ class SimSession(SessionBase[SimRuntime, LocalCluster]):
         self.clock = self._runtime.sim_clock
         self.clock.host = Host(None if host_cores is None else SharedCores(host_cores), float(turn_cpu_s))
         self._loop, self._thread = self.clock.loop, self.clock.thread
-        self.state = "attached"
+        self.state = SessionState.ATTACHED
 
     # -- the loop --------------------------------------------------------------------
     def run(self, coro: Any, timeout: float | None = None) -> Any:
@@ -143,7 +139,7 @@ class SimSession(SessionBase[SimRuntime, LocalCluster]):
             return
         self.runtime.close(after_pipelines=[("stopping env launchers and log tails", self._close_own_parts)])
         self.store.clear()
-        self.state = "closed"
+        self.state = SessionState.CLOSED
 
     def __repr__(self) -> str:
         pools = ", ".join(f"{n}:{p.free:g}/{p.capacity:g}*" for n, p in self.pools.items())
@@ -162,13 +158,6 @@ class SimSession(SessionBase[SimRuntime, LocalCluster]):
             f"<th>free / capacity</th><th>price</th></tr>{rows}</table>"
             f"<ul>{clusters or '<li>no clusters yet</li>'}</ul></div>"
         )
-
-
-def _canon(name: str) -> str:
-    low = name.lower()
-    if low in ("cpu", "serverless"):
-        return low
-    return PROFILES[name.upper()].name
 
 
 def _make_pool(name: str, count: int, gpus_per_node: int) -> Pool:

@@ -60,6 +60,18 @@ def test_local_config_errors_report_every_problem():
     assert len(ei.value.problems) == 2
 
 
+def test_pools_given_as_a_list_name_the_expected_shape():
+    import ray
+
+    with pytest.raises(ConfigError, match=r"pools=\['H800'\] must map pool name -> slot count, e.g. \{'H800': 2"):
+        rn.Session.local(pools=["H800"])
+    with pytest.raises(ConfigError, match=r"must map a custom resource name -> hardware name, e.g. \{'my_h20'"):
+        rn.Session.attach(f"127.0.0.1:{free_port()}", pool_map=["H20"])
+    with pytest.raises(ConfigError, match=r"pool_map\['my_gpu'\]='H2O' is not a known hardware type"):
+        rn.Session.attach(f"127.0.0.1:{free_port()}", pool_map={"my_gpu": "H2O"})
+    assert not ray.is_initialized()  # refused before Ray starts or is reached
+
+
 def test_attach_unreachable_address_fails_fast():
     t = time.monotonic()
     with pytest.raises(ConnectError, match="no Ray cluster answers"):

@@ -13,13 +13,23 @@ Discovery reads each alive node's resources:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from rollart_nb._ray import POOL_RESOURCE_PREFIX
+from rollart_nb.errors import ConfigError
 from rollart_nb.resources.profiles import PROFILES, HardwareProfile, profile
 
-__all__ = ["SERVERLESS_SLOTS", "Pool", "discover_pools", "hardware_for_pool"]
+__all__ = [
+    "SERVERLESS_SLOTS",
+    "Pool",
+    "canonical_name",
+    "discover_pools",
+    "hardware_for_pool",
+    "pool_map_problems",
+    "pool_problems",
+]
 
 SERVERLESS_SLOTS = 1024
 """Slots of the elastic serverless pool: replicas scale on demand, so capacity is not a limit."""
@@ -136,3 +146,37 @@ def _known_or_none(name: str) -> HardwareProfile | None:
         return profile(name)
     except Exception:
         return None
+
+
+def canonical_name(name: str) -> str:
+    """A declared pool's name as pools are named: "cpu", "serverless" or the profile's ("h20" -> "H20")."""
+    low = name.lower()
+    return low if low in ("cpu", "serverless") else PROFILES[name.upper()].name
+
+
+def pool_problems(pools: object, *, whole: bool) -> list[str]:
+    """What is wrong with declared ``pools`` (pool name -> slot count; ``whole``: counts are ints)."""
+    if not isinstance(pools, Mapping):
+        return [f"pools={pools!r} must map pool name -> slot count, e.g. {{'H800': 2, 'H20': 2, 'cpu': 4}}"]
+    p = []
+    for name, n in pools.items():
+        if not isinstance(name, str) or name.lower() not in ("cpu", "serverless") and name.upper() not in PROFILES:
+            p.append(f"pool {name!r} is not a known hardware type ({sorted(PROFILES)}) or 'cpu'")
+        if isinstance(n, bool) or not isinstance(n, int if whole else int | float) or n <= 0:
+            p.append(f"pool {name!r} needs a positive {'integer' if whole else 'slot'} count, got {n!r}")
+    return p
+
+
+def pool_map_problems(pool_map: object) -> list[str]:
+    """What is wrong with ``Session.attach``'s ``pool_map`` (custom resource -> hardware name)."""
+    if pool_map is None:
+        return []
+    if not isinstance(pool_map, Mapping):
+        return [f"pool_map={pool_map!r} must map a custom resource name -> hardware name, e.g. {{'my_h20': 'H20'}}"]
+    p = []
+    for key, hw in pool_map.items():
+        try:
+            profile(hw)
+        except (ConfigError, AttributeError):
+            p.append(f"pool_map[{key!r}]={hw!r} is not a known hardware type ({sorted(PROFILES)})")
+    return p
