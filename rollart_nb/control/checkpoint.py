@@ -51,6 +51,7 @@ __all__ = [
     "FORMAT",
     "CheckpointingTrainer",
     "PipelineCheckpoint",
+    "RunFolder",
     "latest_checkpoint",
     "read_checkpoint",
     "resolve_checkpoint",
@@ -161,6 +162,13 @@ def _manifest(d: Path) -> dict[str, list[Any]]:
     }
 
 
+def _write_synced(path: Path, text: str, mode: str = "w") -> None:
+    with path.open(mode) as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+
+
 def _fsync_dir(d: Path) -> None:
     try:
         fd = os.open(d, os.O_RDONLY)
@@ -199,10 +207,19 @@ def write_checkpoint(
     checkpoint at ``path`` stays whole until the new one is.
     """
     d = Path(path).absolute()
-    d.parent.mkdir(parents=True, exist_ok=True)
+    made = next((p for p in reversed(d.parents) if not p.exists()), None)  # the first directory created here
     tmp = d.parent / f".{d.name}.tmp-{uuid.uuid4().hex[:8]}"
+    done = False
     try:
-        tmp.mkdir()
+        try:
+            d.parent.mkdir(parents=True, exist_ok=True)
+            tmp.mkdir()
+        except OSError as e:
+            raise ConfigError(
+                f"cannot write a checkpoint to {str(d)!r} ({e.strerror or e}); give a path whose parent "
+                "directories exist or can be created, and which this process and the trainer worker can write",
+                where="checkpoint path",
+            ) from None
         trainer.save_checkpoint(str(tmp / _TRAINER))
         ckpt = PipelineCheckpoint(
             path=str(d),
@@ -215,21 +232,58 @@ def write_checkpoint(
             saved_at=time.time(),
             files=_manifest(tmp),
         )
-        with (tmp / _META).open("w") as f:
-            f.write(json.dumps(asdict(ckpt), indent=1, sort_keys=True))
-            f.flush()
-            os.fsync(f.fileno())
+        _write_synced(tmp / _META, json.dumps(asdict(ckpt), indent=1, sort_keys=True))
         _fsync_dir(tmp)
         old = d.parent / f".{d.name}.old-{uuid.uuid4().hex[:8]}"
         if d.exists():
             os.rename(d, old)  # from here to the next rename, read_checkpoint finds the old one
         os.rename(tmp, d)
+        done = True
         _fsync_dir(d.parent)
         shutil.rmtree(old, ignore_errors=True)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if not done:
+            shutil.rmtree(made or tmp, ignore_errors=True)  # nothing half-written stays behind
         raise
     return ckpt
+
+
+class RunFolder:
+    """A pipeline's run folder: each step appended to ``steps.jsonl``, and every ``every`` steps
+    (0: never) an autosave into ``checkpoints/step-NNNNNN``, of which the newest ``keep`` stay.
+
+    Raises:
+        ConfigError: ``path`` cannot be created.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], every: int, keep: int) -> None:
+        self.path, self.every, self.keep = Path(path).absolute(), every, keep
+        self.last: str | None = None  # the newest autosave of this run
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ConfigError(
+                f"run_dir {str(self.path)!r} cannot be created ({e.strerror or e}); give a directory this process "
+                "can write, or run_dir=None without autosave_every"
+            ) from None
+
+    def record(self, row: dict[str, Any]) -> None:
+        """Append one StepReport's dict to ``steps.jsonl``."""
+        _write_synced(self.path / "steps.jsonl", json.dumps(row, default=str) + "\n", mode="a")
+
+    def due(self, step: int) -> bool:
+        """Whether step ``step`` (0-based) ends with an autosave."""
+        return bool(self.every) and (step + 1) % self.every == 0
+
+    def autosave_path(self, steps: int) -> Path:
+        """Where the autosave after ``steps`` steps goes."""
+        return self.path / _CKPTS / f"step-{steps:06d}"
+
+    def saved(self, path: Path) -> None:
+        """``path`` holds a complete autosave: it is the newest; the oldest beyond ``keep`` go."""
+        self.last = str(path)
+        for old in run_checkpoints(self.path)[: -self.keep]:
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def run_checkpoints(run_dir: str | os.PathLike[str]) -> list[Path]:

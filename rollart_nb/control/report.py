@@ -1,19 +1,25 @@
-"""StepReport: what one pipeline iteration did, and how long each phase took."""
+"""StepReport: what one pipeline iteration did, and how long each phase took; where it goes."""
 
 from __future__ import annotations
 
+import collections
 import html
+import logging
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from rollart_nb.algo.grpo import TRAIN_METRICS
+from rollart_nb.trackers import sample_rows
 
 __all__ = [
     "ENGINE_REPORTS",
     "ENV_FAULTS",
     "PHASES",
     "StepReport",
+    "StepTally",
+    "TrackerFanout",
     "count_deltas",
     "env_fault_deltas",
     "mean_occupancy",
@@ -56,6 +62,8 @@ def waste(token_deltas: dict[str, int], aborted: int) -> dict[str, float]:
         "wasted_frac": (ab + ca) / gen if gen else math.nan,
     }
 
+
+log = logging.getLogger(__name__)
 
 ENGINE_REPORTS = 8
 """Reports of a pipeline, newest first, that keep their per-engine snapshot (``engines``)."""
@@ -253,3 +261,91 @@ def render_pipeline_html(pipe: Any) -> str:
         f"{len(pipe.reports)} step(s) &middot; {pipe.E} envs, batch {pipe.cfg.batch_size}, "
         f"group {pipe.cfg.group_size}{last}</div>"
     )
+
+
+class StepTally:
+    """A pipeline's cumulative rollout counters as of its last step, to report each step's own."""
+
+    def __init__(self) -> None:
+        self._counts: dict[str, int] = {}  # endings by kind
+        self._tokens: dict[str, int] = {}  # generated / wasted tokens
+        self._tasks: dict[str, dict[str, int]] = {}  # task -> kind -> endings
+        self._env: dict[str, int] = {}  # env fault counters
+
+    def fill(self, rep: StepReport, batch: list[Any], stats: dict[str, Any]) -> None:
+        """Fill ``rep`` (its ``version`` and ``step_s`` set) from the ``batch`` it trained on
+        and the rollout's ``stats()`` at its end."""
+        rep.batch_size = len(batch)
+        rep.tokens = sum(t.num_tokens for t in batch)
+        # a validation holds the rollout, so its seconds, outside step_s, made none of these tokens
+        rep.throughput = rep.tokens / rep.step_s if rep.step_s > 0 else 0.0
+        by_task: dict[str, list[float]] = collections.defaultdict(list)
+        for t in batch:
+            by_task[t.task].append(t.reward)
+            gap = rep.version - t.min_version
+            rep.staleness[gap] = rep.staleness.get(gap, 0) + 1
+        rep.reward = {k: sum(v) / len(v) for k, v in sorted(by_task.items())}
+        rep.engines = list(stats.get("proxy", {}).get("engines", []))
+        rep.engine_occupancy = mean_occupancy(rep.engines)
+        # endings during this step (events only grow; "counts" moves evicted samples between statuses)
+        rep.counts, self._counts = count_deltas(stats["events"], self._counts), stats["events"]
+        tokens = stats.get("token_events", {})
+        rep.waste = waste(count_deltas(tokens, self._tokens), rep.counts.get("aborted_stale", 0))
+        self._tokens = tokens
+        per_task = stats.get("task_events", {})
+        for task, kinds in per_task.items():
+            if delta := count_deltas(kinds, self._tasks.get(task, {})):
+                rep.task_counts[task] = delta
+        self._tasks = per_task
+        rep.env, self._env = env_fault_deltas(stats.get("env", {}), self._env), stats.get("env", {})
+        # the rollout keeps its last few failure reasons: this step's are the newest of them
+        new_failed = rep.counts.get("failed", 0) + rep.counts.get("penalized", 0)
+        for task, reason in stats.get("failures", [])[-new_failed:] if new_failed else []:
+            rep.failures.setdefault(task, []).append(reason)
+
+
+class TrackerFanout:
+    """Sends each StepReport (and, every ``sample_every`` steps, ``sample_size`` rows of its
+    batch) to every tracker; a tracker that fails is reported once and dropped, never fatal.
+
+    ``run_config()`` gives the run's parameters, sent to each tracker before the first step.
+    """
+
+    def __init__(
+        self, trackers: list[Any], name: str, *, sample_every: int, sample_size: int, run_config: Callable[[], Any]
+    ) -> None:
+        self.trackers, self.name, self.run_config = trackers, name, run_config
+        self.sample_every, self.sample_size = sample_every, sample_size
+        self._started = False
+
+    def _call(self, t: Any, what: str, *args: Any) -> None:
+        try:
+            getattr(t, what)(*args)
+        except Exception as e:  # a tracker's outage must not stop training
+            log.warning("tracker %r failed in %s (%s); pipeline %s sends it no more steps", t, what, e, self.name)
+            t.failed = True
+
+    def send(self, rep: StepReport, batch: list[Any]) -> None:
+        """Log ``rep`` (and a sample of ``batch`` when one is due) to every working tracker."""
+        if not self.trackers:
+            return
+        every = self.sample_every
+        rows = sample_rows(batch, self.sample_size) if every and (rep.step + 1) % every == 0 else []
+        if not self._started:
+            self._started = True
+            config = self.run_config()
+            for t in self.trackers:
+                self._call(t, "start", config)
+        for t in self.trackers:
+            if not getattr(t, "failed", False):
+                self._call(t, "log_step", rep)
+            if rows and hasattr(t, "log_samples") and not getattr(t, "failed", False):
+                self._call(t, "log_samples", rep.step, rows)
+
+    def close(self) -> None:
+        """Close every tracker (a failure is logged)."""
+        for t in self.trackers:
+            try:
+                t.close()
+            except Exception as e:
+                log.warning("tracker %r failed to close: %s", t, e)

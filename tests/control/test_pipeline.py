@@ -5,6 +5,7 @@ import asyncio
 import pytest
 
 from rollart_nb.config import RolloutConfig
+from rollart_nb.control.pipeline import PipelineState
 from rollart_nb.envs import Arithmetic, WithFailures, WithLatency
 from rollart_nb.errors import ConfigError, StateError
 from rollart_nb.models import spec
@@ -312,3 +313,29 @@ def test_a_prompt_curriculum_reaches_the_rollout_worker(parts):
     cur = pipe.stats()["curriculum"]["math"]
     assert cur["seeds"] == 5 and cur["draws"] >= 2 and cur["updates"] >= 8
     pipe.close()
+
+
+def test_bad_arguments_to_a_pipeline_are_clear_and_change_nothing(parts, tmp_path):
+    sess, gen, train, tasks = parts
+    pipe = sess.pipeline(train, gen, tasks, batch_size=8, group_size=4, name="badargs")
+    assert pipe.state == PipelineState.IDLE == "idle"
+    for steps in (-5, 2.5, True):
+        with pytest.raises(ConfigError, match=r"steps must be a whole number >= 1 \(0 runs none\)"):
+            pipe.run(steps, progress=False)
+    with pytest.raises(ConfigError, match=r"steps must be a whole number"):
+        pipe.run(-1, background=True, progress=False)
+    assert pipe.run(0, progress=False) == [] and not pipe.reports and pipe.state == "idle"
+    with pytest.raises(ConfigError, match=r"unknown task 'nope'; tasks are \['fl', 'math'\]"):
+        pipe.trajectories(task="nope")
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a directory")
+    for path in ("/proc/x", blocker / "ckpt", blocker / "sub" / "ckpt"):
+        with pytest.raises(
+            ConfigError, match=r"cannot write a checkpoint to .*ckpt|cannot write a checkpoint to '/proc/x'"
+        ):
+            pipe.save(path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"] and blocker.read_text() == "not a directory"
+    made = tmp_path / "new" / "deeper" / "ckpt"
+    assert pipe.save(made) == str(made) and (made / "pipeline.json").is_file()  # missing parents are created
+    pipe.close()
+    assert pipe.state is PipelineState.CLOSED and f"{pipe.state}" == "closed"

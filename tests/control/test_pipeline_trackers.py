@@ -64,7 +64,7 @@ def test_every_step_reaches_each_tracker_and_a_failing_one_is_dropped(sess, capl
         tracker_sample_every=2,
         tracker_sample_size=3,
     )
-    with caplog.at_level(logging.WARNING, logger="rollart_nb.control.pipeline"):
+    with caplog.at_level(logging.WARNING, logger="rollart_nb.control.report"):
         pipe.run(3, progress=False)
     assert [s for s, _ in rec.steps] == [0, 1, 2]
     assert rec.steps[-1][1]["step/version"] == 3.0 and "reward/math" in rec.steps[-1][1]
