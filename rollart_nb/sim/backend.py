@@ -79,11 +79,11 @@ class SimBackend:
             (default): continuous batching, as vLLM does (a request joins at the next iteration).
         row_overhead_s: modelled seconds of the engine's own work per request, paid in the pass
             where its prefill starts (building its row, copying its cached KV in and out, its
-            sampling; measured by :func:`rollart_nb.bench.calibrate.row_overhead`). 0 (default):
+            sampling; measured by :func:`rollart_nb.bench.real_costs.row_overhead`). 0 (default):
             a GPU engine, where that work is negligible beside a pass.
         load_overhead_s: fixed modelled seconds of loading a new weight version besides moving
             its bytes (deserialize, copy into the model; measured by
-            :func:`rollart_nb.bench.calibrate.measure_weight_sync`); paid by :meth:`aload_weights`.
+            :func:`rollart_nb.bench.real_costs.measure_weight_sync`); paid by :meth:`aload_weights`.
 
     Raises:
         ConfigError: a bad argument, or the model does not fit on ``tp`` devices.
