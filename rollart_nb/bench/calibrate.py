@@ -33,7 +33,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from rollart_nb.algo.grpo import GRPO
@@ -404,18 +404,8 @@ class Calibration:
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready: the profile, the spec, the efficiencies and the episode statistics."""
-        return {
-            "profile": asdict(self.profile),
-            "spec": asdict(self.spec),
-            "mfu": self.mfu,
-            "train_mfu": self.train_mfu,
-            "train_overhead_s": self.train_overhead_s,
-            "mbu": self.mbu,
-            "row_overhead_s": self.row_overhead_s,
-            "episodes": self.episodes,
-            "threads": self.threads,
-            "seconds": round(self.seconds, 2),
-        }
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "workloads"}
+        return {**out, "profile": asdict(self.profile), "spec": asdict(self.spec), "seconds": round(self.seconds, 2)}
 
 
 def calibrate(

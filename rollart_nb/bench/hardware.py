@@ -121,8 +121,7 @@ def r1_affinity(
         raw,
         description=f"equal ${budget:.0f}/h rollout: {configs}, train {base.train_gpus} H800, qwen3-8b, swe+gem-math",
     )
-    res["wall_s"] = round(time.monotonic() - t0, 1)
-    return finish(res, out, printer, "R1 hardware affinity: step-time speed-up of the affinity mix")
+    return finish(res, out, printer, "R1 hardware affinity: step-time speed-up of the affinity mix", t0)
 
 
 def pd_disaggregation(
@@ -179,6 +178,5 @@ def pd_disaggregation(
             res["notes"].append(
                 f"{kind}: best split {best.split('_')[1]}, worst {worst.split('_')[1]} (paper: 3P1D worst)"
             )
-    res["wall_s"] = round(time.monotonic() - t0, 1)
     res["prices"] = {h: PROFILES[h].price_per_hour for h in ("H800", "H20")}
-    return finish(res, out, printer, "PD disaggregation: rollout speed-up over colocation")
+    return finish(res, out, printer, "PD disaggregation: rollout speed-up over colocation", t0)

@@ -119,8 +119,7 @@ def throughput_ladder(
         raw,
         description=f"tokens/modelled s; baselines {train}+{rollout} H800, rollart {train} H800 + {mix}",
     )
-    res["wall_s"] = round(time.monotonic() - t0, 1)
-    return finish(res, out, printer, "Throughput ladder: speed-up of each rung over the previous")
+    return finish(res, out, printer, "Throughput ladder: speed-up of each rung over the previous", t0)
 
 
 def scaling(
@@ -184,5 +183,4 @@ def scaling(
         "qwen3-14b, H800 only",
     )
     res["normalised"] = {k: round(v, 3) for k, v in norm.items()}
-    res["wall_s"] = round(time.monotonic() - t0, 1)
-    return finish(res, out, printer, "Scaling: RollArt throughput over each baseline at the largest cluster")
+    return finish(res, out, printer, "Scaling: RollArt throughput over each baseline at the largest cluster", t0)

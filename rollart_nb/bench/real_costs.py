@@ -110,29 +110,17 @@ def row_overhead(
     with torch_threads(threads):
         backend = HFBackend(model, name="calibrate", batch_wait_s=0.0, seed=0)
         counter = iter(range(1 << 40))
+        req = functools.partial(GenerationRequest, task="calibrate", max_new_tokens=max_new_tokens, temperature=1.0)
 
         async def one(b: int) -> tuple[float, int]:
             tids = [f"row{next(counter)}" for _ in range(b)]
-
-            def req(t: str, ids: list[int], prefix: int, last: bool) -> GenerationRequest:
-                return GenerationRequest(
-                    t,
-                    "calibrate",
-                    ids,
-                    max_new_tokens=max_new_tokens,
-                    temperature=1.0,
-                    prefix_len=prefix,
-                    last_turn=last,
-                )
-
             t0 = time.perf_counter()
-            first = await asyncio.gather(*(backend.generate(req(t, [5] * prompt_tokens, 0, False)) for t in tids))
-            second = await asyncio.gather(
-                *(
-                    backend.generate(req(t, [6] * obs_tokens, prompt_tokens + len(r.token_ids), True))
-                    for t, r in zip(tids, first, strict=True)
-                )
-            )
+            first = await asyncio.gather(*(backend.generate(req(t, prompt_ids=[5] * prompt_tokens)) for t in tids))
+            turn2 = [
+                req(t, prompt_ids=[6] * obs_tokens, prefix_len=prompt_tokens + len(r.token_ids), last_turn=True)
+                for t, r in zip(tids, first, strict=True)
+            ]
+            second = await asyncio.gather(*(backend.generate(r) for r in turn2))
             t2 = time.perf_counter()
             passes = max(len(r.token_ids) for r in first) + max(len(r.token_ids) for r in second)
             return (t2 - t0) / 2, passes

@@ -123,16 +123,9 @@ class SimBackend:
         row_overhead_s: float = 0.0,
         load_overhead_s: float = 0.0,
     ) -> None:
+        ts = resolve_time_scale(time_scale)
         settings = EngineSettings(
-            resolve_time_scale(time_scale),
-            tp,
-            mfu,
-            mbu,
-            chunk_tokens,
-            max_num_seqs,
-            batch_wait_s,
-            bool(static_batching),
-            row_overhead_s,
+            ts, tp, mfu, mbu, chunk_tokens, max_num_seqs, batch_wait_s, bool(static_batching), row_overhead_s
         )
         problems = settings.problems() + _problems(spec, hardware, settings, link_gbps, load_overhead_s)
         if mean_response_tokens < 1:

@@ -32,7 +32,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rollart_nb.clock import host_for
-from rollart_nb.clock.cores import Host
 from rollart_nb.models.spec import ModelSpec
 from rollart_nb.resources.profiles import HardwareProfile
 from rollart_nb.sim.roofline import decode_steps_within, decode_time, iteration_time
@@ -256,11 +255,6 @@ class Engine:
         if self.settings.time_scale > 0:
             self._anchor = asyncio.get_running_loop().time()
 
-    def _shared_host(self) -> Host | None:
-        """The simulation's host when this device is one of its CPUs with shared cores, else None."""
-        host = host_for(self.hardware)
-        return host if host.cores is not None else None
-
     async def _pass(self, dt: float, ev: asyncio.Event, work: bool = True) -> float | None:
         """Sleep ``dt`` modelled seconds; returns the modelled seconds elapsed if ``ev`` cut it
         short, else None. On a host's shared cores (:mod:`rollart_nb.clock.cores`) ``dt`` is work,
@@ -274,8 +268,8 @@ class Engine:
             return None
         loop = asyncio.get_running_loop()
         t0 = loop.time()
-        host = self._shared_host() if work else None
-        if host is not None:
+        host = host_for(self.hardware)
+        if work and host.cores is not None:  # one of the simulated host's CPUs, its cores shared
             done = await host.compute(dt * scale, ev)
             did = dt if done is None else min(done / scale, dt)
             self._lag = max((loop.time() - t0) / scale - did, 0.0)
