@@ -4,8 +4,6 @@ It is a real backend for what-if studies, not a mock: the control plane drives i
 it drives ``hf`` or ``vllm``. Tokens are cheap and content-free (the sim never learns); what
 is modelled is *time*, by :mod:`rollart_nb.sim.engine`, a discrete-event model of one serving
 engine (continuous batching in iterations, KV capacity, a prefix cache keyed by trajectory).
-A request's ``prefill_s`` is from its arrival to the end of its prefill; ``decode_s`` from there
-to its last token, in *modelled* seconds, slept times ``time_scale``.
 
 Histories: a request may carry only the tokens after those this backend holds
 (``prefix_len``); the backend keeps each trajectory's history length in a lengths-only

@@ -48,6 +48,12 @@ KV_MEMORY_FRACTION = 0.9
 CHUNK_TOKENS = 16384
 MAX_NUM_SEQS = 1024
 
+COUNTERS = (
+    "prefill_tokens", "decode_tokens", "recomputed_tokens", "busy_s", "requests", "aborted",
+    "kv_transfer_s", "iterations", "kv_waits", "weight_load_s",
+)  # fmt: skip
+"""The totals a :class:`SimBackend`'s ``stats()`` reports (see its docstring)."""
+
 
 def kv_free_bytes(spec: ModelSpec, hardware: HardwareProfile, tp: int) -> float:
     """Bytes of KV cache ``tp`` devices hold beside the weights (not positive: it does not fit)."""
@@ -134,7 +140,8 @@ class Engine:
     Attributes:
         version: the policy version admitted jobs are computed under.
         kv_capacity_tokens: KV memory in tokens, for running sequences and the prefix cache.
-        counters: totals since construction (the backend adds its own keys).
+        counters: :data:`COUNTERS` since construction (``requests``, ``kv_transfer_s`` and
+            ``weight_load_s`` are the backend's to add to).
     """
 
     def __init__(self, spec: ModelSpec, hardware: HardwareProfile, settings: EngineSettings) -> None:
@@ -155,18 +162,7 @@ class Engine:
         self._t = 0.0  # modelled seconds, as of the loop time _anchor
         self._anchor = 0.0
         self._lag = 0.0  # modelled seconds the last pass took beyond its work (shared cores)
-        self.counters: dict[str, float] = {
-            "prefill_tokens": 0,
-            "decode_tokens": 0,
-            "recomputed_tokens": 0,
-            "busy_s": 0.0,
-            "requests": 0,
-            "aborted": 0,
-            "kv_transfer_s": 0.0,
-            "iterations": 0,
-            "kv_waits": 0,
-            "weight_load_s": 0.0,
-        }
+        self.counters: dict[str, float] = dict.fromkeys(COUNTERS, 0)
 
     # -- what the backend calls ------------------------------------------------------------
     async def run_job(
