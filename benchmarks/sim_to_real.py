@@ -7,7 +7,7 @@ one-off, rollart):
 
 * **measured**: for real on ``rn.Session.local()`` (wall seconds);
 * **predicted**: on ``rn.Session.sim()`` (simulated seconds on a virtual clock) with what
-  :mod:`rollart_nb.bench.calibrate` measures at start, each part alone, never the run itself:
+  :mod:`rollart_nb.bench.calibrate` and :mod:`~rollart_nb.bench.real_costs` measure at start, each part alone, never the run itself:
   matmul FLOP/s, memory bandwidth and the fixed cost of one forward pass of the tiny model (the
   generator's roofline); the ``hf`` engine's own work per request beyond its passes
   (``row_overhead``) and its batching (a batch runs to its end; ``static_batching``); the real
@@ -60,14 +60,8 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 import rollart_nb as rn  # noqa: E402
 from rollart_nb.backends.hf import BATCH_WAIT_S, HFBackend  # noqa: E402
-from rollart_nb.bench.calibrate import (  # noqa: E402
-    Calibration,
-    calibrate,
-    call_latency,
-    measure_control_plane,
-    measure_weight_sync,
-    register_profile,
-)
+from rollart_nb.bench.calibrate import Calibration, calibrate, register_profile  # noqa: E402
+from rollart_nb.bench.real_costs import call_latency, measure_control_plane, measure_weight_sync  # noqa: E402
 from rollart_nb.config import RolloutConfig, load  # noqa: E402
 from rollart_nb.control.report import PHASES  # noqa: E402
 from rollart_nb.envs import Arithmetic, FrozenLake  # noqa: E402

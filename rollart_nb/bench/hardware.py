@@ -20,6 +20,53 @@ __all__ = ["pd_disaggregation", "r1_affinity"]
 SCALE = 1 / 8
 """Fraction of the paper's GPU counts simulated."""
 
+R1_PAPER: dict[str, Any] = {
+    "mix_over_h20_only": (1.30, 1.68),
+    "mix_over_h800_only": (1.12, 1.37),
+    "routing_gain": None,
+}
+"""The paper's R1 speed-ups (§7.3)."""
+
+R1_WHY = {
+    "mix_over_h20_only": {
+        "below": "SimBackend keeps each trajectory's KV between turns, so an SWE turn prefills only its new tool "
+        "output (and, after each weight update, its whole history once): on H20s the prefill chunks do stall "
+        "the decodes they share a pass with, but the stall per turn is short, and H20-only keeps 26 devices' "
+        "bandwidth for GEM-math's long decodes.",
+        "above": "The H20-only cluster prefills every SWE history recompute (after each weight update) at 148 "
+        "TFLOP/s, stalling its decodes meanwhile; the mix does those on H800s.",
+    },
+    "mix_over_h800_only": {
+        "below": "At 1/8 scale the mix is 8 H800 + 3 H20 against 9 H800: it gains what three H20s add for "
+        "GEM-math's decodes (1.19x an H800's bandwidth each) less the ninth H800.",
+        "above": "Routing GEM-math's long decodes to the H20s frees the H800s' passes from them, so SWE's "
+        "prefill chunks on the H800s stall fewer decodes.",
+    },
+}
+"""Why R1's ratios may fall outside the paper's ranges."""
+
+PD_PAPER: dict[str, Any] = {
+    "dense_1P3D": 1.03,
+    "dense_2P2D": 1.05,
+    "moe_1P3D": 1.11,
+    "moe_2P2D": 1.21,
+    "dense_3P1D": None,
+    "moe_3P1D": None,
+}
+"""The paper's PD speed-ups over colocation (§7.4; 3P1D: "worst", no number)."""
+
+PD_WHY = {
+    "*": {
+        "below": "The interference PD removes is modelled (a colocated prefill chunk stalls every decode in its "
+        "pass), but so are PD's costs: each turn's new KV crosses the 50 GB/s link to the trajectory's decode "
+        "node, every weight update makes the P node recompute whole SWE histories and send them again, and "
+        "all prefill queues on the P nodes (1P3D: one node).",
+        "above": "The colocated baseline places turns by load only, so SWE prefills also run on H20 workers, "
+        "where their chunks stall the decodes sharing those passes for 6.7x longer than on an H800.",
+    }
+}
+"""Why PD's ratios may fall outside the paper's."""
+
 
 def r1_affinity(
     out: str = "rollart_bench", quick: bool = False, printer: Callable[[str], None] | None = print
@@ -66,37 +113,15 @@ def r1_affinity(
         "mix_over_h800_only": raw["h800_only"]["step_s"] / mix,
         "routing_gain": raw["mix_routing_off"]["step_s"] / mix,
     }
-    paper: dict[str, Any] = {
-        "mix_over_h20_only": (1.30, 1.68),
-        "mix_over_h800_only": (1.12, 1.37),
-        "routing_gain": None,
-    }
-    why = {
-        "mix_over_h20_only": {
-            "below": "SimBackend keeps each trajectory's KV between turns, so an SWE turn prefills only its new tool "
-            "output (and, after each weight update, its whole history once): on H20s the prefill chunks do stall "
-            "the decodes they share a pass with, but the stall per turn is short, and H20-only keeps 26 devices' "
-            "bandwidth for GEM-math's long decodes.",
-            "above": "The H20-only cluster prefills every SWE history recompute (after each weight update) at 148 "
-            "TFLOP/s, stalling its decodes meanwhile; the mix does those on H800s.",
-        },
-        "mix_over_h800_only": {
-            "below": "At 1/8 scale the mix is 8 H800 + 3 H20 against 9 H800: it gains what three H20s add for "
-            "GEM-math's decodes (1.19x an H800's bandwidth each) less the ninth H800.",
-            "above": "Routing GEM-math's long decodes to the H20s frees the H800s' passes from them, so SWE's "
-            "prefill chunks on the H800s stall fewer decodes.",
-        },
-    }
     res = result(
         "r1_affinity",
         ours,
-        paper,
-        why,
+        R1_PAPER,
+        R1_WHY,
         raw,
         description=f"equal ${budget:.0f}/h rollout: {configs}, train {base.train_gpus} H800, qwen3-8b, swe+gem-math",
     )
-    res["wall_s"] = round(time.monotonic() - t0, 1)
-    return finish(res, out, printer, "R1 hardware affinity: step-time speed-up of the affinity mix")
+    return finish(res, out, printer, "R1 hardware affinity: step-time speed-up of the affinity mix", t0)
 
 
 def pd_disaggregation(
@@ -136,30 +161,12 @@ def pd_disaggregation(
             pd = simulate(s.with_(pd=True))
             raw[f"{kind}_{split}"] = {"colocated": colo, "pd": pd, "gpus": gpus}
             ours[f"{kind}_{split}"] = colo["rollout_s"] / pd["rollout_s"] if pd["rollout_s"] > 0 else float("nan")
-    paper: dict[str, Any] = {
-        "dense_1P3D": 1.03,
-        "dense_2P2D": 1.05,
-        "moe_1P3D": 1.11,
-        "moe_2P2D": 1.21,
-        "dense_3P1D": None,
-        "moe_3P1D": None,
-    }
-    paper = {k: v for k, v in paper.items() if k in ours}
-    why = {
-        "*": {
-            "below": "The interference PD removes is modelled (a colocated prefill chunk stalls every decode in its "
-            "pass), but so are PD's costs: each turn's new KV crosses the 50 GB/s link to the trajectory's decode "
-            "node, every weight update makes the P node recompute whole SWE histories and send them again, and "
-            "all prefill queues on the P nodes (1P3D: one node).",
-            "above": "The colocated baseline places turns by load only, so SWE prefills also run on H20 workers, "
-            "where their chunks stall the decodes sharing those passes for 6.7x longer than on an H800.",
-        }
-    }
+    paper = {k: v for k, v in PD_PAPER.items() if k in ours}
     res = result(
         "pd_disaggregation",
         ours,
         paper,
-        why,
+        PD_WHY,
         raw,
         description="rollout-time speed-up of PD over colocated on the same 4 nodes (P=H800x8, D=H20x8), "
         f"swe, models {list(models.values())}; 3P1D: paper says worst, no number",
@@ -171,6 +178,5 @@ def pd_disaggregation(
             res["notes"].append(
                 f"{kind}: best split {best.split('_')[1]}, worst {worst.split('_')[1]} (paper: 3P1D worst)"
             )
-    res["wall_s"] = round(time.monotonic() - t0, 1)
     res["prices"] = {h: PROFILES[h].price_per_hour for h in ("H800", "H20")}
-    return finish(res, out, printer, "PD disaggregation: rollout speed-up over colocation")
+    return finish(res, out, printer, "PD disaggregation: rollout speed-up over colocation", t0)

@@ -18,6 +18,45 @@ __all__ = ["ladder_runs", "scaling", "throughput_ladder"]
 SCALE = 1 / 8
 _TASKS = {"swe": "swe", "math": "gem-math"}
 
+LADDER_PAPER = {
+    "syncplus_over_sync": (1.40, 2.40),
+    "oneoff_over_syncplus": (1.31, 1.47),
+    "areal_over_oneoff": (1.03, 1.06),
+    "rollart_over_areal": (1.22, 1.36),
+    "rollart_over_sync": (2.65, 4.58),
+}
+"""The paper's speed-up of each rung over the previous (§7.2)."""
+
+LADDER_WHY = {
+    "syncplus_over_sync": {
+        "below": "Our Sync differs from Sync+ only by batch-level env stepping and scoring after the batch; sim "
+        "rewards are instant rules, so the paper's async-reward and serverless-offloading gains are absent.",
+        "above": "Batch-level stepping waits for the slowest env every turn; SWE-shaped steps (2 s mean, 20 s "
+        "resets) make that barrier costlier than in the paper's task mix.",
+    },
+    "oneoff_over_syncplus": {
+        "below": "One-off hides only the train step (6 x params x tokens at a fixed MFU plus the gradient "
+        "all-reduce), while each iteration still waits for its slowest SWE-shaped trajectory (10-50 turns, "
+        "20 s resets): the tail costs more than the overlap saves.",
+        "above": "The sim's train step is a large share of the step here, so overlapping it pays more.",
+    },
+    "areal_over_oneoff": {
+        "above": "Continuous admission keeps envs busy across iterations and preempts turns at a weight update "
+        "instead of waiting for them; with the SWE-shaped tail (10-50 turns, 20 s resets) iteration-level "
+        "launching (One-off) idles far longer than in the paper's task mix.",
+        "below": "Continuous admission gains little when iterations have no long tail.",
+    },
+    "rollart_over_areal": {
+        "below": "Over AReaL, RollArt here gains only what its rollout mix gains (the R1 experiment: about "
+        "1.1x at equal cost; here it runs on 83% of AReaL's cost) and loses what its alpha=1 bound aborts "
+        "(the wasted share of its generated tokens, in the table): SWE trajectories that outlive two steps "
+        "are aborted with their GRPO group, while AReaL trains on them.",
+        "above": "The affinity mix's value is priced by the roofline model as in R1; see that experiment.",
+    },
+    "rollart_over_sync": "Product of the rungs above (see their notes).",
+}
+"""Why the ladder's ratios may fall outside the paper's ranges."""
+
 
 def ladder_runs(quick: bool, steps: int) -> tuple[RunSpec, dict[str, int]]:
     """The ladder's baseline run (4 train + 12 rollout H800, no routing decided here) and
@@ -71,52 +110,16 @@ def throughput_ladder(
             rollart_over_areal=tput["rollart"] / tput["areal"],
         )
     ours["rollart_over_sync"] = tput["rollart"] / tput["sync"]
-    paper = {
-        "syncplus_over_sync": (1.40, 2.40),
-        "oneoff_over_syncplus": (1.31, 1.47),
-        "areal_over_oneoff": (1.03, 1.06),
-        "rollart_over_areal": (1.22, 1.36),
-        "rollart_over_sync": (2.65, 4.58),
-    }
-    paper = {k: v for k, v in paper.items() if k in ours}
-    why = {
-        "syncplus_over_sync": {
-            "below": "Our Sync differs from Sync+ only by batch-level env stepping and scoring after the batch; sim "
-            "rewards are instant rules, so the paper's async-reward and serverless-offloading gains are absent.",
-            "above": "Batch-level stepping waits for the slowest env every turn; SWE-shaped steps (2 s mean, 20 s "
-            "resets) make that barrier costlier than in the paper's task mix.",
-        },
-        "oneoff_over_syncplus": {
-            "below": "One-off hides only the train step (6 x params x tokens at a fixed MFU plus the gradient "
-            "all-reduce), while each iteration still waits for its slowest SWE-shaped trajectory (10-50 turns, "
-            "20 s resets): the tail costs more than the overlap saves.",
-            "above": "The sim's train step is a large share of the step here, so overlapping it pays more.",
-        },
-        "areal_over_oneoff": {
-            "above": "Continuous admission keeps envs busy across iterations and preempts turns at a weight update "
-            "instead of waiting for them; with the SWE-shaped tail (10-50 turns, 20 s resets) iteration-level "
-            "launching (One-off) idles far longer than in the paper's task mix.",
-            "below": "Continuous admission gains little when iterations have no long tail.",
-        },
-        "rollart_over_areal": {
-            "below": "Over AReaL, RollArt here gains only what its rollout mix gains (the R1 experiment: about "
-            "1.1x at equal cost; here it runs on 83% of AReaL's cost) and loses what its alpha=1 bound aborts "
-            "(the wasted share of its generated tokens, in the table): SWE trajectories that outlive two steps "
-            "are aborted with their GRPO group, while AReaL trains on them.",
-            "above": "The affinity mix's value is priced by the roofline model as in R1; see that experiment.",
-        },
-        "rollart_over_sync": "Product of the rungs above (see their notes).",
-    }
+    paper = {k: v for k, v in LADDER_PAPER.items() if k in ours}
     res = result(
         "throughput_ladder",
         ours,
         paper,
-        why,
+        LADDER_WHY,
         raw,
         description=f"tokens/modelled s; baselines {train}+{rollout} H800, rollart {train} H800 + {mix}",
     )
-    res["wall_s"] = round(time.monotonic() - t0, 1)
-    return finish(res, out, printer, "Throughput ladder: speed-up of each rung over the previous")
+    return finish(res, out, printer, "Throughput ladder: speed-up of each rung over the previous", t0)
 
 
 def scaling(
@@ -180,5 +183,4 @@ def scaling(
         "qwen3-14b, H800 only",
     )
     res["normalised"] = {k: round(v, 3) for k, v in norm.items()}
-    res["wall_s"] = round(time.monotonic() - t0, 1)
-    return finish(res, out, printer, "Scaling: RollArt throughput over each baseline at the largest cluster")
+    return finish(res, out, printer, "Scaling: RollArt throughput over each baseline at the largest cluster", t0)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -140,8 +141,12 @@ def write_figure(res: dict[str, Any], out: str, title: str) -> str | None:
     return path
 
 
-def finish(res: dict[str, Any], out: str, printer: Callable[[str], None] | None, title: str) -> dict[str, Any]:
-    """Write the figure, print the table (``printer``; None prints nothing), return ``res``."""
+def finish(
+    res: dict[str, Any], out: str, printer: Callable[[str], None] | None, title: str, started: float
+) -> dict[str, Any]:
+    """Record ``wall_s`` since ``started`` (``time.monotonic()``), write the figure, print the table
+    (``printer``; None prints nothing), return ``res``."""
+    res["wall_s"] = round(time.monotonic() - started, 1)
     res["figure"] = write_figure(res, out, title)
     if printer is not None:
         printer(format_table(res))

@@ -67,8 +67,7 @@ def redundant_rollouts(
         description=f"sync+ rollout time r=0 / r=k, group sizes {groups}, 4 groups, 4 H800 gen, "
         "gem-math, 5% of env calls 20x slow",
     )
-    res["wall_s"] = round(time.monotonic() - t0, 1)
-    return finish(res, out, printer, "Redundant rollouts: rollout speed-up over no redundancy")
+    return finish(res, out, printer, "Redundant rollouts: rollout speed-up over no redundancy", t0)
 
 
 def alpha_sweep(
@@ -119,5 +118,4 @@ def alpha_sweep(
         description=f"rollart step time alpha=1 / alpha=k for k in {alphas}, 8 H800 gen + 4 train, swe+gem-math",
     )
     res["aborted_per_step"] = {k: round(v["aborted_per_step"], 2) for k, v in raw.items()}
-    res["wall_s"] = round(time.monotonic() - t0, 1)
-    return finish(res, out, printer, "R4 alpha sweep: step-time speed-up over alpha=1")
+    return finish(res, out, printer, "R4 alpha sweep: step-time speed-up over alpha=1", t0)

@@ -4,8 +4,6 @@ It is a real backend for what-if studies, not a mock: the control plane drives i
 it drives ``hf`` or ``vllm``. Tokens are cheap and content-free (the sim never learns); what
 is modelled is *time*, by :mod:`rollart_nb.sim.engine`, a discrete-event model of one serving
 engine (continuous batching in iterations, KV capacity, a prefix cache keyed by trajectory).
-A request's ``prefill_s`` is from its arrival to the end of its prefill; ``decode_s`` from there
-to its last token, in *modelled* seconds, slept times ``time_scale``.
 
 Histories: a request may carry only the tokens after those this backend holds
 (``prefix_len``); the backend keeps each trajectory's history length in a lengths-only
@@ -79,11 +77,11 @@ class SimBackend:
             (default): continuous batching, as vLLM does (a request joins at the next iteration).
         row_overhead_s: modelled seconds of the engine's own work per request, paid in the pass
             where its prefill starts (building its row, copying its cached KV in and out, its
-            sampling; measured by :func:`rollart_nb.bench.calibrate.row_overhead`). 0 (default):
+            sampling; measured by :func:`rollart_nb.bench.real_costs.row_overhead`). 0 (default):
             a GPU engine, where that work is negligible beside a pass.
         load_overhead_s: fixed modelled seconds of loading a new weight version besides moving
             its bytes (deserialize, copy into the model; measured by
-            :func:`rollart_nb.bench.calibrate.measure_weight_sync`); paid by :meth:`aload_weights`.
+            :func:`rollart_nb.bench.real_costs.measure_weight_sync`); paid by :meth:`aload_weights`.
 
     Raises:
         ConfigError: a bad argument, or the model does not fit on ``tp`` devices.
@@ -123,16 +121,9 @@ class SimBackend:
         row_overhead_s: float = 0.0,
         load_overhead_s: float = 0.0,
     ) -> None:
+        ts = resolve_time_scale(time_scale)
         settings = EngineSettings(
-            resolve_time_scale(time_scale),
-            tp,
-            mfu,
-            mbu,
-            chunk_tokens,
-            max_num_seqs,
-            batch_wait_s,
-            bool(static_batching),
-            row_overhead_s,
+            ts, tp, mfu, mbu, chunk_tokens, max_num_seqs, batch_wait_s, bool(static_batching), row_overhead_s
         )
         problems = settings.problems() + _problems(spec, hardware, settings, link_gbps, load_overhead_s)
         if mean_response_tokens < 1:

@@ -32,7 +32,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rollart_nb.clock import host_for
-from rollart_nb.clock.cores import Host
 from rollart_nb.models.spec import ModelSpec
 from rollart_nb.resources.profiles import HardwareProfile
 from rollart_nb.sim.roofline import decode_steps_within, decode_time, iteration_time
@@ -48,6 +47,12 @@ KV_MEMORY_FRACTION = 0.9
 #: (``EngineArgs.get_batch_defaults``: max_num_batched_tokens 16384, max_num_seqs 1024).
 CHUNK_TOKENS = 16384
 MAX_NUM_SEQS = 1024
+
+COUNTERS = (
+    "prefill_tokens", "decode_tokens", "recomputed_tokens", "busy_s", "requests", "aborted",
+    "kv_transfer_s", "iterations", "kv_waits", "weight_load_s",
+)  # fmt: skip
+"""The totals a :class:`SimBackend`'s ``stats()`` reports (see its docstring)."""
 
 
 def kv_free_bytes(spec: ModelSpec, hardware: HardwareProfile, tp: int) -> float:
@@ -135,7 +140,8 @@ class Engine:
     Attributes:
         version: the policy version admitted jobs are computed under.
         kv_capacity_tokens: KV memory in tokens, for running sequences and the prefix cache.
-        counters: totals since construction (the backend adds its own keys).
+        counters: :data:`COUNTERS` since construction (``requests``, ``kv_transfer_s`` and
+            ``weight_load_s`` are the backend's to add to).
     """
 
     def __init__(self, spec: ModelSpec, hardware: HardwareProfile, settings: EngineSettings) -> None:
@@ -156,18 +162,7 @@ class Engine:
         self._t = 0.0  # modelled seconds, as of the loop time _anchor
         self._anchor = 0.0
         self._lag = 0.0  # modelled seconds the last pass took beyond its work (shared cores)
-        self.counters: dict[str, float] = {
-            "prefill_tokens": 0,
-            "decode_tokens": 0,
-            "recomputed_tokens": 0,
-            "busy_s": 0.0,
-            "requests": 0,
-            "aborted": 0,
-            "kv_transfer_s": 0.0,
-            "iterations": 0,
-            "kv_waits": 0,
-            "weight_load_s": 0.0,
-        }
+        self.counters: dict[str, float] = dict.fromkeys(COUNTERS, 0)
 
     # -- what the backend calls ------------------------------------------------------------
     async def run_job(
@@ -256,11 +251,6 @@ class Engine:
         if self.settings.time_scale > 0:
             self._anchor = asyncio.get_running_loop().time()
 
-    def _shared_host(self) -> Host | None:
-        """The simulation's host when this device is one of its CPUs with shared cores, else None."""
-        host = host_for(self.hardware)
-        return host if host.cores is not None else None
-
     async def _pass(self, dt: float, ev: asyncio.Event, work: bool = True) -> float | None:
         """Sleep ``dt`` modelled seconds; returns the modelled seconds elapsed if ``ev`` cut it
         short, else None. On a host's shared cores (:mod:`rollart_nb.clock.cores`) ``dt`` is work,
@@ -274,8 +264,8 @@ class Engine:
             return None
         loop = asyncio.get_running_loop()
         t0 = loop.time()
-        host = self._shared_host() if work else None
-        if host is not None:
+        host = host_for(self.hardware)
+        if work and host.cores is not None:  # one of the simulated host's CPUs, its cores shared
             done = await host.compute(dt * scale, ev)
             did = dt if done is None else min(done / scale, dt)
             self._lag = max((loop.time() - t0) / scale - did, 0.0)

@@ -94,10 +94,10 @@ class SimTrainBackend:
             trajectory, sorted by length, at most ``micro_batch_size`` rows and
             ``micro_batch_tokens`` padded tokens each: :func:`~rollart_nb.algo.grpo.micro_batches`).
         step_overhead_s: fixed seconds per optimizer step besides its FLOPs (the optimizer update,
-            Python and framework dispatch; measured by :func:`rollart_nb.bench.calibrate.measure_trainer`).
+            Python and framework dispatch; measured by :func:`rollart_nb.bench.real_costs.measure_trainer`).
         export_overhead_s: fixed seconds to hand the weights over for a sync (copy the
             state_dict out and serialize it; measured by
-            :func:`rollart_nb.bench.calibrate.measure_weight_sync`); paid by :meth:`aexport`.
+            :func:`rollart_nb.bench.real_costs.measure_weight_sync`); paid by :meth:`aexport`.
 
     Example:
         >>> from rollart_nb.models.spec import spec

@@ -28,11 +28,14 @@ def pf(hw, tokens, context=0):
     return iteration_time(Q8, hw, 0, 0, [(tokens, context)])
 
 
-def SimClockRun(scenario):
-    """Run ``scenario()`` on a virtual clock (modelled seconds at time_scale 1, no real sleeping)."""
+def SimClockRun(scenario, host=None):
+    """Run ``scenario()`` on a virtual clock (modelled seconds at time_scale 1, no real sleeping);
+    ``host``: the clock's :class:`Host` (shared cores) for the run."""
     from rollart_nb.clock import SimClock
 
     clock = SimClock()
+    if host is not None:
+        clock.host = host
     try:
         return clock.run(scenario(), timeout=30)
     finally:
@@ -352,13 +355,8 @@ def test_a_batching_engines_wait_delays_a_request_and_a_pd_prefill_but_not_the_d
 
 def _arrivals(backend_kwargs, arrivals, hw=H800, host=None):
     """Requests ``(traj, at_s, response_tokens)`` arriving at simulated times; returns traj ->
-    (finish time, result). ``host``: the clock's :class:`Host` (shared cores) for the run."""
-    from rollart_nb.clock import SimClock
-
+    (finish time, result). ``host``: as in :func:`SimClockRun`."""
     lengths = {t: n for t, _, n in arrivals}
-    clock = SimClock()
-    if host is not None:
-        clock.host = host
 
     async def scenario():
         loop = asyncio.get_running_loop()
@@ -371,10 +369,7 @@ def _arrivals(backend_kwargs, arrivals, hw=H800, host=None):
 
         return dict(await asyncio.gather(*(one(t, at) for t, at, _ in arrivals)))
 
-    try:
-        return clock.run(scenario(), timeout=30)
-    finally:
-        clock.close()
+    return SimClockRun(scenario, host)
 
 
 def test_static_batching_runs_a_batch_to_its_end_before_the_next():
@@ -433,11 +428,6 @@ def test_engines_on_one_shared_core_slow_each_other_and_gpus_do_not():
     cpu = HardwareProfile("CPU-TEST-SHARED", "cpu", 0.1, 20.0, 64.0, 0.0, "general")
 
     def two_engines(hw, host):
-        from rollart_nb.clock import SimClock
-
-        clock = SimClock()
-        clock.host = host
-
         async def scenario():
             loop = asyncio.get_running_loop()
             engines = [SimBackend(Q8, hw, time_scale=1, response_tokens=fixed(50)) for _ in range(2)]
@@ -445,10 +435,7 @@ def test_engines_on_one_shared_core_slow_each_other_and_gpus_do_not():
             await asyncio.gather(*(e.generate(req(f"t{i}")) for i, e in enumerate(engines)))
             return loop.time() - t0
 
-        try:
-            return clock.run(scenario(), timeout=30)
-        finally:
-            clock.close()
+        return SimClockRun(scenario, host)
 
     own = two_engines(cpu, Host())
     assert two_engines(cpu, Host(SharedCores(2))) == pytest.approx(own, rel=1e-6)  # a core each
@@ -461,13 +448,11 @@ def test_engines_on_one_shared_core_slow_each_other_and_gpus_do_not():
 def test_an_abort_during_a_shared_core_pass_frees_the_core():
     """An engine whose request is aborted mid-pass leaves the shared core: the other engine's
     work then runs at full speed."""
-    from rollart_nb.clock import SimClock
     from rollart_nb.clock.cores import Host, SharedCores
     from rollart_nb.resources.profiles import HardwareProfile
 
     cpu = HardwareProfile("CPU-TEST-ABORT", "cpu", 0.1, 20.0, 64.0, 0.0, "general")
-    clock = SimClock()
-    clock.host = Host(SharedCores(1))
+    host = Host(SharedCores(1))
 
     async def scenario():
         loop = asyncio.get_running_loop()
@@ -483,12 +468,9 @@ def test_an_abort_during_a_shared_core_pass_frees_the_core():
         await a.abort("victim")
         res = await victim
         await other
-        return took_alone, loop.time() - t0, res.finish_reason, clock.host.cores.running
+        return took_alone, loop.time() - t0, res.finish_reason, host.cores.running
 
-    try:
-        took_alone, took, reason, running = clock.run(scenario(), timeout=30)
-    finally:
-        clock.close()
+    took_alone, took, reason, running = SimClockRun(scenario, host)
     assert reason == "abort" and running == 0
     # half speed for the first quarter (an eighth of its work done), full speed after the abort:
     # 1/4 + 7/8 = 1.125x its time alone, not 2x

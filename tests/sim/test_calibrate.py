@@ -16,13 +16,12 @@ from rollart_nb.algo.grpo import GRPO
 from rollart_nb.bench.calibrate import (
     EpisodeStats,
     measure_cpu,
-    measure_trainer,
     pass_overhead,
     register_profile,
-    row_overhead,
     sample_episodes,
     workload_from_stats,
 )
+from rollart_nb.bench.real_costs import measure_trainer, row_overhead
 from rollart_nb.envs import Arithmetic, FrozenLake
 from rollart_nb.errors import ConfigError
 from rollart_nb.models.spec import ModelSpec, hf_spec
@@ -73,9 +72,8 @@ def test_measured_profile_is_plausible_and_prices_sim_work(model, registered):
     r = asyncio.run(b.generate(GenerationRequest("t0", "math", [5] * 10, max_new_tokens=4)))
     mfu, mbu = b.engine.settings.mfu, b.engine.settings.mbu
     flops_s = prefill_flops(spec, 10) / (hw.bf16_tflops * 1e12 * mfu)
-    assert r.prefill_s == pytest.approx(
-        max(flops_s + hw.pass_overhead_s, weights_read_bytes(spec, 10) / 1e9 / hw.mem_bw_gbps)
-    )
+    mem_s = weights_read_bytes(spec, 10) / (hw.mem_bw_gbps * 1e9 * mbu)
+    assert r.prefill_s == pytest.approx(max(flops_s, mem_s) + hw.pass_overhead_s)
     assert r.decode_s == pytest.approx(decode_time(spec, hw, 3, 10, mbu=mbu, mfu=mfu))
     assert r.decode_s >= 3 * hw.pass_overhead_s  # each decoded token pays one pass
 
@@ -128,11 +126,11 @@ def test_trainer_cost_is_a_line_through_two_real_train_steps(model):
     assert 0 < cost.per_token_s < 0.01 and 0 <= cost.fixed_s < 1.0
     # a real step on a batch unlike the two it was measured on is predicted to within a factor 2
     from rollart_nb.backends.torch_train import TorchTrainBackend
-    from rollart_nb.bench.calibrate import _synthetic_batch, _threads
+    from rollart_nb.bench.real_costs import _synthetic_batch, torch_threads
     from rollart_nb.sim.trainer import flops_factor, padded_tokens
 
     batch = _synthetic_batch(16, 64, 8)
-    with _threads(1):  # as measured (and as Session.local()'s workers run)
+    with torch_threads(1):  # as measured (and as Session.local()'s workers run)
         trainer = TorchTrainBackend(model, algo, seed=0)
         trainer.train_step(batch)  # warm-up
         t0 = time.perf_counter()

@@ -1,21 +1,17 @@
-"""Workload presets, SimEnv (turns, token lengths, rewards, latency, concurrency) and SimTokenizer."""
+"""Workload presets and SimEnv (turns, token lengths, rewards, latency, concurrency)."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import os
 import statistics
-import subprocess
-import sys
 import time
-import zlib
 
 import pytest
 
 from rollart_nb.envs.base import AsyncEnv, env_reset, env_step
 from rollart_nb.errors import ConfigError, EnvError
-from rollart_nb.protocols import Env, GenerationRequest, Tokenizer
+from rollart_nb.protocols import Env, GenerationRequest
 from rollart_nb.sim import PRESETS, SimEnv, SimTokenizer, Workload, response_tokens_fn, workload
 
 TOK = SimTokenizer()
@@ -32,27 +28,6 @@ def episode(env, seed, action_tag="a"):
         if terminated or truncated:
             return turn, counts, rewards
         counts.append(len(TOK.encode(obs)))
-
-
-# -- tokenizer ---------------------------------------------------------------------------
-
-
-def test_tokenizer_maps_words_by_crc32():
-    assert isinstance(TOK, Tokenizer)
-    assert TOK.eos_token_id == 1 and len(TOK) == 32000
-    assert TOK.encode("hello  world\n") == [3 + zlib.crc32(b"hello") % 31997, 3 + zlib.crc32(b"world") % 31997]
-    assert TOK.decode(TOK.encode("go left now")) == "go left now"
-    assert TOK.decode([1, 0, 99999]) == "w99999"  # specials skipped, unseen ids spelled out
-    with pytest.raises(ConfigError):
-        SimTokenizer(3)
-
-
-def test_tokenizer_is_stable_across_processes():
-    # A fixed, different string-hash seed in the child: ids must not depend on hash().
-    code = "from rollart_nb.sim import SimTokenizer; print(SimTokenizer(1000).encode('a b c'))"
-    env = {**os.environ, "PYTHONHASHSEED": "12345"}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
-    assert out.stdout == f"{SimTokenizer(1000).encode('a b c')}\n"
 
 
 # -- workloads ---------------------------------------------------------------------------
