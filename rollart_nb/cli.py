@@ -125,26 +125,66 @@ def _json_object(text: str) -> dict[str, Any]:
 
 
 # -- demo ------------------------------------------------------------------------------------
-# flag dest -> TrainConfig setting (the flags' defaults are demo.yaml's: one place defines them)
-_DEMO_FIELDS = {
-    "steps": "steps",
-    "minutes": "minutes",
-    "mode": "pipeline.mode",
-    "alpha": "pipeline.alpha",
-    "generator": "generator",
-    "batch_size": "pipeline.batch_size",
-    "group_size": "algo.group_size",
-    "envs_per_task": "envs_per_task",
-    "lr": "algo.lr",
-    "entropy": "algo.entropy_coef",
-    "kl": "algo.kl_coef",
-    "loss_agg": "algo.loss_agg",
-    "math_reward": "tasks.math.reward",
-    "math_curriculum": "tasks.math.curriculum",
-    "validate_every": "pipeline.validate_every",
-    "seed": "seed",
-    "out": "out",
-}
+# The demo's flags in help order: (flag, the TrainConfig setting it sets or None, argparse keywords).
+# A flag's default is its setting's value in demo.yaml (one place defines them); what needs the
+# config or a lazy import (choices, some helps) _add_demo adds.
+_DEMO_FLAGS: tuple[tuple[str, str | None, dict[str, Any]], ...] = (
+    ("--steps", "steps", {"type": _whole(1), "help": "training steps (the run also stops at --minutes)"}),
+    ("--minutes", "minutes", {"type": _number(0, above=True), "help": "wall-clock budget for training"}),
+    ("--mode", "pipeline.mode", {"help": "pipeline mode"}),
+    ("--alpha", "pipeline.alpha", {"type": _whole(0), "help": "staleness bound, per trajectory, in policy versions"}),
+    ("--generator", "generator", {"help": "generation backend"}),
+    (
+        "--batch-size",
+        "pipeline.batch_size",
+        {"type": _whole(1), "help": "trajectories per training step (a multiple of --group-size)"},
+    ),
+    ("--group-size", "algo.group_size", {"type": _whole(1), "help": "GRPO group size"}),
+    ("--envs-per-task", "envs_per_task", {"type": _whole(1), "help": "concurrent envs per task"}),
+    ("--lr", "algo.lr", {"type": _number(0, above=True), "help": "learning rate"}),
+    ("--entropy", "algo.entropy_coef", {"type": _number(0), "help": "entropy bonus coefficient"}),
+    ("--kl", "algo.kl_coef", {"type": _number(0), "help": "k3 KL coefficient to the model RL starts from"}),
+    (
+        "--loss-agg",
+        "algo.loss_agg",
+        {"help": "how token losses average over the batch (see GRPO.loss_agg)"},
+    ),
+    ("--math-reward", "tasks.math.reward", {}),
+    (
+        "--math-curriculum",
+        "tasks.math.curriculum",
+        {
+            "type": _number(0, 1),
+            "metavar": "UNIFORM",
+            "default": None,
+            "help": "draw math's prompts by learnability (PromptCurriculum), this share uniformly "
+            "(default: off, random prompts)",
+        },
+    ),
+    (
+        "--no-std",
+        None,
+        {"action": "store_true", "help": "mean-only group baseline (Dr. GRPO) for every task, not only for math"},
+    ),
+    ("--tasks", None, {"type": _task_list, "help": "comma-separated tasks to train"}),
+    ("--weights", None, {"type": _weights}),
+    (
+        "--validate-every",
+        "pipeline.validate_every",
+        {"type": _whole(0), "help": "steps between greedy validations (0: only before and after training)"},
+    ),
+    ("--seed", "seed", {"type": _whole(0), "help": "seed everything derives from"}),
+    ("--out", "out", {"help": "directory for report.html, curves.svg, steps.jsonl and config.yaml"}),
+)
+
+
+def _setting(cfg: Any, name: str) -> Any:
+    """The value of dotted setting ``name`` in ``cfg`` (None where a task it names is not in it)."""
+    for part in name.split("."):
+        cfg = cfg.get(part) if isinstance(cfg, dict) else getattr(cfg, part)
+        if cfg is None:
+            return None
+    return cfg
 
 
 def _add_overrides(parser: argparse.ArgumentParser) -> None:
@@ -159,11 +199,11 @@ def _add_overrides(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_demo(sub: argparse._SubParsersAction) -> None:
+    from rollart_nb import train
     from rollart_nb.algo.grpo import LOSS_AGGS
     from rollart_nb.control.modes import MODES
-    from rollart_nb.train import BUILTIN_ENVS, BUILTIN_REWARDS, GENERATORS, demo_config
 
-    c = demo_config()
+    c = train.demo_config()
     math_task = c.tasks.get("math")
     d = sub.add_parser(
         "demo",
@@ -176,70 +216,28 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
         usage="%(prog)s [options] [NAME=VALUE ...]",
         formatter_class=_Help,
     )
-    d.add_argument("--steps", type=_whole(1), default=c.steps, help="training steps (the run also stops at --minutes)")
-    d.add_argument("--minutes", type=_number(0, above=True), default=c.minutes, help="wall-clock budget for training")
-    d.add_argument("--mode", choices=list(MODES), default=c.pipeline.mode, help="pipeline mode")
-    d.add_argument(
-        "--alpha", type=_whole(0), default=c.pipeline.alpha, help="staleness bound, per trajectory, in policy versions"
-    )
-    d.add_argument("--generator", choices=GENERATORS, default=c.generator, help="generation backend")
-    d.add_argument(
-        "--batch-size",
-        type=_whole(1),
-        default=c.pipeline.batch_size,
-        help="trajectories per training step (a multiple of --group-size)",
-    )
-    d.add_argument("--group-size", type=_whole(1), default=c.algo.group_size, help="GRPO group size")
-    d.add_argument("--envs-per-task", type=_whole(1), default=c.envs_per_task, help="concurrent envs per task")
-    d.add_argument("--lr", type=_number(0, above=True), default=c.algo.lr, help="learning rate")
-    d.add_argument("--entropy", type=_number(0), default=c.algo.entropy_coef, help="entropy bonus coefficient")
-    d.add_argument(
-        "--kl", type=_number(0), default=c.algo.kl_coef, help="k3 KL coefficient to the model RL starts from"
-    )
-    d.add_argument(
-        "--loss-agg",
-        choices=LOSS_AGGS,
-        default=c.algo.loss_agg,
-        help="how token losses average over the batch (see GRPO.loss_agg)",
-    )
-    d.add_argument(
-        "--math-reward",
-        choices=BUILTIN_REWARDS,
-        default=math_task.reward if math_task else None,
-        help="math's training reward: partial credit by distance (close) or exact match"
-        + ("" if math_task and math_task.reward else " (default: the env's own, exact match)")
-        + "; validation is exact match either way",
-    )
-    d.add_argument(
-        "--math-curriculum",
-        type=_number(0, 1),
-        metavar="UNIFORM",
-        default=None,
-        help="draw math's prompts by learnability (PromptCurriculum), this share uniformly "
-        "(default: off, random prompts)",
-    )
-    d.add_argument(
-        "--no-std", action="store_true", help="mean-only group baseline (Dr. GRPO) for every task, not only for math"
-    )
-    d.add_argument("--tasks", type=_task_list, default=",".join(c.tasks), help="comma-separated tasks to train")
-    d.add_argument(
-        "--weights",
-        type=_weights,
-        help="share of each batch per task (default: "
-        + ",".join(f"{t}={tc.weight:g}" for t, tc in c.tasks.items())
-        + ")",
-    )
-    d.add_argument(
-        "--validate-every",
-        type=_whole(0),
-        default=c.pipeline.validate_every,
-        help="steps between greedy validations (0: only before and after training)",
-    )
-    d.add_argument("--seed", type=_whole(0), default=c.seed, help="seed everything derives from")
-    d.add_argument("--out", default=c.out, help="directory for report.html, curves.svg, steps.jsonl and config.yaml")
+    late: dict[str, dict[str, Any]] = {
+        "--mode": {"choices": list(MODES)},
+        "--generator": {"choices": train.GENERATORS},
+        "--loss-agg": {"choices": LOSS_AGGS},
+        "--math-reward": {
+            "choices": train.BUILTIN_REWARDS,
+            "help": "math's training reward: partial credit by distance (close) or exact match"
+            + ("" if math_task and math_task.reward else " (default: the env's own, exact match)")
+            + "; validation is exact match either way",
+        },
+        "--tasks": {"default": ",".join(c.tasks)},
+        "--weights": {
+            "help": "share of each batch per task (default: "
+            + ",".join(f"{t}={tc.weight:g}" for t, tc in c.tasks.items())
+            + ")"
+        },
+    }
+    for flag, name, kw in _DEMO_FLAGS:
+        d.add_argument(flag, **({"default": _setting(c, name)} if name else {}) | kw | late.get(flag, {}))
     _add_overrides(d)
     d.set_defaults(fn=_demo, check=_check_demo, error=d.error)
-    assert set(c.tasks) == set(BUILTIN_ENVS)  # --tasks and --weights choose among them
+    assert set(c.tasks) == set(train.BUILTIN_ENVS)  # --tasks and --weights choose among them
 
 
 def _check_demo(args: argparse.Namespace) -> str | None:
@@ -255,9 +253,13 @@ def demo_train_config(args: argparse.Namespace) -> Any:
 
     cfg = demo_config().only(args.tasks)
     given: dict[str, Any] = {}
-    for dest, name in _DEMO_FIELDS.items():
-        value = getattr(args, dest)
-        if value is not None and (not name.startswith("tasks.") or name.split(".")[1] in cfg.tasks):
+    for flag, name, _ in _DEMO_FLAGS:
+        value = getattr(args, flag[2:].replace("-", "_"))
+        if (
+            name is not None
+            and value is not None
+            and (not name.startswith("tasks.") or name.split(".")[1] in cfg.tasks)
+        ):
             given[name] = value
     if args.no_std:
         given["algo.scale_by_std"] = False

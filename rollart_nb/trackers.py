@@ -12,12 +12,11 @@ The built-in adapters import their library when constructed; each needs the ``tr
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import re
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -176,6 +175,11 @@ def _event_text(e: dict[str, Any]) -> str:
     )
 
 
+def _check_running(tracker: Tracker, running: bool) -> None:
+    if not running:
+        raise StateError(f"{tracker!r} is not running: call start(config) first, once")
+
+
 def _missing(what: str, package: str, e: ImportError) -> ConfigError:
     return ConfigError(
         f"{what} needs the {package!r} package, which is not installed ({e}); install the trackers extra: {_EXTRA}"
@@ -301,13 +305,11 @@ class WandbTracker(Tracker):
         self.run = self._wandb.init(**kwargs)
 
     def log_step(self, report: StepReport) -> None:
-        if self.run is None or self._ended:
-            raise StateError(f"{self!r} is not running: call start(config) first, once")
+        _check_running(self, self.run is not None and not self._ended)
         self.run.log(step_scalars(report), step=report.step)
 
     def log_samples(self, step: int, rows: list[dict[str, Any]]) -> None:
-        if self.run is None or self._ended:
-            raise StateError(f"{self!r} is not running: call start(config) first, once")
+        _check_running(self, self.run is not None and not self._ended)
         table = self._wandb.Table(columns=list(SAMPLE_COLUMNS), data=[[r[c] for c in SAMPLE_COLUMNS] for r in rows])
         self.run.log({"samples": table}, step=step)
 
@@ -396,8 +398,7 @@ class MLflowTracker(Tracker):
             c.log_batch(self.run_id, params=params[i : i + 100])
 
     def log_step(self, report: StepReport) -> None:
-        if self.run_id is None or self._ended:
-            raise StateError(f"{self!r} is not running: call start(config) first, once")
+        _check_running(self, self.run_id is not None and not self._ended)
         ts = int(time.time() * 1000)
         metrics = [self._metric(_mlflow_key(k), v, ts, report.step) for k, v in step_scalars(report).items()]
         for i in range(0, len(metrics), 1000):
@@ -406,8 +407,7 @@ class MLflowTracker(Tracker):
             self.client.log_dict(self.run_id, _redact_tree(report.events), f"failover/step_{report.step:06d}.json")
 
     def log_samples(self, step: int, rows: list[dict[str, Any]]) -> None:
-        if self.run_id is None or self._ended:
-            raise StateError(f"{self!r} is not running: call start(config) first, once")
+        _check_running(self, self.run_id is not None and not self._ended)
         table = {c: [r[c] for r in rows] for c in SAMPLE_COLUMNS}  # MLflow's table layout (columns)
         self.client.log_dict(self.run_id, table, f"samples/step_{step:06d}.json")
 
@@ -420,12 +420,12 @@ class MLflowTracker(Tracker):
         return f"MLflowTracker(tracking_uri={redact(self.tracking_uri)!r}, experiment={self.experiment!r})"
 
 
-_BUILTIN: dict[str, str] = {
-    "mlflow": "rollart_nb.trackers:MLflowTracker",
-    "tensorboard": "rollart_nb.trackers:TensorBoardTracker",
-    "wandb": "rollart_nb.trackers:WandbTracker",
+_BUILTIN: dict[str, Callable[..., Tracker]] = {
+    "mlflow": MLflowTracker,
+    "tensorboard": TensorBoardTracker,
+    "wandb": WandbTracker,
 }
-"""Tracker names accepted as strings -> ``module:Class``."""
+"""Tracker names accepted as strings -> their class."""
 
 
 def resolve_trackers(trackers: Any, *, run_dir: str | os.PathLike[str] | None, name: str) -> list[Any]:
@@ -445,10 +445,7 @@ def resolve_trackers(trackers: Any, *, run_dir: str | os.PathLike[str] | None, n
                     f"trackers: unknown tracker {t!r}; use one of {sorted(_BUILTIN)} or an object with "
                     "start(config), log_step(report) and close()"
                 )
-            mod, _, cls = _BUILTIN[t].partition(":")
-            t = getattr(importlib.import_module(mod), cls)(
-                log_dir=Path(run_dir or Path("runs") / name) / t, run_name=name
-            )
+            t = _BUILTIN[t](log_dir=Path(run_dir or Path("runs") / name) / t, run_name=name)
         if not all(callable(getattr(t, m, None)) for m in ("start", "log_step", "close")):
             raise ConfigError(f"trackers: {t!r} is not a tracker: it needs start(config), log_step(report) and close()")
         out.append(t)

@@ -372,6 +372,19 @@ class _Interrupt:
             signal.signal(signal.SIGINT, self._old)
 
 
+@dataclass
+class _Progress:
+    """What a run has measured so far: the report and the RESULT come from it, Ctrl-C or not."""
+
+    reports: list[Any] = field(default_factory=list)
+    history: list[dict[str, float]] = field(default_factory=list)  # validations, the first before RL
+    first: dict[str, float] = field(default_factory=dict)
+    last: dict[str, float] = field(default_factory=dict)
+    passes: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)  # "base"/"final" -> task
+    generated: dict[str, int] = field(default_factory=dict)
+    interrupted: bool = False
+
+
 def run_train(cfg: TrainConfig, *, quiet: bool = False) -> dict[str, Any]:
     """Run ``cfg`` on ``Session.local()``. Returns the RESULT: ``first`` / ``last`` validation per
     task, ``tasks`` (``base``, ``best``, ``last5_mean``, ``last``, and with ``pass_k`` the sampled
@@ -379,11 +392,7 @@ def run_train(cfg: TrainConfig, *, quiet: bool = False) -> dict[str, Any]:
     ``generated_tokens`` (every response token generated for training, kept or not),
     ``aborted_fraction`` (of ended trajectories), ``aborted_generated_fraction`` (of generated
     tokens), ``failed``, ``wall_s`` and ``interrupted``."""
-    import dataclasses
-
     import rollart_nb as rn
-    from rollart_nb.models import tiny_qwen
-    from rollart_nb.workers.roles import HFGenerator, TorchTrainer, VLLMGenerator
 
     t_start = time.monotonic()
     say: Callable[..., None] = (lambda *a, **k: None) if quiet else (lambda *a, **k: print(*a, flush=True, **k))
@@ -391,6 +400,33 @@ def run_train(cfg: TrainConfig, *, quiet: bool = False) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     dump(cfg, out / "config.yaml")
     envs = {name: _make_env(tc) for name, tc in cfg.tasks.items()}
+    model = _base_model(cfg, envs, say, quiet=quiet)
+    run = _Progress()
+    sess = rn.Session.local(seed=cfg.seed)
+    try:
+        say(repr(sess))
+        pipe = _pipeline(sess, cfg, envs, model, say)
+        _score(pipe, cfg, run, "before", say)
+        say(HEADER)
+        _rl_loop(pipe, cfg, run, say)
+        _write_report(out, run.reports, run.first, run.last, cfg)
+        say(f"report: {out / 'report.html'} (curves alone: {out / 'curves.svg'}; steps: {out / 'steps.jsonl'})")
+        run.generated = dict(pipe.stats().get("generated_tokens") or {})
+        pipe.close()
+    except KeyboardInterrupt:  # a second Ctrl-C: what was written stays, the RESULT still comes
+        run.interrupted = True
+        run.last = run.history[-1] if run.history else {}
+        if run.reports:
+            _write_report(out, run.reports, run.first, run.last, cfg)
+    finally:
+        sess.close()
+    return _result(run, time.monotonic() - t_start)
+
+
+def _base_model(cfg: TrainConfig, envs: dict[str, Any], say: Callable[..., None], *, quiet: bool) -> Any:
+    """The tiny model over the tasks' vocabulary, after its warm start and base-model stage."""
+    from rollart_nb.models import tiny_qwen
+
     vocab = sorted({w for e in envs.values() for w in getattr(e, "vocab", ())})
     stages = [f"a format-only warm start ({cfg.model.warm_steps} steps)"] if cfg.model.warm_steps else []
     if cfg.model.pretrain_steps:
@@ -401,99 +437,100 @@ def run_train(cfg: TrainConfig, *, quiet: bool = False) -> dict[str, Any]:
         model = _warm_start(model, envs, cfg, quiet=quiet)
     if cfg.model.pretrain_steps:
         model = _pretrain(model, envs, cfg, quiet=quiet)
-    sess = rn.Session.local(seed=cfg.seed)
-    interrupted = False
-    reports: list[Any] = []
-    history: list[dict[str, float]] = []
-    first: dict[str, float] = {}
-    last: dict[str, float] = {}
-    passes: dict[str, dict[str, dict[str, float]]] = {}
-    generated: dict[str, int] = {}
-    try:
-        say(repr(sess))
-        gen_cls = VLLMGenerator if cfg.generator == "vllm" else HFGenerator
-        gen = sess.cluster("actor_gen", gen_cls, pool="H20", model=model, seed=cfg.seed)
-        train = sess.cluster("actor_train", TorchTrainer, pool="H800", model=model, algo=cfg.algo, seed=cfg.seed)
-        for b in sess.bindings():
-            say(f"  {b.worker:<22} -> {b.pool:<6} ({b.hardware}{', fell back: ' + b.reason if b.fell_back else ''})")
-        weights = {t: tc.weight for t, tc in cfg.tasks.items()}
-        curriculum = {  # training problems only: an env with a held-out split says which they are
-            t: rn.PromptCurriculum(
-                getattr(envs[t], "training_seeds", envs[t].validation_seeds)(), uniform=tc.curriculum
-            )
-            for t, tc in cfg.tasks.items()
-            if tc.curriculum is not None
-        }
-        tasks = sess.tasks(envs, envs_per_task=_envs_per_task(cfg), weights=weights, curriculum=curriculum or None)
-        for t, tc in cfg.tasks.items():
-            fn = _reward(tc.reward)
-            if fn is not None:
-                sess.reward(t, fn, validate_with=_reward(tc.validate_with))
-        pipeline_cfg = cfg.pipeline
-        if pipeline_cfg.seed is None:
-            pipeline_cfg = dataclasses.replace(pipeline_cfg, seed=cfg.seed)
-        pipe = sess.pipeline(train, gen, tasks, algo=cfg.algo, name=cfg.name, config=pipeline_cfg)
-        first = pipe.validate()
-        history.append(first)
-        say(f"validation before training: {first}")
-        if cfg.pass_k:
-            passes["base"] = pipe.pass_at(cfg.pass_k)
-            say(f"sampled before training: {_passes(passes['base'])}")
-        say(HEADER)
-        t0 = time.monotonic()
-        with (out / "steps.jsonl").open("w") as steps_file, _Interrupt(say) as stop:
-            for _ in range(cfg.steps):
-                if stop.hit or time.monotonic() - t0 > cfg.minutes * 60:
-                    break
-                rep = pipe.step()
-                reports.append(rep)
-                steps_file.write(json.dumps(rep.to_dict(), default=str) + "\n")
-                steps_file.flush()
-                if rep.validation:
-                    history.append(dict(rep.validation))
-                    _write_report(out, reports, first, history[-1], cfg)
-                say(_row(rep, t0))
-            interrupted = stop.hit
-            if not stop.hit:
-                last = pipe.validate()
-                history.append(last)
-                say(f"validation after training: {last}")
-                if cfg.pass_k:
-                    passes["final"] = pipe.pass_at(cfg.pass_k)
-                    say(f"sampled after training: {_passes(passes['final'])}")
-                for task, res in pipe.last_validation.items():  # a collapse onto one answer shows here
-                    top = ", ".join(f"{a!r} x{n}" for a, n in res["top_actions"])
-                    say(f"  {task}: {res['distinct_actions']} distinct final actions over {res['n']}; commonest: {top}")
-            else:
-                last = history[-1]
-        _write_report(out, reports, first, last, cfg)
-        say(f"report: {out / 'report.html'} (curves alone: {out / 'curves.svg'}; steps: {out / 'steps.jsonl'})")
-        generated = dict(pipe.stats().get("generated_tokens") or {})
-        pipe.close()
-    except KeyboardInterrupt:  # a second Ctrl-C: what was written stays, the RESULT still comes
-        interrupted = True
-        last = history[-1] if history else {}
-        if reports:
-            _write_report(out, reports, first, last, cfg)
-    finally:
-        sess.close()
-    result: dict[str, Any] = {"first": _clean(first), "last": _clean(last)}
-    result.update(summary(first, history[1:], reports))
+    return model
+
+
+def _pipeline(sess: Any, cfg: TrainConfig, envs: dict[str, Any], model: Any, say: Callable[..., None]) -> Any:
+    """The generator and trainer clusters, the tasks with their rewards, and the pipeline over them."""
+    import dataclasses
+
+    import rollart_nb as rn
+    from rollart_nb.workers.roles import HFGenerator, TorchTrainer, VLLMGenerator
+
+    gen_cls = VLLMGenerator if cfg.generator == "vllm" else HFGenerator
+    gen = sess.cluster("actor_gen", gen_cls, pool="H20", model=model, seed=cfg.seed)
+    train = sess.cluster("actor_train", TorchTrainer, pool="H800", model=model, algo=cfg.algo, seed=cfg.seed)
+    for b in sess.bindings():
+        say(f"  {b.worker:<22} -> {b.pool:<6} ({b.hardware}{', fell back: ' + b.reason if b.fell_back else ''})")
+    weights = {t: tc.weight for t, tc in cfg.tasks.items()}
+    curriculum = {  # training problems only: an env with a held-out split says which they are
+        t: rn.PromptCurriculum(getattr(envs[t], "training_seeds", envs[t].validation_seeds)(), uniform=tc.curriculum)
+        for t, tc in cfg.tasks.items()
+        if tc.curriculum is not None
+    }
+    tasks = sess.tasks(envs, envs_per_task=_envs_per_task(cfg), weights=weights, curriculum=curriculum or None)
+    for t, tc in cfg.tasks.items():
+        fn = _reward(tc.reward)
+        if fn is not None:
+            sess.reward(t, fn, validate_with=_reward(tc.validate_with))
+    pipeline_cfg = cfg.pipeline
+    if pipeline_cfg.seed is None:
+        pipeline_cfg = dataclasses.replace(pipeline_cfg, seed=cfg.seed)
+    return sess.pipeline(train, gen, tasks, algo=cfg.algo, name=cfg.name, config=pipeline_cfg)
+
+
+def _score(pipe: Any, cfg: TrainConfig, run: _Progress, when: str, say: Callable[..., None]) -> None:
+    """Held-out scores ``when`` ("before" / "after") training: greedy validation, sampled pass@k."""
+    scores = pipe.validate()
+    run.history.append(scores)
+    if when == "before":
+        run.first = scores
+    else:
+        run.last = scores
+    say(f"validation {when} training: {scores}")
+    if cfg.pass_k:
+        key = "base" if when == "before" else "final"
+        run.passes[key] = pipe.pass_at(cfg.pass_k)
+        say(f"sampled {when} training: {_passes(run.passes[key])}")
+    if when == "after":
+        for task, res in pipe.last_validation.items():  # a collapse onto one answer shows here
+            top = ", ".join(f"{a!r} x{n}" for a, n in res["top_actions"])
+            say(f"  {task}: {res['distinct_actions']} distinct final actions over {res['n']}; commonest: {top}")
+
+
+def _rl_loop(pipe: Any, cfg: TrainConfig, run: _Progress, say: Callable[..., None]) -> None:
+    """Steps until ``cfg.steps``, ``cfg.minutes`` or a Ctrl-C, a line each in steps.jsonl; then,
+    unless interrupted, the held-out scores after training."""
+    t0 = time.monotonic()
+    with (cfg.out_dir / "steps.jsonl").open("w") as steps_file, _Interrupt(say) as stop:
+        for _ in range(cfg.steps):
+            if stop.hit or time.monotonic() - t0 > cfg.minutes * 60:
+                break
+            rep = pipe.step()
+            run.reports.append(rep)
+            steps_file.write(json.dumps(rep.to_dict(), default=str) + "\n")
+            steps_file.flush()
+            if rep.validation:
+                run.history.append(dict(rep.validation))
+                _write_report(cfg.out_dir, run.reports, run.first, run.history[-1], cfg)
+            say(_row(rep, t0))
+        run.interrupted = stop.hit
+        if stop.hit:
+            run.last = run.history[-1]
+        else:
+            _score(pipe, cfg, run, "after", say)
+
+
+def _result(run: _Progress, wall_s: float) -> dict[str, Any]:
+    """The RESULT of :func:`run_train`."""
+    result: dict[str, Any] = {"first": _clean(run.first), "last": _clean(run.last)}
+    result.update(summary(run.first, run.history[1:], run.reports))
     for task, row in result["tasks"].items():
-        for when, by_task in passes.items():
+        for when, by_task in run.passes.items():
             if task in by_task:
                 row[f"{when}_sampled"] = _clean(by_task[task])
-    total = sum(generated.values())
+    total = sum(run.generated.values())
     result["generated_tokens"] = int(total)
-    result["aborted_generated_fraction"] = round(generated.get("aborted_stale", 0) / total, 4) if total else 0.0
-    result["wall_s"] = round(time.monotonic() - t_start, 1)
-    result["interrupted"] = interrupted
+    result["aborted_generated_fraction"] = round(run.generated.get("aborted_stale", 0) / total, 4) if total else 0.0
+    result["wall_s"] = round(wall_s, 1)
+    result["interrupted"] = run.interrupted
     return result
 
 
-def _with_bar(total: int, desc: str, quiet: bool, run: Callable[[Callable[[int, float], None] | None], Any]) -> Any:
+def _with_bar(total: int, desc: str, quiet: bool, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, progress=..., **kwargs)`` with a progress bar of ``total`` steps (none when quiet)."""
     if quiet:
-        return run(None)
+        return fn(*args, progress=None, **kwargs)
     from tqdm.auto import tqdm
 
     with tqdm(total=total, desc=desc, unit="step", leave=False) as bar:
@@ -503,18 +540,14 @@ def _with_bar(total: int, desc: str, quiet: bool, run: Callable[[Callable[[int, 
             bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
             bar.refresh()
 
-        return run(progress)
+        return fn(*args, progress=progress, **kwargs)
 
 
 def _warm_start(base: Any, envs: dict[str, Any], cfg: TrainConfig, *, quiet: bool) -> Any:
     from rollart_nb.models.warmstart import format_warm_start
 
-    return _with_bar(
-        cfg.model.warm_steps,
-        "warm start",
-        quiet,
-        lambda progress: format_warm_start(base, envs, steps=cfg.model.warm_steps, seed=cfg.seed, progress=progress),
-    )
+    steps = cfg.model.warm_steps
+    return _with_bar(steps, "warm start", quiet, format_warm_start, base, envs, steps=steps, seed=cfg.seed)
 
 
 def _envs_per_task(cfg: TrainConfig) -> int | dict[str, int]:
@@ -536,17 +569,15 @@ def _pretrain(base: Any, envs: dict[str, Any], cfg: TrainConfig, *, quiet: bool)
         m.pretrain_steps,
         "base model",
         quiet,
-        lambda progress: pretrain(
-            base,
-            envs,
-            steps=m.pretrain_steps,
-            batch=m.pretrain_batch,
-            lr=m.pretrain_lr,
-            seed=cfg.seed,
-            weights=weights,
-            progress=progress,
-            stop_at=stop or None,
-        ),
+        pretrain,
+        base,
+        envs,
+        steps=m.pretrain_steps,
+        batch=m.pretrain_batch,
+        lr=m.pretrain_lr,
+        seed=cfg.seed,
+        weights=weights,
+        stop_at=stop or None,
     )
     rec = pretrain_record(model)
     if stop and not quiet:

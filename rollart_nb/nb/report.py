@@ -8,7 +8,6 @@ from __future__ import annotations
 import html
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from rollart_nb.control.report import StepReport
 from rollart_nb.nb.figures import (
@@ -25,22 +24,14 @@ from rollart_nb.nb.figures import (
 __all__ = ["curves_svg", "report_html"]
 
 
-@dataclass(frozen=True)
 class _Plot:
     """The curves' plot area inside a ``width`` x ``height`` SVG, x from 0 to ``x_max``, y from 0 to 1."""
 
-    width: int
-    height: int
-    x_max: float
     left, right, top, bottom = 44, 160, 28, 36  # margins: the legend sits on the right
 
-    @property
-    def w(self) -> float:
-        return self.width - self.left - self.right
-
-    @property
-    def h(self) -> float:
-        return self.height - self.top - self.bottom
+    def __init__(self, width: int, height: int, x_max: float) -> None:
+        self.width, self.height, self.x_max = width, height, x_max
+        self.w, self.h = width - self.left - self.right, height - self.top - self.bottom
 
     def x(self, x: float) -> float:
         return self.left + self.w * x / self.x_max
@@ -80,14 +71,11 @@ class _Plot:
                 f'<circle cx="{cx}" cy="{cy}" r="2.2" fill="{color}"/>' for cx, cy in (p.split(",") for p in pts[1])
             ]
         x0, ly, label = self.left + self.w + 10, self.top + 14 + 34 * i, html.escape(name)
-        out.append(
-            f'<line x1="{x0}" x2="{x0 + 18}" y1="{ly}" y2="{ly}" stroke="{color}" '
-            f'stroke-width="2"/><text x="{x0 + 22}" y="{ly + 4}">{label} validation</text>'
-        )
-        out.append(
-            f'<line x1="{x0}" x2="{x0 + 18}" y1="{ly + 15}" y2="{ly + 15}" stroke="{color}" '
-            f'stroke-opacity="0.35"/><text x="{x0 + 22}" y="{ly + 19}">{label} reward</text>'
-        )
+        for dy, style, what in ((0, 'stroke-width="2"', "validation"), (15, 'stroke-opacity="0.35"', "reward")):
+            out.append(
+                f'<line x1="{x0}" x2="{x0 + 18}" y1="{ly + dy}" y2="{ly + dy}" stroke="{color}" {style}/>'
+                f'<text x="{x0 + 22}" y="{ly + dy + 4}">{label} {what}</text>'
+            )
         return out
 
 

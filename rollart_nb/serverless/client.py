@@ -114,6 +114,14 @@ def _delay(ep: Endpoint, attempt: int) -> float:
     return ep.backoff_s * (2**attempt) * (0.5 + random.random())
 
 
+def _gave_up(ep: Endpoint, last: Exception | None) -> ServerlessError:
+    return ServerlessError(
+        f"endpoint {ep.name!r} ({ep.url}) failed after {ep.retries + 1} attempt(s): "
+        f"{type(last).__name__}; check the service is up, or raise timeout_s/retries",
+        url=ep.url,
+    )
+
+
 def call(ep: Endpoint, args: list[Any], kwargs: dict[str, Any], client: httpx.Client | None = None) -> Any:
     """POST ``{"args", "kwargs"}`` to ``ep`` and return ``result``, with retries."""
     own = client is None
@@ -133,11 +141,7 @@ def call(ep: Endpoint, args: list[Any], kwargs: dict[str, Any], client: httpx.Cl
                 last = e
                 if attempt < ep.retries:
                     time.sleep(_delay(ep, attempt))
-        raise ServerlessError(
-            f"endpoint {ep.name!r} ({ep.url}) failed after {ep.retries + 1} attempt(s): "
-            f"{type(last).__name__}; check the service is up, or raise timeout_s/retries",
-            url=ep.url,
-        )
+        raise _gave_up(ep, last)
     finally:
         if own:
             client.close()
@@ -162,11 +166,7 @@ async def acall(ep: Endpoint, args: list[Any], kwargs: dict[str, Any], client: h
                 last = e
                 if attempt < ep.retries:
                     await asyncio.sleep(_delay(ep, attempt))
-        raise ServerlessError(
-            f"endpoint {ep.name!r} ({ep.url}) failed after {ep.retries + 1} attempt(s): "
-            f"{type(last).__name__}; check the service is up, or raise timeout_s/retries",
-            url=ep.url,
-        )
+        raise _gave_up(ep, last)
     finally:
         if own:
             await client.aclose()
