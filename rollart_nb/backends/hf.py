@@ -310,16 +310,7 @@ class HFBackend:
             reuse = [len(c.ids) if c is not None else 0 for c in cached]
             p_max = max(reuse)
             s_max = max(len(p) - r for p, r in zip(prompts, reuse, strict=True))
-            # Row i: [pad, cached KV (reuse[i]), pad, new prompt tokens]; both parts left-padded.
-            ids = torch.full((b, s_max), self.pad_id, dtype=torch.long)
-            attn = torch.zeros((b, p_max + s_max), dtype=torch.long)
-            pos = torch.zeros((b, s_max), dtype=torch.long)
-            for i, (p, r) in enumerate(zip(prompts, reuse, strict=True)):
-                n = len(p) - r
-                ids[i, s_max - n :] = torch.tensor(p[r:])
-                pos[i, s_max - n :] = torch.arange(r, len(p))
-                attn[i, p_max - r : p_max] = 1
-                attn[i, p_max + s_max - n :] = 1
+            ids, attn, pos = self._prefill_inputs(prompts, reuse, p_max, s_max)
             self.stats["prefill_tokens"] += sum(len(p) for p in prompts) - sum(reuse)
             self.stats["reused_tokens"] += sum(reuse)
             kw = {self._cache_kw: self._batch_cache(cached, p_max)} if p_max else {}
@@ -348,21 +339,7 @@ class HFBackend:
                     rows = torch.tensor(draw)
                     nxt[rows] = sample_rows(logits[rows], temps[rows], [gens[i] for i in draw])
                 toks, lps = nxt.tolist(), logp.gather(-1, nxt[:, None])[:, 0].tolist()
-                for i, s in enumerate(slots):
-                    if reasons[i] is not None:
-                        toks[i] = self.pad_id
-                        continue
-                    if s.aborted:
-                        reasons[i] = "abort"
-                        toks[i] = self.pad_id
-                        continue
-                    tok = toks[i]
-                    s.tokens.append(tok)
-                    s.logprobs.append(lps[i])
-                    if tok == self.eos_id or self._hit_stop(s):
-                        reasons[i] = "stop"
-                    elif len(s.tokens) >= budgets[i]:
-                        reasons[i] = "length"
+                self._append_tokens(slots, reasons, budgets, toks, lps)
                 nxt = torch.tensor(toks, dtype=torch.long)
                 if all(r is not None for r in reasons):
                     break
@@ -380,6 +357,46 @@ class HFBackend:
             t_decode = time.perf_counter() - t0 - t_prefill
             self._keep_kv(slots, reuse, forwards, p_max, s_max, getattr(out, self._cache_kw, None))
         return [self._result(s, reasons[i] or "length", t_prefill, t_decode, version, 0) for i, s in enumerate(slots)]
+
+    def _prefill_inputs(
+        self, prompts: list[list[int]], reuse: list[int], p_max: int, s_max: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Input ids and positions [B, s_max] of the tokens to prefill, and the attention mask
+        [B, p_max + s_max]. Row i: [pad, cached KV (reuse[i]), pad, new prompt tokens]; both parts
+        left-padded."""
+        import torch
+
+        b = len(prompts)
+        ids = torch.full((b, s_max), self.pad_id, dtype=torch.long)
+        attn = torch.zeros((b, p_max + s_max), dtype=torch.long)
+        pos = torch.zeros((b, s_max), dtype=torch.long)
+        for i, (p, r) in enumerate(zip(prompts, reuse, strict=True)):
+            n = len(p) - r
+            ids[i, s_max - n :] = torch.tensor(p[r:])
+            pos[i, s_max - n :] = torch.arange(r, len(p))
+            attn[i, p_max - r : p_max] = 1
+            attn[i, p_max + s_max - n :] = 1
+        return ids, attn, pos
+
+    def _append_tokens(
+        self, slots: list[_Slot], reasons: list[str | None], budgets: list[int], toks: list[int], lps: list[float]
+    ) -> None:
+        """One decode step's token and logprob onto each running row, setting ``reasons[i]`` when
+        the row stops, hits its budget or was aborted; finished rows' ``toks`` become pads."""
+        for i, s in enumerate(slots):
+            if reasons[i] is not None:
+                toks[i] = self.pad_id
+                continue
+            if s.aborted:
+                reasons[i] = "abort"
+                toks[i] = self.pad_id
+                continue
+            s.tokens.append(toks[i])
+            s.logprobs.append(lps[i])
+            if toks[i] == self.eos_id or self._hit_stop(s):
+                reasons[i] = "stop"
+            elif len(s.tokens) >= budgets[i]:
+                reasons[i] = "length"
 
     # -- KV reuse (called with _weights_lock held) ------------------------------------------
     def _take_cached(self, slots: list[_Slot]) -> list[_KV | None]:

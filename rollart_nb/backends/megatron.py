@@ -35,7 +35,7 @@ from rollart_nb.algo.grpo import (
     step_metrics,
     task_weights,
 )
-from rollart_nb.backends.torch_train import build_rows, micro_batches
+from rollart_nb.backends.torch_train import Row, batch_rows, micro_batches
 from rollart_nb.errors import ConfigError, StateError
 from rollart_nb.models.tiny import ModelRef, from_pretrained
 from rollart_nb.trajectory import Trajectory
@@ -230,16 +230,8 @@ class MegatronTrainBackend:
                 "use epochs=1, or the torch backend for several",
                 where="MegatronTrainBackend",
             )
-        if not batch:
-            raise ConfigError("train_step got an empty batch")
-        unscored = [t.id for t in batch if not math.isfinite(t.reward)]
-        if unscored:
-            raise ConfigError(f"trajectories {unscored[:5]} have no finite reward; score them before training")
+        rows = sorted(batch_rows(batch), key=lambda r: len(r.ids))  # similar lengths share a micro-batch
         rewards, adv = batch_advantages(self.algo, batch)
-        rows = [r for i, t in enumerate(batch) for r in build_rows(t, i)]
-        if not rows or not any(any(r.mask) for r in rows):
-            raise ConfigError("batch has no trainable tokens (no turn has response_ids with loss_mask 1)")
-        rows = sorted(rows, key=lambda r: len(r.ids))  # similar lengths share a micro-batch
         width = max(len(r.ids) for r in rows)
         mask = torch.tensor([r.mask + [0.0] * (width - len(r.ids)) for r in rows])[:, 1:]
         row_tasks = [batch[r.traj].task for r in rows]
@@ -255,33 +247,14 @@ class MegatronTrainBackend:
         ):
             part, sl = rows[lo:hi], slice(lo, hi)
             ids = self._ids(part)
-            m = mask[sl, : ids.shape[1] - 1].to(self.device)
-            # The entropy is always measured; with no bonus, without grad (the update is unchanged).
-            new_lp, entropy = self._token_logprobs(
-                self.model, ids, with_entropy=self.algo.entropy_coef > 0, entropy_mask=m
-            )
-            old = torch.full((len(part), ids.shape[1]), math.nan)
-            for i, r in enumerate(part):
-                old[i, : len(r.ids)] = torch.tensor(r.old_logprobs)
-            old = old[:, 1:].to(self.device)
-            old = torch.where(torch.isnan(old), new_lp.detach(), old)
-            ref_lp = None
-            if self.reference is not None:
-                with torch.no_grad():
-                    ref_lp = self._token_logprobs(self.reference, ids)[0]
-            loss, metrics = grpo_loss(
-                new_lp,
-                old,
+            w = ids.shape[1] - 1  # the micro-batch's width of next-token positions
+            loss, metrics = self._micro_loss(
+                part,
+                ids,
+                mask[sl, :w].to(self.device),
                 row_adv[sl].to(self.device),
-                m,
-                clip_eps=self.algo.clip_eps,
-                clip_eps_high=self.algo.clip_eps_high,
-                weights=weights[sl, : new_lp.shape[1]].to(self.device),
-                ref_logprobs=ref_lp,
-                kl_coef=self.algo.kl_coef,
-                entropy=entropy,
-                entropy_coef=self.algo.entropy_coef,
-                task_weights={t: w[sl, : new_lp.shape[1]] for t, w in by_task.items()},
+                weights[sl, :w].to(self.device),
+                {t: x[sl, :w] for t, x in by_task.items()},
             )
             loss.backward()  # weights sum to 1 over the batch: accumulation is exact
             sums["loss"] = sums.get("loss", 0.0) + float(loss.detach())
@@ -303,6 +276,45 @@ class MegatronTrainBackend:
             version=self.version,
             response_length=mean_response_length(batch),
             task_response_length=mean_response_length(batch, by_task=True),
+        )
+
+    def _micro_loss(
+        self,
+        part: list[Row],
+        ids: torch.Tensor,
+        m: torch.Tensor,
+        adv: torch.Tensor,
+        weights: torch.Tensor,
+        task_w: dict[str, torch.Tensor],
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """The GRPO loss of the micro-batch ``part`` (``ids`` [b, L]); ``m``, ``adv``, ``weights``
+        and ``task_w`` are its rows' trained-token mask [b, L-1], advantages [b] and loss weights."""
+        import torch
+
+        # The entropy is always measured; with no bonus, without grad (the update is unchanged).
+        new_lp, entropy = self._token_logprobs(self.model, ids, with_entropy=self.algo.entropy_coef > 0, entropy_mask=m)
+        old = torch.full((len(part), ids.shape[1]), math.nan)
+        for i, r in enumerate(part):
+            old[i, : len(r.ids)] = torch.tensor(r.old_logprobs)
+        old = old[:, 1:].to(self.device)
+        old = torch.where(torch.isnan(old), new_lp.detach(), old)
+        ref_lp = None
+        if self.reference is not None:
+            with torch.no_grad():
+                ref_lp = self._token_logprobs(self.reference, ids)[0]
+        return grpo_loss(
+            new_lp,
+            old,
+            adv,
+            m,
+            clip_eps=self.algo.clip_eps,
+            clip_eps_high=self.algo.clip_eps_high,
+            weights=weights,
+            ref_logprobs=ref_lp,
+            kl_coef=self.algo.kl_coef,
+            entropy=entropy,
+            entropy_coef=self.algo.entropy_coef,
+            task_weights=task_w,
         )
 
     def state_dict(self) -> dict[str, torch.Tensor]:
@@ -491,7 +503,7 @@ class MegatronTrainBackend:
             for k, p in params.items():
                 p.copy_(shard[k].to(dtype=p.dtype, device=p.device))
 
-    def _ids(self, rows: list[Any]) -> Any:
+    def _ids(self, rows: list[Row]) -> torch.Tensor:
         import torch
 
         # Right padding: real tokens keep positions 0..L-1 and causal attention never sees pads.

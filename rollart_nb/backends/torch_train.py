@@ -119,6 +119,23 @@ def build_rows(traj: Trajectory, index: int = 0) -> list[Row]:
     return rows
 
 
+def batch_rows(batch: list[Trajectory]) -> list[Row]:
+    """The rows of every trajectory of a batch to train on (:func:`build_rows`).
+
+    Raises:
+        ConfigError: empty batch, unscored trajectories, or no trainable tokens.
+    """
+    if not batch:
+        raise ConfigError("train_step got an empty batch")
+    unscored = [t.id for t in batch if not math.isfinite(t.reward)]
+    if unscored:
+        raise ConfigError(f"trajectories {unscored[:5]} have no finite reward; score them before training")
+    rows = [r for i, t in enumerate(batch) for r in build_rows(t, i)]
+    if not rows or not any(any(r.mask) for r in rows):
+        raise ConfigError("batch has no trainable tokens (no turn has response_ids with loss_mask 1)")
+    return rows
+
+
 def _pad_ids(seqs: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """Right-pad token sequences: real tokens keep positions 0..L-1, exactly as in generation."""
     width = max(len(s) for s in seqs)
@@ -261,15 +278,8 @@ class TorchTrainBackend:
             ConfigError: empty batch, unscored trajectories, or no trainable tokens.
         """
         t0 = time.perf_counter()
-        if not batch:
-            raise ConfigError("train_step got an empty batch")
-        unscored = [t.id for t in batch if not math.isfinite(t.reward)]
-        if unscored:
-            raise ConfigError(f"trajectories {unscored[:5]} have no finite reward; score them before training")
+        rows = batch_rows(batch)
         rewards, adv = batch_advantages(self.algo, batch)
-        rows = [r for i, t in enumerate(batch) for r in build_rows(t, i)]
-        if not rows or not any(any(r.mask) for r in rows):
-            raise ConfigError("batch has no trainable tokens (no turn has response_ids with loss_mask 1)")
         num_rows = len(rows)
         regularized = (self.algo.entropy_coef or self.algo.kl_coef) and self.algo.regularize_all_rows
         if self.algo.skip_zero_advantage and not regularized:
