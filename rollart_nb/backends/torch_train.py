@@ -136,6 +136,19 @@ def batch_rows(batch: list[Trajectory]) -> list[Row]:
     return rows
 
 
+def row_tensors(
+    rows: list[Row], adv: torch.Tensor, tasks: list[str], loss_agg: str
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor], torch.Tensor]:
+    """For ``rows`` and the batch's per-trajectory ``adv`` and ``tasks``: the trained-token mask
+    [N, L-1], the loss weights [N, L-1], the per-task metric weights (not the loss's) and the
+    rows' advantages [N]."""
+    width = max(len(r.ids) for r in rows)
+    mask = torch.tensor([r.mask + [0.0] * (width - len(r.ids)) for r in rows])[:, 1:]
+    row_tasks = [tasks[r.traj] for r in rows]
+    weights = loss_weights(mask, loss_agg, [r.traj for r in rows], row_tasks)
+    return mask, weights, task_weights(mask, row_tasks), adv[torch.tensor([r.traj for r in rows])]
+
+
 def _pad_ids(seqs: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """Right-pad token sequences: real tokens keep positions 0..L-1, exactly as in generation."""
     width = max(len(s) for s in seqs)
@@ -326,12 +339,7 @@ class TorchTrainBackend:
         logprobs per micro-batch, filled on the first call for a batch and reused by later epochs)."""
         # Similar lengths share a micro-batch: less padding when tasks of very different lengths mix.
         rows = sorted(rows, key=lambda r: len(r.ids))
-        width = max(len(r.ids) for r in rows)
-        mask = torch.tensor([r.mask + [0.0] * (width - len(r.ids)) for r in rows])[:, 1:]
-        row_tasks = [tasks[r.traj] for r in rows]
-        weights = loss_weights(mask, self.algo.loss_agg, [r.traj for r in rows], row_tasks)
-        by_task = task_weights(mask, row_tasks)  # the metrics per task, too (not the loss)
-        row_adv = adv[torch.tensor([r.traj for r in rows])]
+        mask, weights, by_task, row_adv = row_tensors(rows, adv, tasks, self.algo.loss_agg)
 
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
