@@ -120,11 +120,7 @@ def build_rows(traj: Trajectory, index: int = 0) -> list[Row]:
 
 
 def batch_rows(batch: list[Trajectory]) -> list[Row]:
-    """The rows of every trajectory of a batch to train on (:func:`build_rows`).
-
-    Raises:
-        ConfigError: empty batch, unscored trajectories, or no trainable tokens.
-    """
+    """A batch's training rows (:func:`build_rows`); ConfigError: empty, unscored or nothing to train."""
     if not batch:
         raise ConfigError("train_step got an empty batch")
     unscored = [t.id for t in batch if not math.isfinite(t.reward)]
