@@ -361,9 +361,8 @@ class HFBackend:
     def _prefill_inputs(
         self, prompts: list[list[int]], reuse: list[int], p_max: int, s_max: int
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Input ids and positions [B, s_max] of the tokens to prefill, and the attention mask
-        [B, p_max + s_max]. Row i: [pad, cached KV (reuse[i]), pad, new prompt tokens]; both parts
-        left-padded."""
+        """Ids and positions [B, s_max] to prefill, attention mask [B, p_max + s_max]. Row i:
+        [pad, cached KV (reuse[i]), pad, new prompt tokens]; both parts left-padded."""
         import torch
 
         b = len(prompts)

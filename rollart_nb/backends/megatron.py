@@ -30,12 +30,10 @@ from rollart_nb.algo.grpo import (
     GRPO,
     batch_advantages,
     grpo_loss,
-    loss_weights,
     mean_response_length,
     step_metrics,
-    task_weights,
 )
-from rollart_nb.backends.torch_train import Row, batch_rows, micro_batches
+from rollart_nb.backends.torch_train import Row, batch_rows, micro_batches, row_tensors
 from rollart_nb.errors import ConfigError, StateError
 from rollart_nb.models.tiny import ModelRef, from_pretrained
 from rollart_nb.trajectory import Trajectory
@@ -221,8 +219,6 @@ class MegatronTrainBackend:
         Raises:
             ConfigError: empty batch, unscored trajectories, or no trainable tokens.
         """
-        import torch
-
         t0 = time.perf_counter()
         if self.algo.epochs != 1:
             raise ConfigError(
@@ -232,12 +228,7 @@ class MegatronTrainBackend:
             )
         rows = sorted(batch_rows(batch), key=lambda r: len(r.ids))  # similar lengths share a micro-batch
         rewards, adv = batch_advantages(self.algo, batch)
-        width = max(len(r.ids) for r in rows)
-        mask = torch.tensor([r.mask + [0.0] * (width - len(r.ids)) for r in rows])[:, 1:]
-        row_tasks = [batch[r.traj].task for r in rows]
-        weights = loss_weights(mask, self.algo.loss_agg, [r.traj for r in rows], row_tasks)
-        by_task = task_weights(mask, row_tasks)  # the metrics per task, too (not the loss)
-        row_adv = adv[torch.tensor([r.traj for r in rows])]
+        mask, weights, by_task, row_adv = row_tensors(rows, adv, [t.task for t in batch], self.algo.loss_agg)
 
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)

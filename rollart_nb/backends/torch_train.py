@@ -120,11 +120,7 @@ def build_rows(traj: Trajectory, index: int = 0) -> list[Row]:
 
 
 def batch_rows(batch: list[Trajectory]) -> list[Row]:
-    """The rows of every trajectory of a batch to train on (:func:`build_rows`).
-
-    Raises:
-        ConfigError: empty batch, unscored trajectories, or no trainable tokens.
-    """
+    """A batch's training rows (:func:`build_rows`); ConfigError: empty, unscored or nothing to train."""
     if not batch:
         raise ConfigError("train_step got an empty batch")
     unscored = [t.id for t in batch if not math.isfinite(t.reward)]
@@ -134,6 +130,19 @@ def batch_rows(batch: list[Trajectory]) -> list[Row]:
     if not rows or not any(any(r.mask) for r in rows):
         raise ConfigError("batch has no trainable tokens (no turn has response_ids with loss_mask 1)")
     return rows
+
+
+def row_tensors(
+    rows: list[Row], adv: torch.Tensor, tasks: list[str], loss_agg: str
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor], torch.Tensor]:
+    """For ``rows`` and the batch's per-trajectory ``adv`` and ``tasks``: the trained-token mask
+    [N, L-1], the loss weights [N, L-1], the per-task metric weights (not the loss's) and the
+    rows' advantages [N]."""
+    width = max(len(r.ids) for r in rows)
+    mask = torch.tensor([r.mask + [0.0] * (width - len(r.ids)) for r in rows])[:, 1:]
+    row_tasks = [tasks[r.traj] for r in rows]
+    weights = loss_weights(mask, loss_agg, [r.traj for r in rows], row_tasks)
+    return mask, weights, task_weights(mask, row_tasks), adv[torch.tensor([r.traj for r in rows])]
 
 
 def _pad_ids(seqs: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -326,12 +335,7 @@ class TorchTrainBackend:
         logprobs per micro-batch, filled on the first call for a batch and reused by later epochs)."""
         # Similar lengths share a micro-batch: less padding when tasks of very different lengths mix.
         rows = sorted(rows, key=lambda r: len(r.ids))
-        width = max(len(r.ids) for r in rows)
-        mask = torch.tensor([r.mask + [0.0] * (width - len(r.ids)) for r in rows])[:, 1:]
-        row_tasks = [tasks[r.traj] for r in rows]
-        weights = loss_weights(mask, self.algo.loss_agg, [r.traj for r in rows], row_tasks)
-        by_task = task_weights(mask, row_tasks)  # the metrics per task, too (not the loss)
-        row_adv = adv[torch.tensor([r.traj for r in rows])]
+        mask, weights, by_task, row_adv = row_tensors(rows, adv, tasks, self.algo.loss_agg)
 
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)

@@ -81,6 +81,23 @@ class _WorkerExtension:
         return len(state)
 
 
+def _kv_cache_gb(
+    device: str | None, platform: str, gpu_memory_utilization: float, kv_cache_gb: float | None
+) -> float | None:
+    """The KV cache budget (GB) of a :class:`VLLMBackend` (on CPU, a default when none is given),
+    after checking its arguments: one ConfigError lists every problem."""
+    problems = []
+    if device is not None and device.split(":")[0] != platform:
+        problems.append(f"device {device!r} but the installed vLLM build runs on {platform!r}")
+    if not 0 < gpu_memory_utilization <= 1:
+        problems.append(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
+    if kv_cache_gb is not None and kv_cache_gb <= 0:
+        problems.append(f"kv_cache_gb must be > 0, got {kv_cache_gb}")
+    if problems:
+        raise ConfigError(problems, where="VLLMBackend")
+    return _CPU_KV_CACHE_GB if kv_cache_gb is None and platform == "cpu" else kv_cache_gb
+
+
 class VLLMBackend:
     """A :class:`~rollart_nb.protocols.GenerationBackend` on vLLM's ``AsyncLLM``.
 
@@ -130,18 +147,7 @@ class VLLMBackend:
 
         self.ref = model if isinstance(model, ModelRef) else from_pretrained(model)
         platform = str(current_platform.device_type)
-        problems = []
-        if device is not None and device.split(":")[0] != platform:
-            problems.append(f"device {device!r} but the installed vLLM build runs on {platform!r}")
-        if not 0 < gpu_memory_utilization <= 1:
-            problems.append(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
-        if kv_cache_gb is not None and kv_cache_gb <= 0:
-            problems.append(f"kv_cache_gb must be > 0, got {kv_cache_gb}")
-        if problems:
-            raise ConfigError(problems, where="VLLMBackend")
-        if kv_cache_gb is None and platform == "cpu":
-            kv_cache_gb = _CPU_KV_CACHE_GB
-
+        kv_cache_gb = _kv_cache_gb(device, platform, gpu_memory_utilization, kv_cache_gb)
         self.name, self.device, self.version = name, platform, 0
         self.tokenizer = self.ref.load_tokenizer()
         self.eos_id = self.tokenizer.eos_token_id

@@ -164,13 +164,7 @@ def supervised(
         opt.zero_grad()
         total = 0.0
         for part in parts:
-            width = max(len(s) for s, _ in part)
-            ids = torch.tensor([s + [0] * (width - len(s)) for s, _ in part])
-            mask = torch.tensor([m + [0] * (width - len(m)) for _, m in part], dtype=torch.float32)
-            attn = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s, _ in part])
-            logits = net(input_ids=ids, attention_mask=attn, use_cache=False).logits[:, :-1]
-            logp = torch.log_softmax(logits.float(), -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
-            loss = -(logp * mask[:, 1:]).sum() / max(n_tokens, 1)
+            loss = _part_loss(net, part, n_tokens)
             loss.backward()
             total += float(loss.detach())
         if max_grad_norm is not None:
@@ -190,6 +184,20 @@ def supervised(
     tmp.rename(out)
     log.info("%s saved to %s", name, out)
     return ModelRef(str(out), name, model.params, model.seed)
+
+
+def _part_loss(net: Any, part: list[tuple[list[int], list[int]]], n_tokens: int) -> Any:
+    """The summed next-token loss of a micro-batch of ``(ids, loss mask)`` rows, over the step's
+    ``n_tokens`` trained tokens (so the micro-batches' losses add up to the step's mean)."""
+    import torch
+
+    width = max(len(s) for s, _ in part)
+    ids = torch.tensor([s + [0] * (width - len(s)) for s, _ in part])
+    mask = torch.tensor([m + [0] * (width - len(m)) for _, m in part], dtype=torch.float32)
+    attn = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s, _ in part])
+    logits = net(input_ids=ids, attention_mask=attn, use_cache=False).logits[:, :-1]
+    logp = torch.log_softmax(logits.float(), -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+    return -(logp * mask[:, 1:]).sum() / max(n_tokens, 1)
 
 
 def training_accuracy(net: Any, tok: Any, examples: Sequence[Example]) -> dict[str, float]:

@@ -261,8 +261,17 @@ def tiny_qwen(
     params = sum(p.numel() for p in model.parameters())
     name = f"tiny-qwen-{size}"
 
-    # Save into a temp dir, then rename: concurrent builders (several Ray workers) never
-    # see a half-written model, and the loser of the race just discards its copy.
+    _save_atomically(target, key, model, tokenizer, name, params)
+    log.info("built %s (%d params) at %s", name, params, target)
+    return ModelRef(str(target), name, params, seed)
+
+
+def _save_atomically(target: Path, key: dict[str, Any], model: Any, tokenizer: Any, name: str, params: int) -> None:
+    """Save a built model and its tokenizer at ``target`` (a ConfigError if it holds something else).
+
+    Saved into a temp dir, then renamed: concurrent builders (several Ray workers) never see a
+    half-written model, and the loser of the race just discards its copy.
+    """
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=target.parent))
     try:
@@ -286,8 +295,6 @@ def tiny_qwen(
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
-    log.info("built %s (%d params) at %s", name, params, target)
-    return ModelRef(str(target), name, params, seed)
 
 
 def from_pretrained(path: str | os.PathLike[str], name: str | None = None) -> ModelRef:

@@ -1,10 +1,6 @@
-"""What runs inside the two sandboxes, and the wire between them and this process.
-
-:data:`SOLUTION` and :data:`GRADER` are the programs the solution and grader processes run
-(``python -c``; see :mod:`rollart_nb.sandbox.run` for the boundary they keep). They share a
-length-prefixed JSON codec of plain data. The tests reach the grader as steps
-(:func:`split_tests`), with ``==`` and ``in`` rewritten to compare exact types; its verdicts come
-back as ``@@ [kind, ...]`` lines on its stdout (:func:`read_verdicts`).
+"""The programs run inside the two sandboxes (``python -c``; see :mod:`rollart_nb.sandbox.run`)
+and their wire: tests become grader steps (:func:`split_tests`), verdicts come back as
+``@@ [kind, ...]`` lines on the grader's stdout (:func:`read_verdicts`).
 """
 
 from __future__ import annotations
