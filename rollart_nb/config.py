@@ -196,6 +196,9 @@ class PipelineConfig:
     trains on the outage."""
     failure_reward: float = 0.0
     """The reward a penalized failed trajectory gets (``failed_trajectories="penalize"``)."""
+    max_group_failures: int = 16
+    """Failures of one GRPO group's members after which the group is given up (its env keeps
+    failing) and a fresh group takes its place."""
     run_dir: str | None = None
     """Folder of ``steps.jsonl`` (a line per step) and autosaves; None: ``runs/<name>`` when
     ``autosave_every`` > 0, else nothing is written."""
@@ -244,6 +247,7 @@ class PipelineConfig:
         whole("batch_size", 1)
         whole("alpha", 0, " (a number of versions)")
         whole("redundancy", 0)
+        whole("max_group_failures", 1)
         whole("validate_every", 0, " (0: off)")
         whole("validate_pass_k", 0, " (0: greedy validation only)")
         if self.validate_pass_k == 1:

@@ -57,8 +57,7 @@ from rollart_nb.control.report import (
     mean_occupancy,
     waste,
 )
-from rollart_nb.control.scheduler import SchedulerConfig
-from rollart_nb.control.shards import ShardedRollout, auto_shards, plan_shards
+from rollart_nb.control.shards import ShardedRollout, auto_shards, plan_rollout, plan_shards
 from rollart_nb.errors import ConfigError, StateError, WorkerDiedError
 from rollart_nb.trackers import resolve_trackers, sample_rows
 from rollart_nb.trajectory import Trajectory, TrajectoryList
@@ -121,25 +120,13 @@ class Pipeline:
         # step timing: the runtime's clock (a SimSession's virtual time, else wall time)
         self._clock = runtime.clock
         self.runtime, self.train, self.gen, self.tasks, self.name = runtime, train, gen, tasks, name
-        self.cfg = SchedulerConfig(
-            batch_size=c.batch_size,
-            group_size=group_size,
-            alpha=c.alpha,
-            mode=self.mode,
-            redundancy=c.redundancy,
-            seed=scheduler_seed if scheduler_seed is not None else runtime.seed if c.seed is None else c.seed,
-            task_weights=tasks.weights,
-            rollout=c.rollout,
-            curricula=tasks.curricula or None,
-            failed_trajectories=c.failed_trajectories,
-            failure_reward=c.failure_reward,
-        )
-        envs = tasks.expand()
+        seed = scheduler_seed if scheduler_seed is not None else runtime.seed if c.seed is None else c.seed
+        self.cfg = plan_rollout(tasks.expand(), c, group_size, seed, tasks.weights, tasks.curricula or None)
         shards = c.rollout_shards
         if shards is None:  # one per ENVS_PER_SHARD envs, within the CPU pool's free slots
             free = runtime.resources.free("cpu") if "cpu" in runtime.resources.pools else None
-            shards = auto_shards(envs, self.cfg, free)
-        plans = plan_shards(envs, self.cfg, shards)  # raises ConfigError before anything starts
+            shards = auto_shards(self.cfg, free)
+        plans = plan_shards(self.cfg, shards)  # raises ConfigError before anything starts
         self.validate_every, self.validate_pass_k = c.validate_every, c.validate_pass_k
         self.state = "idle"
         self.validation_seeds = c.validation_seeds or tasks.validation_seeds()
