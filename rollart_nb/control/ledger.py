@@ -1,13 +1,7 @@
-"""Ledger: how every trajectory of a rollout ended, counted for stats, reports and stall checks.
-
-- **Accounting**: every trajectory ends in exactly one terminal status (completed,
-  aborted_stale, cancelled, failed with a reason); :meth:`Ledger.accounting` checks that
-  ``started == ended + in flight`` (``unaccounted`` is 0).
-- **Counts and events**: ``counts`` are by current status (a buffered sample evicted later moves
-  from completed to aborted_stale); ``events`` and ``token_events`` only grow, so a step's share
-  is a difference. The last trajectories are kept whole (:class:`EndedLog`) for the viewer.
-- **Stalls**: a task whose recent trajectories all fail cannot fill its share of a batch; one
-  user-code error (same reason, with a traceback) on a task that never succeeded stops early.
+"""Ledger: how every trajectory of a rollout ended (one terminal status each), counted for stats,
+reports and stall checks. ``counts`` are by current status (an evicted buffered sample moves from
+completed to aborted_stale); ``events`` only grow, so a step's share is a difference. A task whose
+recent trajectories all fail stalls; one user-code error on a task that never succeeded stops early.
 """
 
 from __future__ import annotations
@@ -93,8 +87,7 @@ class Ledger:
         self.events: collections.Counter[str] = collections.Counter()
         # generated (response) tokens of ended trajectories, by how they ended: wasted work shows here
         self.generated: collections.Counter[str] = collections.Counter()
-        # "ended" (every trajectory once, at its first ending) and, by kind, tokens that became
-        # waste ("aborted_stale", "cancelled": at the ending or when the buffer evicts a sample)
+        # "ended" (each trajectory once) and, by kind, tokens that became waste (at the ending or eviction)
         self.token_events: collections.Counter[str] = collections.Counter()
         self.task_events: collections.defaultdict[str, collections.Counter[str]] = collections.defaultdict(
             collections.Counter

@@ -1,10 +1,8 @@
 """The staleness rule α: which trajectories a policy version may still train on.
 
 A trajectory whose oldest turn was generated at version ``v`` is usable at policy version ``n``
-only while ``v >= n - alpha``. The rule has three uses, all through :class:`Staleness`: the
-:class:`~rollart_nb.control.buffer.SampleBuffer` evicts what it excludes, the scheduler aborts
-in-flight work it excludes at a version bump (and the rest of that GRPO group, trained whole),
-and the scheduler opens a group only while it can still be trained within the bound.
+only while ``v >= n - alpha``. Three uses: buffer eviction, the abort of in-flight work (whole
+GRPO groups) at a version bump, and the admission window for new groups.
 """
 
 from __future__ import annotations
