@@ -22,10 +22,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 import rollart_nb as rn  # noqa: E402
+from rollart_nb.config import PipelineConfig  # noqa: E402
 from rollart_nb.control.env_manager import RolloutConfig  # noqa: E402
-from rollart_nb.control.modes import MODES  # noqa: E402
 from rollart_nb.control.rollout_worker import RolloutWorker  # noqa: E402
-from rollart_nb.control.scheduler import SchedulerConfig  # noqa: E402
+from rollart_nb.control.shards import plan_rollout  # noqa: E402
 from rollart_nb.models.spec import spec  # noqa: E402
 from rollart_nb.workers.roles import SimGenerator  # noqa: E402
 
@@ -99,22 +99,20 @@ def full_path(sess, envs: int, seconds: float, dispatch: str) -> dict:
     )
     targets = [(h.actor, h.binding.worker, h.binding.hardware, h.binding.pool) for h in gen.workers]
     batch = 32
-    cfg = SchedulerConfig(
+    cfg = PipelineConfig(
         batch_size=batch,
-        group_size=4,
         alpha=1,
-        mode=MODES["rollart"],
+        mode="rollart",
         rollout=RolloutConfig(max_turns=20, max_new_tokens=1, max_context=10**6),
     )
     ro = sess.cluster(
         "rollout",
         RolloutWorker,
         pool="cpu",
-        envs={"t": [InstantEnv() for _ in range(envs)]},
+        plan=plan_rollout({"t": [InstantEnv() for _ in range(envs)]}, cfg, 4),
         model=m,
         targets=targets,
         task_affinity={},
-        config=cfg,
         dispatch=dispatch,
     )
     ro.start()

@@ -44,12 +44,13 @@ import psutil  # noqa: E402
 import rollart_nb as rn  # noqa: E402
 from rollart_nb import _ray  # noqa: E402
 from rollart_nb.backends.history import HistoryStore  # noqa: E402
+from rollart_nb.config import PipelineConfig  # noqa: E402
 from rollart_nb.control.env_manager import RolloutConfig  # noqa: E402
 from rollart_nb.control.local import LocalGenerator, LocalHandle  # noqa: E402
 from rollart_nb.control.proxy import GenTarget, LLMProxy  # noqa: E402
 from rollart_nb.control.reward import RewardDispatcher  # noqa: E402
-from rollart_nb.control.scheduler import RolloutScheduler, SchedulerConfig  # noqa: E402
-from rollart_nb.control.shards import ShardedRollout, plan_shards  # noqa: E402
+from rollart_nb.control.scheduler import RolloutScheduler  # noqa: E402
+from rollart_nb.control.shards import ShardedRollout, plan_rollout, plan_shards  # noqa: E402
 from rollart_nb.models.spec import spec  # noqa: E402
 from rollart_nb.protocols import GenerationResult  # noqa: E402
 from rollart_nb.sim.tokenizer import SimTokenizer  # noqa: E402
@@ -128,13 +129,12 @@ class ObsEnv:
         return self.step(action)
 
 
-def sched_config(envs: int) -> SchedulerConfig:
+def sched_config(envs: int) -> PipelineConfig:
     """A batch of a quarter of the envs (32..256), and a staleness window wide enough that every
     env always has a trajectory to run (nothing here changes the version)."""
     batch = min(256, max(32, envs // 4))
-    return SchedulerConfig(
+    return PipelineConfig(
         batch_size=batch,
-        group_size=4,
         alpha=math.ceil(envs / batch) + 1,
         mode="rollart",
         rollout=RolloutConfig(max_turns=TURNS, max_new_tokens=1, max_context=10**8),
@@ -169,7 +169,7 @@ def run(
     )
     targets = [(h.actor, h.binding.worker, h.binding.hardware, h.binding.pool) for h in gen.workers]
     cfg = sched_config(envs)
-    plans = plan_shards({"t": [ObsEnv(obs_tokens=obs, ids=ids) for _ in range(envs)]}, cfg, shards)
+    plans = plan_shards(plan_rollout({"t": [ObsEnv(obs_tokens=obs, ids=ids) for _ in range(envs)]}, cfg, 4), shards)
     ro = ShardedRollout(
         sess.runtime, "bench_rollout", plans, model=m, targets=targets, task_affinity={}, dispatch=dispatch
     )
@@ -210,15 +210,16 @@ def memory_per_token(envs: int = 64, obs: int = 5000, trajectories: int = 256) -
         gc.collect()
         tracemalloc.start()
         base = tracemalloc.get_traced_memory()[0]
-        sched = RolloutScheduler(
-            {"t": [ObsEnv(obs_tokens=obs) for _ in range(envs)]}, SimTokenizer(), proxy, rewards, cfg
-        )
+        plan = plan_rollout({"t": [ObsEnv(obs_tokens=obs) for _ in range(envs)]}, cfg, 4)
+        sched = RolloutScheduler(plan, SimTokenizer(), proxy, rewards)
         sched.schedule()
-        while len(sched.ended) + len(sched.buffer) < trajectories:
+        while len(sched.ledger.ended) + len(sched.buffer) < trajectories:
             await asyncio.sleep(0.05)
         buffered = [t for g in sched.buffer._groups.values() for t in g]
         running = [t for t, _, _ in sched.running.values()]
-        held = list({id(t): t for t in [*sched.ended, *buffered, *running]}.values())  # a buffered one also ended
+        held = list(
+            {id(t): t for t in [*sched.ledger.ended, *buffered, *running]}.values()
+        )  # a buffered one also ended
         gc.collect()
         used = tracemalloc.get_traced_memory()[0] - base
         tracemalloc.stop()

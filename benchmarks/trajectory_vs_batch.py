@@ -27,12 +27,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from rollart_nb.config import PipelineConfig  # noqa: E402
 from rollart_nb.control.env_manager import RolloutConfig  # noqa: E402
 from rollart_nb.control.local import LocalGenerator, LocalHandle  # noqa: E402
 from rollart_nb.control.modes import MODES  # noqa: E402
 from rollart_nb.control.proxy import GenTarget, LLMProxy  # noqa: E402
 from rollart_nb.control.reward import RewardDispatcher  # noqa: E402
-from rollart_nb.control.scheduler import RolloutScheduler, SchedulerConfig  # noqa: E402
+from rollart_nb.control.scheduler import RolloutScheduler  # noqa: E402
+from rollart_nb.control.shards import plan_rollout  # noqa: E402
 from rollart_nb.envs import WithLatency  # noqa: E402
 from rollart_nb.models.spec import spec  # noqa: E402
 from rollart_nb.resources.profiles import PROFILES  # noqa: E402
@@ -80,15 +82,9 @@ async def measure(
         for i in range(gen_workers)
     ]
     targets = [GenTarget(LocalHandle(LocalGenerator(b)), f"gen/{i}", "H20", "H20") for i, b in enumerate(backends)]
-    cfg = SchedulerConfig(
-        batch_size=batch,
-        group_size=group,
-        alpha=1,
-        mode=MODES[mode],
-        seed=seed,
-        rollout=RolloutConfig(max_turns=turns, max_new_tokens=4),
-    )
-    sched = RolloutScheduler(envs, SimTokenizer(), LLMProxy(targets), RewardDispatcher(), cfg)
+    cfg = PipelineConfig(batch_size=batch, alpha=1, mode=mode, rollout=RolloutConfig(max_turns=turns, max_new_tokens=4))
+    plan = plan_rollout(envs, cfg, group, seed=seed)
+    sched = RolloutScheduler(plan, SimTokenizer(), LLMProxy(targets), RewardDispatcher())
     steps, bounds = [], []
     await sched.get_batch(batch)  # warm-up iteration (not timed)
     if not MODES[mode].continuous:

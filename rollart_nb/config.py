@@ -6,9 +6,8 @@ problem at once (:class:`~rollart_nb.errors.ConfigError`):
 
 - :class:`PipelineConfig`: the loop (batch size, staleness, mode, redundancy, checkpoints,
   failover, trackers) and its :class:`~rollart_nb.control.env_manager.RolloutConfig`;
-- :class:`~rollart_nb.algo.GRPO`: the algorithm;
-- :class:`~rollart_nb.train.TrainConfig`: a whole ``rollart-nb train`` run (model, tasks,
-  algorithm, pipeline, budget).
+  :class:`~rollart_nb.algo.GRPO`: the algorithm; :class:`~rollart_nb.train.TrainConfig`: a whole
+  ``rollart-nb train`` run (model, tasks, algorithm, pipeline, budget).
 
 The helpers here work on any of them: :func:`load` reads YAML and applies ``a.b=value``
 overrides, :func:`to_dict` / :func:`from_dict` / :func:`dump` round-trip them, :func:`describe`
@@ -30,6 +29,7 @@ import functools
 import inspect
 import math
 import os
+import sys
 import textwrap
 import types
 import typing
@@ -68,12 +68,7 @@ TRACKERS = ("tensorboard", "wandb", "mlflow")
 
 @dataclass(frozen=True)
 class RolloutConfig:
-    """How EnvManagers talk to envs and the model.
-
-    Validation (all problems at once, as :class:`~rollart_nb.errors.ConfigError`): ``max_turns``,
-    ``max_new_tokens`` whole numbers >= 1, ``max_context >= max_new_tokens``, ``temperature`` a
-    finite number >= 0, ``env_timeout_s`` a finite number > 0 or None, ``max_abandoned_threads``
-    a whole number >= 0, tags strings.
+    """How EnvManagers talk to envs and the model (every bad value is reported at once).
 
     Example:
         >>> RolloutConfig(max_turns=1, temperature=0).max_new_tokens
@@ -172,12 +167,10 @@ class PipelineConfig:
     at a time per worker carries every queued turn and brings back every finished one; see
     :mod:`rollart_nb.workers.streaming`). Batched keeps an engine full with far less CPU a turn."""
     rollout_shards: int | None = None
-    """Rollout actors (each one CPU-pool slot, one core) that the pipeline's envs are split
-    over; each shard runs a disjoint slice of every task's envs and supplies a fixed part of each
-    batch (whole groups), so batches, group membership and the staleness bound are what one actor
-    gives. None: one per 1024 envs (rounded up), within the CPU pool's free slots and the batch's
-    groups. At most the batch's groups, and per task its envs; ``pipe.stats()["shards"]`` shows
-    each shard's share."""
+    """Rollout actors (one CPU-pool slot each) the envs are split over; each runs a disjoint slice of
+    every task's envs and supplies a fixed part of each batch (whole groups), so batches, groups and
+    the staleness bound are what one actor gives. None: one per 1024 envs (rounded up), within the
+    CPU pool's free slots and the batch's groups; ``pipe.stats()["shards"]`` shows each share."""
     step_timeout_s: float | None = None
     """A step whose batch is not complete after this many seconds raises; None: wait."""
     weights: Any = "direct"
@@ -186,16 +179,16 @@ class PipelineConfig:
     hw_affinity: bool = True
     """Route each task's trajectories to the generator pool its env is bound to."""
     failed_trajectories: str = "exclude"
-    """What training does with a failed trajectory. "exclude": it is never trained on; its GRPO
-    group runs a replacement member (same seed, current policy). "penalize": a trajectory whose
-    env step raised or timed out on the model's action, or whose reward raised or timed out, is
-    trained on as a member of its group with reward ``failure_reward``; it is counted
-    ``completed`` and ``penalized`` (not ``failed``), its reason kept. Every other failure (env
-    reset, generation, an internal rollout error) is excluded either way. Timeouts count as the
-    model's doing: with an overloaded env pool or a reward endpoint that is down, "penalize"
-    trains on the outage."""
+    """What training does with a failed trajectory. "exclude": never trained on; its GRPO group runs
+    a replacement member (same seed, current policy). "penalize": one whose env step or reward raised
+    or timed out after the model acted is a member of its group with reward ``failure_reward``,
+    counted ``completed`` and ``penalized``, its reason kept; other failures are excluded either way.
+    Timeouts count as the model's doing: with an env pool overloaded or a reward endpoint down,
+    "penalize" trains on the outage."""
     failure_reward: float = 0.0
     """The reward a penalized failed trajectory gets (``failed_trajectories="penalize"``)."""
+    max_group_failures: int = 16
+    """Failed members after which a GRPO group is given up for a fresh one (its env keeps failing)."""
     run_dir: str | None = None
     """Folder of ``steps.jsonl`` (a line per step) and autosaves; None: ``runs/<name>`` when
     ``autosave_every`` > 0, else nothing is written."""
@@ -244,6 +237,7 @@ class PipelineConfig:
         whole("batch_size", 1)
         whole("alpha", 0, " (a number of versions)")
         whole("redundancy", 0)
+        whole("max_group_failures", 1)
         whole("validate_every", 0, " (0: off)")
         whole("validate_pass_k", 0, " (0: greedy validation only)")
         if self.validate_pass_k == 1:
@@ -263,7 +257,13 @@ class PipelineConfig:
         whole("tracker_sample_size", 1)
         seconds("step_timeout_s", optional=True)
         seconds("health_every_s", optional=False)
+        return p + self._choice_problems()
+
+    def _choice_problems(self) -> list[str]:
+        """The invalid names, flags, objects and mappings (:meth:`problems` checks the numbers)."""
         from rollart_nb.control.modes import MODES, Mode
+
+        p: list[str] = []
 
         if not (isinstance(self.mode, Mode) or self.mode in MODES):
             close = difflib.get_close_matches(str(self.mode), list(MODES), n=1)
@@ -373,8 +373,6 @@ def _is_config(tp: Any) -> bool:
 
 
 def _hints(cls: type) -> dict[str, Any]:
-    import sys
-
     module = sys.modules.get(cls.__module__)
     return typing.get_type_hints(cls, vars(module) if module else None)
 
@@ -559,10 +557,8 @@ def load(cls: type[T], path: str | os.PathLike[str] | None = None, overrides: Se
     import yaml
 
     data: Any = {}
-    where = cls.__name__
     if path is not None:
         p = Path(path)
-        where = str(p)
         if not p.is_file():
             raise ConfigError(f"config file {str(p)!r} does not exist (or is not a file)")
         try:
@@ -571,7 +567,7 @@ def load(cls: type[T], path: str | os.PathLike[str] | None = None, overrides: Se
             raise ConfigError(f"{p} is not valid YAML: {e}") from None
         if not isinstance(data, Mapping):
             raise ConfigError(f"{p} must hold a mapping of settings at the top level, not {type(data).__name__}")
-    cfg = from_dict(cls, data, where=where if path is not None else "")
+    cfg = from_dict(cls, data, where=str(Path(path)) if path is not None else "")
     return apply_overrides(cfg, overrides) if overrides else cfg
 
 
@@ -596,12 +592,8 @@ def describe(cls: type, prefix: str = "") -> list[tuple[str, str, Any, str]]:
         if _is_config(inner):
             out.extend(describe(inner, f"{prefix}{f.name}."))
             continue
-        if f.default is not dataclasses.MISSING:
-            default = f.default
-        elif f.default_factory is not dataclasses.MISSING:
-            default = f.default_factory()
-        else:
-            default = dataclasses.MISSING
+        factory = f.default_factory
+        default = f.default if factory is dataclasses.MISSING else factory()
         name = getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
         out.append((prefix + f.name, name, to_dict(default), docs.get(f.name, "")))
     return out

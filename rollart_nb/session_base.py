@@ -422,6 +422,7 @@ class SessionBase(abc.ABC, Generic[R, C]):
         hw_affinity: bool = UNSET,
         failed_trajectories: str = UNSET,
         failure_reward: float = UNSET,
+        max_group_failures: int = UNSET,
         run_dir: str | os.PathLike[str] | None = UNSET,
         autosave_every: int = UNSET,
         keep_checkpoints: int = UNSET,

@@ -43,9 +43,10 @@ def test_every_problem_is_reported_at_once():
             health_every_s=0,
             trackers=("tb",),
             rollout_shards=0,
+            max_group_failures=0,
         )
     text = str(e.value)
-    assert len(e.value.problems) == 7, text
+    assert len(e.value.problems) == 8, text
     for piece in (
         "rollout_shards=0 must be a whole number >= 1 or None",
         "batch_size=0",
@@ -54,6 +55,7 @@ def test_every_problem_is_reported_at_once():
         "dispatch='nope'",
         "health_every_s=0",
         "'tb' is not a tracker name",
+        "max_group_failures=0 must be a whole number >= 1",
     ):
         assert piece in text
 
@@ -88,8 +90,10 @@ def test_overrides_parse_yaml_values_and_exponent_floats():
             "algo.scale_by_std={math: false}",
             "pipeline.rollout.temperature=0",
             "pipeline.validation_seeds={math: [1, 2]}",
+            "pipeline.max_group_failures=4",
         ],
     )
+    assert cfg.pipeline.max_group_failures == 4
     assert cfg.algo.lr == 5e-4 and isinstance(cfg.algo.lr, float)
     assert cfg.pipeline.step_timeout_s is None and cfg.pipeline.hw_affinity is False
     assert cfg.algo.scale_by_std == {"math": False} and cfg.pipeline.rollout.temperature == 0.0

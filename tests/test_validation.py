@@ -13,7 +13,7 @@ import rollart_nb as rn
 from rollart_nb.control.env_manager import RolloutConfig
 from rollart_nb.control.modes import MODES
 from rollart_nb.control.reward import RewardDispatcher
-from rollart_nb.control.scheduler import SchedulerConfig
+from rollart_nb.control.shards import plan_rollout
 from rollart_nb.envs import Arithmetic
 from rollart_nb.envs.code import CodeTask
 from rollart_nb.errors import ConfigError, RollartError
@@ -180,9 +180,10 @@ def test_code_task_limits_are_the_sandboxes():
             CodeTask(timeout_s=timeout_s, memory_mb=memory_mb)
 
 
-# -- SchedulerConfig (every pipeline path builds one) ------------------------------------------
-def scheduler_config(**kw):
-    return SchedulerConfig(**{"batch_size": 8, "group_size": 4, **kw})
+# -- the rollout plan (every pipeline path builds one from its PipelineConfig) ---------------------
+def rollout_plan(batch_size=8, group_size=4, mode="rollart", **kw):
+    envs = {"math": [Arithmetic()], "other": [Arithmetic()]}
+    return plan_rollout(envs, rn.PipelineConfig(batch_size=batch_size, mode=mode), group_size, **kw)
 
 
 @pytest.mark.parametrize(
@@ -193,45 +194,55 @@ def scheduler_config(**kw):
         ("alpha", True),
         ("alpha", "1"),
         ("batch_size", 0),
-        ("batch_size", 6),
         ("batch_size", 8.0),
-        ("group_size", 0),
-        ("group_size", 2.0),
         ("mode", "async"),
         ("mode", 3),
         ("redundancy", -1),
         ("max_group_failures", 0),
+        ("max_group_failures", 2.5),
+    ],
+)
+def test_the_loop_settings_the_scheduler_reads_are_checked_in_the_config(field, value):
+    refused(rn.PipelineConfig, field, value)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("batch_size", 6),
+        ("group_size", 0),
+        ("group_size", 2.0),
         ("seed", None),
         ("seed", 1.5),
         ("task_weights", {"math": NAN}),
         ("task_weights", {"math": -1.0}),
         ("task_weights", {"math": 0.0}),
-        ("rollout", {}),
+        ("task_weights", [1.0]),
+        ("curricula", [1]),
     ],
 )
-def test_scheduler_config_refuses_bad_values(field, value):
-    refused(scheduler_config, field, value)
+def test_the_plan_refuses_what_only_the_algorithm_and_tasks_decide(field, value):
+    refused(rollout_plan, field, value)
 
 
-def test_scheduler_config_suggests_the_mode_and_batch_size():
+def test_the_plan_suggests_the_mode_and_batch_size_and_reports_every_problem():
     with pytest.raises(ConfigError, match=r"did you mean 'rollart'"):
-        scheduler_config(mode="rolart")
+        rollout_plan(mode="rolart")
     with pytest.raises(ConfigError, match=r"batch_size=8 or 12"):
-        scheduler_config(batch_size=10)
+        rollout_plan(batch_size=10)
+    with pytest.raises(ConfigError) as ei:
+        rollout_plan(group_size=0, seed=None, task_weights={"math": -1.0})
+    assert len(ei.value.problems) == 3
+    with pytest.raises(ConfigError, match="no environments"):
+        plan_rollout({"math": []}, rn.PipelineConfig(batch_size=4), 4)
 
 
-def test_scheduler_config_valid_edges():
-    cfg = scheduler_config(
-        alpha=0,
-        batch_size=4,
-        redundancy=0,
-        seed=-3,
-        mode="sync",
-        max_group_failures=1,
-        task_weights={"math": 1.0, "other": 0},
-    )
-    assert cfg.mode is MODES["sync"] and cfg.alpha == 0 and cfg.batch_groups == 1
-    assert scheduler_config(batch_size=np.int64(8), mode=MODES["areal"], task_weights={}).batch_groups == 2
+def test_the_plan_valid_edges():
+    plan = rollout_plan(batch_size=4, mode="sync", seed=-3, task_weights={"math": 1.0, "other": 0})
+    assert plan.mode is MODES["sync"] and plan.alpha == plan.config.alpha == 1
+    assert plan.batch_groups == 1 and plan.quota == {"math": 1, "other": 0} and plan.seed == -3
+    assert rollout_plan(batch_size=np.int64(8), mode=MODES["areal"], task_weights={}).batch_groups == 2
+    assert rn.PipelineConfig(max_group_failures=1, alpha=0, redundancy=0).max_group_failures == 1
 
 
 # -- RewardDispatcher.set ------------------------------------------------------------------------

@@ -8,7 +8,8 @@ from rollart_nb.control.pipeline import Pipeline
 from rollart_nb.control.proxy import GenTarget, LLMProxy
 from rollart_nb.control.report import PHASES, StepReport
 from rollart_nb.control.reward import RewardDispatcher, RewardSpec
-from rollart_nb.control.scheduler import RolloutScheduler, SchedulerConfig
+from rollart_nb.control.scheduler import RolloutScheduler
+from rollart_nb.control.shards import ShardPlan, plan_rollout
 from rollart_nb.control.tasks import TaskSet
 
 __all__ = [
@@ -25,9 +26,10 @@ __all__ = [
     "RolloutConfig",
     "RolloutScheduler",
     "SampleBuffer",
-    "SchedulerConfig",
+    "ShardPlan",
     "StepReport",
     "TaskSet",
     "TurnBarrier",
+    "plan_rollout",
     "read_checkpoint",
 ]

@@ -1,12 +1,9 @@
-"""SampleBuffer: scored trajectories wait here, grouped, under a per-trajectory staleness bound.
+"""SampleBuffer: scored trajectories wait here, grouped, under the staleness rule.
 
-At policy version ``n``, a trajectory begun at version ``v`` is usable only while
-``v >= n - alpha``. :meth:`SampleBuffer.set_version` evicts the stale ones (and returns
-them so the scheduler can account for them and relaunch group members);
-:meth:`SampleBuffer.take_batch` evicts again and returns whole GRPO groups only.
-Everything buffered began within the last ``alpha`` versions, and the scheduler opens new
-groups only while buffered + running trajectories stay under ``(alpha + 1) * batch + E``, so
-the buffer holds O(alpha * E) trajectories; :attr:`capacity` enforces that bound hard.
+:meth:`SampleBuffer.set_version` evicts what :class:`~rollart_nb.control.staleness.Staleness`
+excludes (and returns it so the scheduler can account for it and relaunch group members);
+:meth:`SampleBuffer.take_batch` evicts again and returns whole GRPO groups only. The scheduler's
+admission rule keeps the buffer at O(alpha * E) trajectories; :attr:`capacity` enforces that hard.
 """
 
 from __future__ import annotations
@@ -15,6 +12,7 @@ import asyncio
 from collections import OrderedDict
 from typing import Any
 
+from rollart_nb.control.staleness import Staleness
 from rollart_nb.errors import ConfigError
 from rollart_nb.trajectory import Status, Trajectory
 
@@ -38,29 +36,27 @@ class SampleBuffer:
 
     Args:
         group_size: members a group needs to be complete.
-        alpha: staleness bound (None: no bound, e.g. for AReaL, which checks only at start).
+        staleness: the α rule (one that does not ``abort_stale`` keeps everything).
         capacity: hard cap on buffered trajectories (the O(α·E) bound); ``put`` beyond it
             evicts the oldest incomplete groups first.
 
     Example:
-        >>> buf = SampleBuffer(group_size=2, alpha=1, capacity=64)
+        >>> buf = SampleBuffer(group_size=2, staleness=Staleness(alpha=1), capacity=64)
         >>> for i in range(2):
         ...     buf.put(Trajectory("math", group_id="g0", status=Status.COMPLETED, reward=1.0, reward_version=0))
         >>> [t.group_id for t in buf.take_batch(2)]
         ['g0', 'g0']
     """
 
-    def __init__(self, group_size: int, alpha: int | None, capacity: int) -> None:
+    def __init__(self, group_size: int, staleness: Staleness, capacity: int) -> None:
         problems = []
         if group_size < 1:
             problems.append(f"group_size={group_size} must be >= 1")
-        if alpha is not None and alpha < 0:
-            problems.append(f"alpha={alpha} must be >= 0 (or None for no bound)")
         if capacity < group_size:
             problems.append(f"capacity={capacity} must be >= group_size={group_size}")
         if problems:
             raise ConfigError(problems, where="SampleBuffer")
-        self.group_size, self.alpha, self.capacity = group_size, alpha, capacity
+        self.group_size, self.staleness, self.capacity = group_size, staleness, capacity
         self.version = 0
         self._groups: OrderedDict[str, list[Trajectory]] = OrderedDict()
         self._changed: asyncio.Event | None = None
@@ -89,9 +85,8 @@ class SampleBuffer:
             have[task] = have.get(task, 0) + 1
         return all(have.get(t, 0) >= q for t, q in split_quota(n // self.group_size, task_weights).items())
 
-    def is_stale(self, traj: Trajectory, version: int | None = None) -> bool:
-        v = self.version if version is None else version
-        return self.alpha is not None and traj.min_version < v - self.alpha
+    def is_stale(self, traj: Trajectory) -> bool:
+        return self.staleness.is_stale(traj, self.version)
 
     # -- mutation --------------------------------------------------------------------
     def put(self, traj: Trajectory) -> list[Trajectory]:
@@ -100,7 +95,7 @@ class SampleBuffer:
         if traj.status is not Status.COMPLETED:
             raise ValueError(f"only completed trajectories go in the buffer, got {traj.status.value}")
         if self.is_stale(traj):
-            traj.status, traj.reason = Status.ABORTED_STALE, self._stale_reason(traj)
+            traj.status, traj.reason = Status.ABORTED_STALE, self.staleness.reason(traj, self.version)
             return [traj]
         members = self._groups.setdefault(traj.group_id, [])
         if len(members) >= self.group_size:  # a surplus member (redundant rollout): keep the first finishers
@@ -128,7 +123,7 @@ class SampleBuffer:
             keep = []
             for t in self._groups[gid]:
                 if pred(t):
-                    t.status, t.reason = Status.ABORTED_STALE, reason or self._stale_reason(t)
+                    t.status, t.reason = Status.ABORTED_STALE, reason or self.staleness.reason(t, self.version)
                     out.append(t)
                 else:
                     keep.append(t)
@@ -192,9 +187,6 @@ class SampleBuffer:
                 t.status, t.reason = Status.CANCELLED, f"buffer over capacity {self.capacity}"
                 out.append(t)
         return out
-
-    def _stale_reason(self, t: Trajectory) -> str:
-        return f"stale: began at version {t.min_version}, policy is at {self.version}, alpha={self.alpha}"
 
     def _event(self) -> asyncio.Event:
         if self._changed is None:

@@ -42,7 +42,7 @@ from rollart_nb.protocols import GenerationRequest, Tokenizer
 from rollart_nb.tokens import Tokens, TokenSeq
 from rollart_nb.trajectory import FAILED_IN, Status, Trajectory, Turn
 
-__all__ = ["EnvManager", "RolloutConfig", "TurnBarrier", "request_seed"]
+__all__ = ["EnvManager", "RolloutConfig", "TurnBarrier", "env_stats", "request_seed"]
 
 log = logging.getLogger(__name__)
 
@@ -261,52 +261,13 @@ class EnvManager:
         seq = TokenSeq(self._encode_obs(obs))  # the whole conversation, stored once
         held = 0  # tokens of it the generator holds (sent before, plus its responses)
         for k in range(self.max_turns):
-            t1, wall = clock(), time.time()
-            self._call = f"generate of turn {k}"
-            prompt_len = len(seq)
-            res = await self._generate(traj, k, seq, held, temp)
-            parts = [res]
-            seq.extend(res.token_ids)
-            while res.finish_reason == "preempted" and len(seq) - prompt_len < self.cfg.max_new_tokens:
-                # stopped by a weight update: continue from the history plus the tokens so far, under
-                # the new weights (the generator dropped its copy, so the whole history goes again)
-                res = await self._generate(
-                    traj, k, seq, 0, temp, max_new=self.cfg.max_new_tokens - (len(seq) - prompt_len)
-                )
-                parts.append(res)
-                seq.extend(res.token_ids)
-            t2 = clock()
-            response = seq.view(prompt_len, len(seq))
-            action = res.text if len(parts) == 1 and res.text else self.tok.decode(list(response))
-            # An aborted generation drops the generator's copy: the next turn sends it all again.
-            held = len(seq) if res.finish_reason not in ("abort", "preempted") else 0
-            turn = Turn(
-                observation=obs.text if isinstance(obs, Tokens) else obs,
-                action=action,
-                prompt_ids=seq.view(0, prompt_len),
-                response_ids=response,
-                logprobs=_logprobs(parts),
-                loss_mask=[1] * len(response),
-                version=min(p.version for p in parts),  # the oldest weights that wrote part of it
-                timings={
-                    "t": wall,
-                    "generate": t2 - t1,
-                    "prefill_model": sum(p.prefill_s for p in parts),
-                    "decode_model": sum(p.decode_s for p in parts),
-                },
-                worker=res.worker,
-            )
+            turn, held = await self._turn(traj, k, seq, held, temp, obs, clock)
             if k == 0:
                 turn.timings["reset"] = reset_s
-            if len(parts) > 1:
-                turn.timings["preempted"] = float(len(parts) - 1)
-            recomputed = sum(p.recomputed_tokens for p in parts)
-            if recomputed:
-                turn.timings["recomputed_tokens"] = float(recomputed)
-            traj.turns.append(turn)
+            t2 = clock()
             self._call = f"step of turn {k}"
             obs, reward, terminated, truncated, step_info = await env_step(
-                self.env, action, timeout_s=self.cfg.env_timeout_s, pool=self.pool, on_abandon=self._on_abandon
+                self.env, turn.action, timeout_s=self.cfg.env_timeout_s, pool=self.pool, on_abandon=self._on_abandon
             )
             turn.env_reward = float(reward)
             turn.timings["env"] = clock() - t2
@@ -325,6 +286,50 @@ class EnvManager:
                 return
             seq.extend(new)
         traj.info["truncated"] = "max_turns"
+
+    async def _turn(
+        self, traj: Trajectory, k: int, seq: TokenSeq, held: int, temp: float, obs: Any, clock: Any
+    ) -> tuple[Turn, int]:
+        """Generate turn ``k`` onto ``seq`` (continued across weight updates) and record it on
+        ``traj``; returns the turn and the tokens of ``seq`` the generator now holds."""
+        t1, wall = clock(), time.time()
+        self._call = f"generate of turn {k}"
+        prompt_len = len(seq)
+        res = await self._generate(traj, k, seq, held, temp)
+        parts = [res]
+        seq.extend(res.token_ids)
+        while res.finish_reason == "preempted" and len(seq) - prompt_len < self.cfg.max_new_tokens:
+            # stopped by a weight update: continue from the history plus the tokens so far, under
+            # the new weights (the generator dropped its copy, so the whole history goes again)
+            res = await self._generate(traj, k, seq, 0, temp, max_new=self.cfg.max_new_tokens - (len(seq) - prompt_len))
+            parts.append(res)
+            seq.extend(res.token_ids)
+        t2 = clock()
+        response = seq.view(prompt_len, len(seq))
+        turn = Turn(
+            observation=obs.text if isinstance(obs, Tokens) else obs,
+            action=res.text if len(parts) == 1 and res.text else self.tok.decode(list(response)),
+            prompt_ids=seq.view(0, prompt_len),
+            response_ids=response,
+            logprobs=_logprobs(parts),
+            loss_mask=[1] * len(response),
+            version=min(p.version for p in parts),  # the oldest weights that wrote part of it
+            timings={
+                "t": wall,
+                "generate": t2 - t1,
+                "prefill_model": sum(p.prefill_s for p in parts),
+                "decode_model": sum(p.decode_s for p in parts),
+            },
+            worker=res.worker,
+        )
+        if len(parts) > 1:
+            turn.timings["preempted"] = float(len(parts) - 1)
+        recomputed = sum(p.recomputed_tokens for p in parts)
+        if recomputed:
+            turn.timings["recomputed_tokens"] = float(recomputed)
+        traj.turns.append(turn)
+        # An aborted generation drops the generator's copy: the next turn sends it all again.
+        return turn, len(seq) if res.finish_reason not in ("abort", "preempted") else 0
 
 
 _CLOSING: set[asyncio.Task] = set()  # closes in flight (the loop keeps only weak references)
@@ -350,6 +355,21 @@ def _close_later(env: Any) -> None:
 
     _CLOSING.add(task)
     task.add_done_callback(done)
+
+
+def env_stats(managers: list[EnvManager], pool: BlockingPool) -> dict[str, Any]:
+    """Env faults of ``managers`` and the state of their thread ``pool`` (``stats()["env"]``)."""
+    p = pool.stats()
+    return {
+        "restarts": sum(m.restarts for m in managers),
+        "timeouts": sum(m.timeouts for m in managers),
+        "abandoned_threads": p["abandoned"],
+        "hung_threads": p["hung"],
+        "threads": p["threads"],
+        "thread_cap": p["cap"],
+        "at_cap": p["at_cap"],
+        "cap_hits": p["cap_hits"],
+    }
 
 
 def _user_bug(cause: BaseException | None) -> bool:

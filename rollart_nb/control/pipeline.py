@@ -40,8 +40,7 @@ from rollart_nb.control.checkpoint import PipelineCheckpoint, RunFolder, latest_
 from rollart_nb.control.failover import Failover, RestartsExhausted
 from rollart_nb.control.modes import mode as get_mode
 from rollart_nb.control.report import ENGINE_REPORTS, StepReport, StepTally, TrackerFanout
-from rollart_nb.control.scheduler import SchedulerConfig
-from rollart_nb.control.shards import ShardedRollout, auto_shards, plan_shards
+from rollart_nb.control.shards import ShardedRollout, auto_shards, plan_rollout, plan_shards
 from rollart_nb.errors import ConfigError, StateError, WorkerDiedError
 from rollart_nb.trackers import resolve_trackers
 from rollart_nb.trajectory import Trajectory, TrajectoryList
@@ -149,26 +148,13 @@ class Pipeline:
     ) -> Any:
         """The scheduler config (``self.cfg``) and the rollout shards' plans (ConfigError before
         anything starts)."""
-        self.cfg = SchedulerConfig(
-            batch_size=c.batch_size,
-            group_size=group_size,
-            alpha=c.alpha,
-            mode=self.mode,
-            redundancy=c.redundancy,
-            seed=scheduler_seed if scheduler_seed is not None else runtime.seed if c.seed is None else c.seed,
-            task_weights=tasks.weights,
-            rollout=c.rollout,
-            curricula=tasks.curricula or None,
-            failed_trajectories=c.failed_trajectories,
-            failure_reward=c.failure_reward,
-        )
-        envs = tasks.expand()
+        seed = scheduler_seed if scheduler_seed is not None else runtime.seed if c.seed is None else c.seed
+        self.cfg = plan_rollout(tasks.expand(), c, group_size, seed, tasks.weights, tasks.curricula or None)
         shards = c.rollout_shards
         if shards is None:  # one per ENVS_PER_SHARD envs, within the CPU pool's free slots
             free = runtime.resources.free("cpu") if "cpu" in runtime.resources.pools else None
-            shards = auto_shards(envs, self.cfg, free)
-        plans = plan_shards(envs, self.cfg, shards)  # raises ConfigError before anything starts
-        return plans
+            shards = auto_shards(self.cfg, free)
+        return plan_shards(self.cfg, shards)  # raises ConfigError before anything starts
 
     def _start_rollout(self, c: PipelineConfig, plans: Any, rewards: dict[str, dict[str, Any]] | None) -> None:
         """Start the rollout's actors over the generators, with each task's reward."""

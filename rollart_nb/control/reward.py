@@ -21,7 +21,7 @@ import inspect
 import math
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rollart_nb._checks import is_number, is_whole
 from rollart_nb.envs.base import DEFAULT_MAX_REPLACEMENTS, BlockingPool
@@ -29,9 +29,12 @@ from rollart_nb.errors import ConfigError, RewardError
 from rollart_nb.logs import user_traceback
 from rollart_nb.redact import redact_url
 from rollart_nb.serverless.client import Endpoint, acall
-from rollart_nb.trajectory import Trajectory
+from rollart_nb.trajectory import FAILED_IN, FAILURE, Status, Trajectory
 
-__all__ = ["RewardDispatcher", "RewardSpec", "check_reward_value"]
+if TYPE_CHECKING:
+    from rollart_nb.config import PipelineConfig
+
+__all__ = ["RewardDispatcher", "RewardSpec", "check_reward_value", "penalize"]
 
 
 @dataclass
@@ -81,6 +84,26 @@ def check_reward_value(value: Any, turns: int) -> tuple[float, list[float] | Non
     if not math.isfinite(x):
         raise RewardError(f"reward returned {x}, not a finite number")
     return x, None
+
+
+def penalize(traj: Trajectory, config: PipelineConfig, version: int) -> bool:
+    """With ``failed_trajectories="penalize"``: make ``traj``, failed after the model acted (in
+    an env step or its reward), a completed trajectory with reward ``failure_reward``, its
+    failure kept as ``info["rollart_failure"]``. Returns False (nothing changed) for any other
+    trajectory, and for one with turns of weights newer than ``version`` (lost in a restore)."""
+    if (
+        config.failed_trajectories != "penalize"
+        or traj.status is not Status.FAILED
+        or traj.info.get(FAILED_IN) not in ("env_step", "reward")
+        or not any(t.response_ids for t in traj.turns)
+        or traj.max_version > version
+    ):
+        return False
+    reason = traj.reason
+    traj.info[FAILURE] = reason
+    traj.reward, traj.turn_rewards, traj.reward_version = float(config.failure_reward), None, -1
+    traj.status, traj.reason, traj.finished_s = Status.COMPLETED, f"penalized: {reason}", time.time()
+    return True
 
 
 def _source(fn: Any) -> str:

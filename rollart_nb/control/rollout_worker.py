@@ -11,18 +11,21 @@ import asyncio
 import copy
 import logging
 from collections import Counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rollart_nb.control.env_manager import EnvManager
 from rollart_nb.control.proxy import GenTarget, LLMProxy
 from rollart_nb.control.reward import RewardDispatcher
-from rollart_nb.control.scheduler import RolloutScheduler, SchedulerConfig
+from rollart_nb.control.scheduler import RolloutScheduler
 from rollart_nb.errors import StateError
 from rollart_nb.serverless.client import Endpoint
 from rollart_nb.trajectory import Status, Trajectory
 from rollart_nb.workers.decorators import register
 from rollart_nb.workers.routing import hardware_kinds
 from rollart_nb.workers.worker import Worker
+
+if TYPE_CHECKING:
+    from rollart_nb.control.shards import ShardPlan
 
 __all__ = ["RolloutWorker", "model_spec"]
 
@@ -34,11 +37,10 @@ class RolloutWorker(Worker):
     :mod:`rollart_nb.control.shards`); runs on the CPU pool.
 
     Args:
-        envs: task -> env templates (one EnvManager each).
+        plan: the envs (one EnvManager each) and batch share this worker runs, with the config.
         model: the policy model (its tokenizer is loaded here).
         targets: generation workers as (actor handle, name, hardware, pool).
         task_affinity: task -> preferred hardware.
-        config: scheduler config.
         pd: prefill/decode disaggregation.
         max_inflight: per generation worker, before the proxy routes elsewhere.
         dispatch: "direct" (one actor call per turn) or "batched" (turns queued for a busy worker
@@ -52,17 +54,16 @@ class RolloutWorker(Worker):
 
     def __init__(
         self,
-        envs: dict[str, list[Any]],
+        plan: ShardPlan,
         model: Any,
         targets: list[tuple[Any, str, str, str]],
         task_affinity: dict[str, str | None],
-        config: SchedulerConfig,
         pd: bool = False,
         max_inflight: int = 256,
         dispatch: str = "direct",
         measured: list[str] | None = None,
     ) -> None:
-        self._args = (envs, model, targets, task_affinity, config, pd, max_inflight, dispatch)
+        self._args = (plan, model, targets, task_affinity, pd, max_inflight, dispatch)
         self._measured = set(measured or ())
         self.rewards = RewardDispatcher()
         self.sched: RolloutScheduler | None = None
@@ -83,7 +84,7 @@ class RolloutWorker(Worker):
                 (the pipeline's, once the generators serve ``version``).
         """
         if self.sched is None:
-            envs, model, targets, affinity, config, pd, max_inflight, dispatch = self._args
+            plan, model, targets, affinity, pd, max_inflight, dispatch = self._args
             proxy = LLMProxy(
                 [GenTarget(*t) for t in targets],
                 affinity,
@@ -94,7 +95,7 @@ class RolloutWorker(Worker):
                 measured=self._measured,
                 model_spec=model_spec(model) if self._measured and hardware_kinds([t[2] for t in targets]) else None,
             )
-            self.sched = RolloutScheduler(envs, model.load_tokenizer(), proxy, self.rewards, config, id_salt=self.role)
+            self.sched = RolloutScheduler(plan, model.load_tokenizer(), proxy, self.rewards, id_salt=self.role)
             # nothing runs or is buffered yet: starting at ``version`` aborts and evicts nothing
             self.sched.version = version
             self.sched.buffer.set_version(version)
@@ -223,7 +224,7 @@ class RolloutWorker(Worker):
 
         async def one(seed: int) -> Trajectory:
             async with sem:
-                m = EnvManager(-1, task, copy.deepcopy(template), s.tok, s.proxy, s.cfg.rollout, pool=s.env_pool)
+                m = EnvManager(-1, task, copy.deepcopy(template), s.tok, s.proxy, s.config.rollout, pool=s.env_pool)
                 t = Trajectory(task, seed=seed, group_id="validation", start_version=s.version)
                 s.proxy.exempt.add(t.id)
                 try:
@@ -265,7 +266,7 @@ class RolloutWorker(Worker):
         if self.sched is None:
             return {}
         await self.sched.close()
-        return dict(self.sched.counts)
+        return dict(self.sched.ledger.counts)
 
 
 def model_spec(model: Any) -> Any:

@@ -7,8 +7,8 @@ them (each its own cluster on the CPU pool) and keeps the pipeline's view single
 - **Batch shares** (:func:`plan_shards`): the batch's per-task group quota is computed once
   (:func:`~rollart_nb.control.buffer.split_quota`), then each task's groups are split over the
   shards that hold envs of that task, and its envs round-robin over the same shards. A shard's
-  scheduler gets ``batch_size`` = its groups x ``group_size`` and its per-task quota as
-  ``task_weights`` (``split_quota(sum(q), q) == q``), so every batch holds exactly the unsharded
+  scheduler's plan has its per-task quota as ``task_weights`` (``split_quota(sum(q), q) == q``)
+  and supplies ``sum(q)`` groups, so every batch holds exactly the unsharded
   composition. A group lives on one shard from its first member to the batch: membership is exact.
 - **One staleness rule**: :meth:`ShardedRollout.set_version` reaches every shard before the
   pipeline goes on, so each applies the same ``version - alpha`` bound; the admission limits
@@ -30,17 +30,21 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from rollart_nb._checks import is_number, is_whole
+from rollart_nb.config import PipelineConfig, RolloutConfig
 from rollart_nb.control.buffer import split_quota
+from rollart_nb.control.curriculum import curriculum_problems
+from rollart_nb.control.modes import Mode
+from rollart_nb.control.modes import mode as get_mode
 from rollart_nb.control.rollout_worker import RolloutWorker
 from rollart_nb.errors import ConfigError
 from rollart_nb.trajectory import Trajectory
 
 if TYPE_CHECKING:
-    from rollart_nb.control.scheduler import SchedulerConfig
     from rollart_nb.runtime.base import Runtime
     from rollart_nb.workers.cluster import ClusterBase
 
-__all__ = ["ENVS_PER_SHARD", "ShardPlan", "ShardedRollout", "auto_shards", "max_shards", "plan_shards"]
+__all__ = ["ENVS_PER_SHARD", "ShardPlan", "ShardedRollout", "auto_shards", "max_shards", "plan_rollout", "plan_shards"]
 
 ENVS_PER_SHARD = 1024
 """Envs per rollout shard when the pipeline picks the shard count (``rollout_shards=None``)."""
@@ -48,44 +52,114 @@ ENVS_PER_SHARD = 1024
 
 @dataclass(frozen=True)
 class ShardPlan:
-    """What one rollout shard runs.
+    """What one rollout scheduler runs besides its :class:`~rollart_nb.config.PipelineConfig`:
+    the whole run's envs and batch (:func:`plan_rollout`), or one shard's (:func:`plan_shards`).
 
     Attributes:
-        envs: task -> env templates (a disjoint slice of every task's envs).
-        config: the shard's scheduler config (its batch share, per-task quota and seed).
-        quota: task -> groups of each batch this shard supplies.
+        config: the pipeline's config, whole (every loop setting and default lives there).
+        envs: task -> env templates (a shard's: a disjoint slice of every task's envs).
+        group_size: GRPO group size (the algorithm's).
+        mode: the resolved pipeline mode.
+        seed: seeds env seeds and task sampling (each shard has its own).
+        quota: task -> groups of each batch this plan supplies.
+        task_weights: task -> weight in each batch (None: uniform).
+        curricula: task -> :class:`~rollart_nb.control.curriculum.PromptCurriculum` (or anything
+            with ``next_seed(rng)`` and ``update(seed, reward)``): that task's groups draw their
+            seeds from it. Each scheduler works on its own copy.
     """
 
+    config: PipelineConfig
     envs: dict[str, list[Any]]
-    config: SchedulerConfig
+    group_size: int
+    mode: Mode
+    seed: int
     quota: dict[str, int]
+    task_weights: dict[str, float] | None = None
+    curricula: dict[str, Any] | None = None
+
+    @property
+    def batch_groups(self) -> int:
+        return sum(self.quota.values())
 
     @property
     def batch_size(self) -> int:
-        """Trajectories of each batch this shard supplies."""
-        return int(self.config.batch_size)
+        """Trajectories of each batch this plan supplies."""
+        return self.batch_groups * self.group_size
+
+    @property
+    def alpha(self) -> int:
+        """The config's staleness bound (what readers of the plan ask for besides the batch)."""
+        return self.config.alpha
+
+    @property
+    def rollout(self) -> RolloutConfig:
+        return self.config.rollout
+
+    @property
+    def weights(self) -> dict[str, float]:
+        """Task -> sampling weight, every task of :attr:`envs` (uniform unless weighted)."""
+        w = self.task_weights
+        return {t: w.get(t, 0.0) if w else 1.0 for t in self.envs}
 
 
-def _task_quota(envs: dict[str, list[Any]], cfg: SchedulerConfig) -> dict[str, int]:
-    """Groups per task in each batch, as the unsharded scheduler splits them."""
-    weights = {t: (cfg.task_weights or {}).get(t, 0.0) if cfg.task_weights else 1.0 for t in envs}
-    return split_quota(cfg.batch_groups, weights)
+def plan_rollout(
+    envs: dict[str, list[Any]],
+    config: PipelineConfig,
+    group_size: int,
+    seed: int = 0,
+    task_weights: dict[str, float] | None = None,
+    curricula: dict[str, Any] | None = None,
+) -> ShardPlan:
+    """The whole run's plan. It makes, once, the checks that ``config`` cannot make alone (it
+    knows neither the algorithm's group size nor the tasks).
+
+    Raises:
+        ConfigError: every problem at once: no envs, ``group_size`` not a whole number >= 1,
+            ``config.batch_size`` not a multiple of it, ``seed`` not whole, bad ``task_weights``
+            or ``curricula``.
+    """
+    p = [] if any(envs.values()) else ["no environments: pass tasks with envs_per_task >= 1"]
+    if isinstance(curricula or {}, dict):
+        p += curriculum_problems(curricula or {}, envs)
+    else:
+        p.append(f"curricula={curricula!r} must be a dict task -> curriculum, or None")
+    if not is_whole(group_size) or group_size < 1:
+        p.append(f"group_size={group_size!r} must be a whole number >= 1 (trajectories per GRPO group)")
+    elif config.batch_size % group_size:
+        lo = max(config.batch_size // group_size, 1) * group_size
+        p.append(
+            f"batch_size={config.batch_size} must be a positive multiple of group_size={group_size}; "
+            f"use e.g. batch_size={lo} or {lo + group_size}"
+        )
+    if not is_whole(seed):
+        p.append(f"seed={seed!r} must be a whole number")
+    if task_weights is not None and not isinstance(task_weights, dict):
+        p.append(f"task_weights={task_weights!r} must be a dict task -> weight, or None (uniform)")
+    elif task_weights:
+        bad = {t: w for t, w in task_weights.items() if not (is_number(w) and w >= 0)}
+        if bad:
+            p.append(f"task_weights {bad!r} must be finite numbers >= 0")
+        elif not sum(task_weights.values()) > 0:
+            p.append(f"task_weights={task_weights!r} must have a positive sum (give some task a weight > 0)")
+    if p:
+        raise ConfigError(p, where="pipeline config")
+    plan = ShardPlan(config, envs, int(group_size), get_mode(config.mode), int(seed), {}, task_weights, curricula)
+    return dataclasses.replace(plan, quota=split_quota(config.batch_size // group_size, plan.weights))
 
 
-def max_shards(envs: dict[str, list[Any]], cfg: SchedulerConfig) -> int:
+def max_shards(plan: ShardPlan) -> int:
     """The most shards that each get envs and a share of every batch: per task with a share,
     no more shards than its envs or its groups."""
-    quota = _task_quota(envs, cfg)
-    return max(1, sum(min(len(envs[t]), q) for t, q in quota.items() if q > 0))
+    return max(1, sum(min(len(plan.envs[t]), q) for t, q in plan.quota.items() if q > 0))
 
 
-def auto_shards(envs: dict[str, list[Any]], cfg: SchedulerConfig, cpus: float | None) -> int:
+def auto_shards(plan: ShardPlan, cpus: float | None) -> int:
     """Shards when none are asked for: one per :data:`ENVS_PER_SHARD` envs (rounded up), at most
     ``cpus`` (the CPU pool's free slots, when known) and :func:`max_shards`, at least 1."""
-    n = math.ceil(sum(len(v) for v in envs.values()) / ENVS_PER_SHARD)
+    n = math.ceil(sum(len(v) for v in plan.envs.values()) / ENVS_PER_SHARD)
     if cpus is not None:
         n = min(n, int(cpus))
-    return max(1, min(n, max_shards(envs, cfg)))
+    return max(1, min(n, max_shards(plan)))
 
 
 def _shard_seed(seed: int, index: int) -> int:
@@ -93,29 +167,30 @@ def _shard_seed(seed: int, index: int) -> int:
     return random.Random(f"rollout-shard/{seed}/{index}").getrandbits(62)
 
 
-def plan_shards(envs: dict[str, list[Any]], cfg: SchedulerConfig, n: int) -> list[ShardPlan]:
-    """Split ``envs`` and each batch's groups over ``n`` shards (see the module docstring).
+def plan_shards(plan: ShardPlan, n: int) -> list[ShardPlan]:
+    """Split the whole run's ``plan`` (envs and each batch's groups) over ``n`` shards (see the
+    module docstring).
 
     Each task with a share of the batch goes to ``min(n, its envs, its groups)`` shards, the
     ones with the fewest envs so far, so each of those gets at least one group and one env;
     a task without a share (weight 0) goes to the shards with the fewest envs. ``n == 1``
-    returns ``envs`` and ``cfg`` unchanged.
+    returns ``plan`` unchanged.
 
     Raises:
-        ConfigError: ``n`` is not a whole number >= 1, or more shards than can each get envs
-            and a share of every batch (:func:`max_shards`).
+        ConfigError: more shards than can each get envs and a share of every batch
+            (:func:`max_shards`).
     """
     if n == 1:
-        return [ShardPlan(envs, cfg, _task_quota(envs, cfg))]
-    most = max_shards(envs, cfg)
+        return [plan]
+    envs, quota = plan.envs, plan.quota
+    most = max_shards(plan)
     if n > most:
         raise ConfigError(
             f"rollout_shards={n}, but at most {most} shard(s) can each get envs and a share of every batch "
-            f"(batch of {cfg.batch_groups} group(s) of {cfg.group_size}, envs per task "
+            f"(batch of {plan.batch_groups} group(s) of {plan.group_size}, envs per task "
             f"{ {t: len(v) for t, v in envs.items()} }); use rollout_shards<={most}, or None to choose",
             where="pipeline config",
         )
-    quota = _task_quota(envs, cfg)
     shard_envs: list[dict[str, list[Any]]] = [{} for _ in range(n)]
     shard_quota: list[dict[str, int]] = [{} for _ in range(n)]
     load, groups = [0] * n, [0] * n  # envs and groups per shard so far
@@ -133,17 +208,17 @@ def plan_shards(envs: dict[str, list[Any]], cfg: SchedulerConfig, n: int) -> lis
         for j, s in enumerate(sorted(chosen, key=lambda s: (groups[s], s))):  # the odd groups to the fewest
             shard_quota[s][task] = q // k + (j < q % k)
             groups[s] += shard_quota[s][task]
-    plans = []
-    for i, (e, qt) in enumerate(zip(shard_envs, shard_quota, strict=True)):
-        sub = dataclasses.replace(
-            cfg,
-            batch_size=sum(qt.values()) * cfg.group_size,
+    return [
+        dataclasses.replace(
+            plan,
+            envs=e,
+            quota=dict(qt),
             task_weights=dict(qt),
-            seed=_shard_seed(int(cfg.seed), i),
-            curricula={t: c for t, c in (cfg.curricula or {}).items() if t in e} or None,
+            seed=_shard_seed(plan.seed, i),
+            curricula={t: c for t, c in (plan.curricula or {}).items() if t in e} or None,
         )
-        plans.append(ShardPlan(e, sub, dict(qt)))
-    return plans
+        for i, (e, qt) in enumerate(zip(shard_envs, shard_quota, strict=True))
+    ]
 
 
 def _results(futures: list[Any]) -> list[Any]:
@@ -215,7 +290,7 @@ class ShardedRollout:
             max_inflight, dispatch), the same for every shard.
 
     Example:
-        >>> plans = plan_shards(tasks.expand(), sched_cfg, 2)                          # doctest: +SKIP
+        >>> plans = plan_shards(plan_rollout(tasks.expand(), cfg, group_size=4), 2)   # doctest: +SKIP
         >>> rollout = ShardedRollout(runtime, "p.rollout", plans, model=m, targets=t,  # doctest: +SKIP
         ...                          task_affinity={})
         >>> rollout.start(0)                                                          # doctest: +SKIP
@@ -226,16 +301,17 @@ class ShardedRollout:
         self.runtime, self.name, self.plans = runtime, name, plans
         self.names = [name] if len(plans) == 1 else [f"{name}.{i}" for i in range(len(plans))]
         self.clusters: list[ClusterBase] = []
+        # the rollout needs neither the trackers nor the weight transport, objects that may not pickle
+        sent = [dataclasses.replace(p, config=p.config.replace(trackers=(), weights="direct")) for p in plans]
         try:
-            for shard, plan in zip(self.names, plans, strict=True):
+            for shard, plan in zip(self.names, sent, strict=True):
                 self.clusters.append(
                     runtime.cluster(
                         shard,
                         RolloutWorker,
                         pool="cpu",
                         fallback=None,
-                        envs=plan.envs,
-                        config=plan.config,
+                        plan=plan,
                         **worker_kwargs,
                     )
                 )

@@ -5,6 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rollart_nb.control.buffer import SampleBuffer
+from rollart_nb.control.staleness import Staleness
 from rollart_nb.errors import ConfigError
 from rollart_nb.trajectory import Status, Trajectory
 
@@ -36,7 +37,7 @@ def traj(group: int, start: int) -> Trajectory:
 @given(ops=ops, alpha=st.integers(0, 3), E=st.integers(4, 24))
 def test_invariants(ops, alpha, E):
     cap = (alpha + 1) * E
-    buf = SampleBuffer(group_size=G, alpha=alpha, capacity=cap)
+    buf = SampleBuffer(group_size=G, staleness=Staleness(alpha), capacity=cap)
     version = 0
     seen: dict[str, Trajectory] = {}
     returned: set[str] = set()
@@ -75,7 +76,7 @@ def test_invariants(ops, alpha, E):
 
 
 def test_take_batch_prefers_task_shares():
-    buf = SampleBuffer(group_size=2, alpha=1, capacity=64)
+    buf = SampleBuffer(group_size=2, staleness=Staleness(1), capacity=64)
     for g, task in enumerate(["a", "a", "a", "b"]):
         for _ in range(2):
             buf.put(Trajectory(task, group_id=f"g{g}", status=Status.COMPLETED, reward=0.0, reward_version=0))
@@ -84,7 +85,7 @@ def test_take_batch_prefers_task_shares():
 
 
 def test_stale_put_is_rejected_and_marked():
-    buf = SampleBuffer(group_size=1, alpha=1, capacity=8)
+    buf = SampleBuffer(group_size=1, staleness=Staleness(1), capacity=8)
     buf.set_version(5)
     t = Trajectory("a", group_id="g", start_version=3, status=Status.COMPLETED, reward=0.0, reward_version=0)
     assert buf.put(t) == [t] and t.status is Status.ABORTED_STALE and "alpha=1" in t.reason
@@ -93,12 +94,11 @@ def test_stale_put_is_rejected_and_marked():
 
 def test_bad_config_reports_all_problems():
     with pytest.raises(ConfigError) as ei:
-        SampleBuffer(group_size=0, alpha=-1, capacity=-1)
-    assert len(ei.value.problems) == 3
+        SampleBuffer(group_size=0, staleness=Staleness(1), capacity=-1)
+    assert len(ei.value.problems) == 2
 
 
-@pytest.mark.parametrize("alpha", [None])
-def test_no_bound_keeps_old_samples(alpha):
-    buf = SampleBuffer(group_size=1, alpha=alpha, capacity=8)
+def test_a_rule_that_does_not_abort_keeps_old_samples():
+    buf = SampleBuffer(group_size=1, staleness=Staleness(1, abort_stale=False), capacity=8)
     buf.put(Trajectory("a", group_id="g", start_version=0, status=Status.COMPLETED, reward=0.0, reward_version=0))
     assert buf.set_version(10) == [] and len(buf) == 1

@@ -7,7 +7,8 @@ import random
 import pytest
 
 from rollart_nb import PromptCurriculum
-from rollart_nb.control.scheduler import SchedulerConfig
+from rollart_nb.config import PipelineConfig
+from rollart_nb.control.shards import plan_rollout
 from rollart_nb.control.tasks import TaskSet
 from rollart_nb.envs import Arithmetic
 from rollart_nb.errors import ConfigError
@@ -54,4 +55,8 @@ def test_config_checks_the_curriculum():
     with pytest.raises(ConfigError, match="next_seed"):
         TaskSet({"math": Arithmetic()}, {"math": 2}, curricula={"math": [1, 2, 3]})
     with pytest.raises(ConfigError, match="next_seed"):
-        SchedulerConfig(batch_size=4, group_size=4, curricula={"math": object()})
+        plan_rollout({"math": [Arithmetic()]}, PipelineConfig(batch_size=4), 4, curricula={"math": object()})
+    with pytest.raises(ConfigError, match="unknown task 'code'"):
+        plan_rollout(
+            {"math": [Arithmetic()]}, PipelineConfig(batch_size=4), 4, curricula={"code": PromptCurriculum([1])}
+        )

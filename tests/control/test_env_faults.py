@@ -14,13 +14,14 @@ import time
 
 import pytest
 
+from rollart_nb.config import PipelineConfig
 from rollart_nb.control.env_manager import EnvManager, RolloutConfig
 from rollart_nb.control.local import LocalGenerator, LocalHandle
-from rollart_nb.control.modes import MODES
 from rollart_nb.control.proxy import GenTarget, LLMProxy
 from rollart_nb.control.report import StepReport
 from rollart_nb.control.reward import RewardDispatcher
-from rollart_nb.control.scheduler import RolloutScheduler, SchedulerConfig
+from rollart_nb.control.scheduler import RolloutScheduler
+from rollart_nb.control.shards import plan_rollout
 from rollart_nb.envs import Arithmetic, WithFailures
 from rollart_nb.envs.base import BlockingPool
 from rollart_nb.models.spec import spec
@@ -49,17 +50,17 @@ def make(
 ):
     backends = [SimBackend(M, PROFILES["H20"], time_scale=1e-4, mean_response_tokens=8, name=f"g{i}") for i in range(2)]
     targets = [GenTarget(LocalHandle(LocalGenerator(b)), f"gen/{i}", "H20", "H20") for i, b in enumerate(backends)]
-    cfg = SchedulerConfig(
+    cfg = PipelineConfig(
         batch_size=batch,
-        group_size=group,
         alpha=alpha,
-        mode=MODES[mode],
+        mode=mode,
         redundancy=redundancy,
         rollout=RolloutConfig(
             max_turns=max_turns, max_new_tokens=8, env_timeout_s=timeout, max_abandoned_threads=max_abandoned
         ),
     )
-    s = RolloutScheduler(envs, SimTokenizer(), proxy_cls(targets, {}), rewards or RewardDispatcher(), cfg)
+    plan = plan_rollout(envs, cfg, group)
+    s = RolloutScheduler(plan, SimTokenizer(), proxy_cls(targets, {}), rewards or RewardDispatcher())
     s.backends = backends  # a test bumping the version loads the weights first, as the pipeline does
     return s
 
@@ -112,7 +113,7 @@ def test_many_hanging_sync_envs_do_not_stall_training(release):
             assert_accounted(s)
             assert time.monotonic() - t0 < 60, s.stats()
         env = s.stats()["env"]
-        failed = [t for t in s.ended if t.status is Status.FAILED]
+        failed = [t for t in s.ledger.ended if t.status is Status.FAILED]
         await s.close()
         return s, env, failed
 
@@ -154,7 +155,7 @@ def test_a_blocking_sync_reward_does_not_stall_rollout_or_blame_the_env(release)
         return s, stats
 
     s, stats = asyncio.run(go())
-    failed = [t for t in s.ended if t.status is Status.FAILED]
+    failed = [t for t in s.ledger.ended if t.status is Status.FAILED]
     assert stats["rewards"]["abandoned_threads"] >= MANY and stats["rewards"]["timeouts"] >= MANY
     assert stats["env"]["timeouts"] == stats["env"]["restarts"] == 0  # no env was blamed
     assert failed and all(
@@ -211,7 +212,7 @@ def test_with_failures_envs_fail_at_their_own_rate_and_every_trajectory_is_accou
     acc = assert_accounted(s)
     assert acc["running"] == acc["scoring"] == acc["pending_reward"] == 0
     assert acc["completed"] >= 32 and acc["failed"] >= 1 and acc["cancelled"] >= 1
-    reasons = [t.reason for t in s.ended if t.status is Status.FAILED]
+    reasons = [t.reason for t in s.ledger.ended if t.status is Status.FAILED]
     assert any("injected failure in Arithmetic" in r for r in reasons)
     assert any("did not answer" in r for r in reasons)
     assert all("[env #" in r and "task 'math'" in r for r in reasons)
@@ -239,7 +240,7 @@ def test_an_unexpected_error_fails_the_trajectory_and_its_group_is_refilled():
         return s
 
     s = asyncio.run(go())
-    reasons = [t.reason for t in s.ended if t.status is Status.FAILED]
+    reasons = [t.reason for t in s.ledger.ended if t.status is Status.FAILED]
     assert reasons and all(r.startswith("rollout error: KeyError: 'routing table' [env #") for r in reasons)
     assert assert_accounted(s)["failed"] == len(reasons)
 
@@ -248,7 +249,7 @@ def test_a_cancel_during_a_blocking_step_replaces_the_env(release):
     async def go():
         pool = BlockingPool("env", size=1)
         s = make({"math": [Arithmetic()]}, batch=4, group=4)
-        m = EnvManager(0, "math", HangingStep(release, every=1), s.tok, s.proxy, s.cfg.rollout, pool=pool)
+        m = EnvManager(0, "math", HangingStep(release, every=1), s.tok, s.proxy, s.config.rollout, pool=pool)
         old = m.env
         task = asyncio.ensure_future(m.run(Trajectory("math", seed=0, group_id="g")))
         while not pool.stats()["busy"]:

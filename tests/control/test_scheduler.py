@@ -2,17 +2,19 @@
 
 import asyncio
 import collections
+import dataclasses
 import time
 
 import pytest
 
+from rollart_nb.config import PipelineConfig
 from rollart_nb.control.curriculum import PromptCurriculum
 from rollart_nb.control.env_manager import RolloutConfig, request_seed
 from rollart_nb.control.local import LocalGenerator, LocalHandle
-from rollart_nb.control.modes import MODES
 from rollart_nb.control.proxy import GenTarget, LLMProxy
 from rollart_nb.control.reward import RewardDispatcher
-from rollart_nb.control.scheduler import RolloutScheduler, SchedulerConfig
+from rollart_nb.control.scheduler import RolloutScheduler
+from rollart_nb.control.shards import plan_rollout
 from rollart_nb.envs import Arithmetic, WithFailures, WithLatency
 from rollart_nb.errors import RolloutStalledError
 from rollart_nb.models.spec import spec
@@ -49,19 +51,17 @@ def make(
     ]
     targets = [GenTarget(LocalHandle(LocalGenerator(b)), f"gen/{i}", "H20", "H20") for i, b in enumerate(backends)]
     proxy = LLMProxy(targets, {}, dispatch=dispatch)
-    cfg = SchedulerConfig(
+    cfg = PipelineConfig(
         batch_size=batch,
-        group_size=group,
         alpha=alpha,
-        mode=MODES[mode],
+        mode=mode,
         redundancy=redundancy,
-        task_weights=weights,
-        curricula=curricula,
         failed_trajectories=failed,
         failure_reward=failure_reward,
         rollout=RolloutConfig(max_turns=max_turns, max_new_tokens=8, env_timeout_s=timeout),
     )
-    return RolloutScheduler(envs, SimTokenizer(), proxy, rewards or RewardDispatcher(), cfg), backends
+    plan = plan_rollout(envs, cfg, group, task_weights=weights, curricula=curricula)
+    return RolloutScheduler(plan, SimTokenizer(), proxy, rewards or RewardDispatcher()), backends
 
 
 def arith(n):
@@ -117,8 +117,8 @@ def test_suspend_preserves_in_flight_and_resume_continues():
         assert set(s.running) == running_before  # nothing was dropped while suspended
         s.proxy.resume()
         batch = await s.get_batch(4, timeout_s=30)
-        assert {t.id for t in batch} <= running_before | {t.id for t in s.ended}
-        assert s.counts.get("failed", 0) == 0
+        assert {t.id for t in batch} <= running_before | {t.id for t in s.ledger.ended}
+        assert s.ledger.counts.get("failed", 0) == 0
         await s.close()
 
     run(go())
@@ -176,8 +176,8 @@ def test_redundant_rollouts_cancel_the_surplus():
         batch = await s.get_batch(8, timeout_s=30)
         await asyncio.sleep(0.1)
         assert len(batch) == 8
-        assert s.counts["redundant_cancelled"] >= 1
-        cancelled = [t for t in s.ended if t.status is Status.CANCELLED and t.reason.startswith("redundant")]
+        assert s.ledger.counts["redundant_cancelled"] >= 1
+        cancelled = [t for t in s.ledger.ended if t.status is Status.CANCELLED and t.reason.startswith("redundant")]
         assert cancelled and all(not t.scored for t in cancelled)
         await s.close()
 
@@ -198,7 +198,7 @@ def test_crashing_and_hanging_envs_fail_with_reason_without_stalling():
         batch = s.take_batch(8)
         assert {t.task for t in batch} == {"math"}
         await asyncio.sleep(0.5)
-        failed = [t for t in s.ended if t.status is Status.FAILED]
+        failed = [t for t in s.ledger.ended if t.status is Status.FAILED]
         reasons = {t.task: t.reason for t in failed}
         assert "crash" in reasons and "env" in reasons["crash"]
         assert "did not answer" in reasons["hang"] and "0.3s" in reasons["hang"]
@@ -245,7 +245,7 @@ def test_penalize_never_trains_on_a_failure_before_the_model_acted():
         s, _ = make(envs, batch=8, group=4, failed="penalize", failure_reward=-1.0)
         batch = await s.get_batch(8, timeout_s=30)
         assert not any(t.reason.startswith("penalized") for t in batch)
-        failed = [t for t in s.ended if t.status is Status.FAILED]
+        failed = [t for t in s.ledger.ended if t.status is Status.FAILED]
         assert failed and all(t.info["rollart_failed_in"] == "env_reset" for t in failed)
         await s.close()
 
@@ -293,7 +293,7 @@ def test_bad_rewards_fail_the_trajectory_with_reason():
         await s.get_batch(4, timeout_s=30)
 
         def failed() -> dict[str, str]:
-            return {t.task: t.reason for t in s.ended if t.status is Status.FAILED}
+            return {t.task: t.reason for t in s.ledger.ended if t.status is Status.FAILED}
 
         for _ in range(300):  # the failing tasks' rewards finish on their own time (a busy machine: later)
             if {"nan", "boom"} <= failed().keys():
@@ -321,10 +321,10 @@ def test_every_trajectory_ends_in_exactly_one_terminal_status():
             await s.set_version(v)
         await s.close()
         # every launched trajectory is counted under exactly one terminal status
-        statuses = {k: v for k, v in s.counts.items() if k != "redundant_cancelled"}
-        assert sum(statuses.values()) == s.launched
+        statuses = {k: v for k, v in s.ledger.counts.items() if k != "redundant_cancelled"}
+        assert sum(statuses.values()) == s.ledger.launched
         assert set(statuses) <= {"completed", "failed", "cancelled", "aborted_stale"}
-        assert all(t.status.terminal for t in s.ended)
+        assert all(t.status.terminal for t in s.ledger.ended)
         assert not s.running and not s.scoring
 
     run(go())
@@ -347,7 +347,7 @@ def test_areal_keeps_what_rollart_aborts(mode, aborted):
         await s.set_version(1)
         await s.set_version(2)
         await asyncio.sleep(0.05)
-        t = next(t for t in list(s.ended) + [r[0] for r in s.running.values()] if t.id == long_ids[0])
+        t = next(t for t in list(s.ledger.ended) + [r[0] for r in s.running.values()] if t.id == long_ids[0])
         if aborted:
             assert t.status is Status.ABORTED_STALE and "alpha=1" in t.reason
         else:
@@ -383,7 +383,9 @@ def test_trajectory_ids_are_seeded_and_salted():
     async def ids(salt):
         s, _ = make(arith(6))
         if salt:
-            s = RolloutScheduler(arith(6), SimTokenizer(), s.proxy, RewardDispatcher(), s.cfg, id_salt=salt)
+            s = RolloutScheduler(
+                dataclasses.replace(s.plan, envs=arith(6)), SimTokenizer(), s.proxy, RewardDispatcher(), id_salt=salt
+            )
         s.schedule()
         out = [t.id for t, _, _ in s.running.values()], sorted({t.group_id for t, _, _ in s.running.values()})
         await s.close()
@@ -401,14 +403,14 @@ def test_evicted_samples_move_counts_but_events_only_grow():
     async def go():
         s, _ = make(arith(4), batch=4, group=4)
         await s.wait_ready(4, timeout_s=30)
-        before_counts, before_events = dict(s.counts), dict(s.events)
+        before_counts, before_events = dict(s.ledger.counts), dict(s.ledger.events)
         assert before_counts["completed"] >= 4 and before_events == before_counts
         await s.set_version(1)
         await s.set_version(2)  # buffered samples began at version 0: outside alpha=1
-        assert s.counts["completed"] < before_counts["completed"]
-        assert s.counts["aborted_stale"] > 0
-        assert all(s.events[k] >= v for k, v in before_events.items())
-        assert s.events["aborted_stale"] >= s.counts["aborted_stale"]
+        assert s.ledger.counts["completed"] < before_counts["completed"]
+        assert s.ledger.counts["aborted_stale"] > 0
+        assert all(s.ledger.events[k] >= v for k, v in before_events.items())
+        assert s.ledger.events["aborted_stale"] >= s.ledger.counts["aborted_stale"]
         await s.close()
 
     run(go())
@@ -458,7 +460,7 @@ def test_group_seeds_come_from_the_schedulers_copy_of_the_curriculum():
     assert {t.seed for t in batch} <= set(range(7, 17))
     cur = s.curricula["math"]
     assert cur is not template and template.draws == template.updates == 0
-    assert cur.draws == s.started_groups and cur.updates == s.events["completed"] >= len(batch)
+    assert cur.draws == s.started_groups and cur.updates == s.ledger.events["completed"] >= len(batch)
     assert stats["curriculum"]["math"]["updates"] == updates_then <= cur.updates
 
 
@@ -495,7 +497,7 @@ def test_kept_counts_match_a_full_recount_through_aborts_failures_and_batches():
                 b.load_weights({}, v)
             await s.set_version(v)  # alpha=0: everything begun before v is aborted
         assert +s._ahead() == +_ahead_recounted(s)
-        assert s.counts["aborted_stale"] > 0 and s.counts["failed"] > 0 and checks == 120
+        assert s.ledger.counts["aborted_stale"] > 0 and s.ledger.counts["failed"] > 0 and checks == 120
         await s.close()
         assert s.accounting()["unaccounted"] == 0
 

@@ -14,8 +14,7 @@ import rollart_nb as rn
 from rollart_nb import SimSession
 from rollart_nb.config import PipelineConfig
 from rollart_nb.control.buffer import split_quota
-from rollart_nb.control.scheduler import SchedulerConfig
-from rollart_nb.control.shards import ENVS_PER_SHARD, auto_shards, max_shards, plan_shards
+from rollart_nb.control.shards import ENVS_PER_SHARD, auto_shards, max_shards, plan_rollout, plan_shards
 from rollart_nb.envs import Arithmetic
 from rollart_nb.errors import ConfigError
 from rollart_nb.sim import SimEnv
@@ -74,9 +73,10 @@ def envs_of(counts: dict[str, int]) -> dict[str, list[object]]:
 @pytest.mark.parametrize("n", [2, 3, 5])
 def test_a_plan_splits_every_tasks_envs_and_groups_exactly(n):
     envs = envs_of({"a": 7, "b": 4, "c": 3})
-    cfg = SchedulerConfig(batch_size=48, group_size=4, task_weights={"a": 3, "b": 2, "c": 1}, seed=7)
-    quota = split_quota(cfg.batch_groups, {"a": 3, "b": 2, "c": 1})
-    plans = plan_shards(envs, cfg, n)
+    whole = plan_rollout(envs, PipelineConfig(batch_size=48), 4, seed=7, task_weights={"a": 3, "b": 2, "c": 1})
+    quota = split_quota(whole.batch_groups, {"a": 3, "b": 2, "c": 1})
+    assert whole.quota == quota and whole.batch_size == 48
+    plans = plan_shards(whole, n)
     assert len(plans) == n
     for task, templates in envs.items():
         held = [e for p in plans for e in p.envs.get(task, [])]
@@ -84,43 +84,44 @@ def test_a_plan_splits_every_tasks_envs_and_groups_exactly(n):
         assert sum(p.quota.get(task, 0) for p in plans) == quota[task]
     for p in plans:
         assert p.envs and all(p.quota[t] >= 1 for t in p.envs)  # a shard runs only tasks it supplies
-        assert p.config.batch_size == sum(p.quota.values()) * 4
+        assert p.batch_size == sum(p.quota.values()) * 4 and p.config is whole.config
         # the shard's scheduler splits its batch into exactly its quota
-        assert split_quota(p.config.batch_groups, p.config.task_weights) == p.quota
+        assert split_quota(p.batch_groups, p.weights) == p.quota
     assert sum(p.batch_size for p in plans) == 48
-    assert len({p.config.seed for p in plans}) == n and all(p.config.seed != 7 for p in plans)
+    assert len({p.seed for p in plans}) == n and all(p.seed != 7 for p in plans)
     sizes = [sum(map(len, p.envs.values())) for p in plans]
     assert max(sizes) - min(sizes) <= len(envs)  # balanced
 
 
 def test_one_shard_is_the_unsharded_rollout_and_too_many_shards_say_how_many_fit():
     envs = envs_of({"a": 2, "b": 8})
-    cfg = SchedulerConfig(batch_size=12, group_size=4, seed=3)  # 3 groups: a 2, b 1 (uniform, largest remainder)
-    (one,) = plan_shards(envs, cfg, 1)
-    assert one.config is cfg and one.envs is envs
-    assert max_shards(envs, cfg) == 3  # per task min(envs, groups): a 2, b 1
-    assert len(plan_shards(envs, cfg, 3)) == 3
+    whole = plan_rollout(envs, PipelineConfig(batch_size=12), 4, seed=3)  # 3 groups: a 2, b 1 (largest remainder)
+    (one,) = plan_shards(whole, 1)
+    assert one is whole and one.envs is envs and one.seed == 3
+    assert max_shards(whole) == 3  # per task min(envs, groups): a 2, b 1
+    assert len(plan_shards(whole, 3)) == 3
     with pytest.raises(ConfigError, match=r"rollout_shards=4.*at most 3 shard\(s\).*rollout_shards<=3"):
-        plan_shards(envs, cfg, 4)
+        plan_shards(whole, 4)
 
 
 def test_a_task_without_a_share_runs_beside_tasks_that_have_one():
     envs = envs_of({"a": 4, "zero": 4})
-    cfg = SchedulerConfig(batch_size=16, group_size=4, task_weights={"a": 1.0, "zero": 0.0})
-    plans = plan_shards(envs, cfg, 2)
+    plans = plan_shards(plan_rollout(envs, PipelineConfig(batch_size=16), 4, task_weights={"a": 1.0, "zero": 0.0}), 2)
     assert [p.quota["a"] for p in plans] == [2, 2] and [p.quota["zero"] for p in plans] == [0, 0]
     assert sum(len(p.envs["zero"]) for p in plans) == 4
 
 
 def test_the_automatic_count_follows_the_envs_within_cpus_and_groups():
-    cfg = SchedulerConfig(batch_size=64, group_size=8)  # 8 groups
-    assert auto_shards(envs_of({"a": 16}), cfg, 64) == 1
-    assert auto_shards(envs_of({"a": ENVS_PER_SHARD}), cfg, 64) == 1
-    assert auto_shards(envs_of({"a": ENVS_PER_SHARD + 1}), cfg, 64) == 2
-    assert auto_shards(envs_of({"a": 3 * ENVS_PER_SHARD}), cfg, None) == 3
-    assert auto_shards(envs_of({"a": 3 * ENVS_PER_SHARD}), cfg, 2) == 2  # the CPU pool's free slots
-    assert auto_shards(envs_of({"a": 3 * ENVS_PER_SHARD}), cfg, 0) == 1
-    assert auto_shards(envs_of({"a": 20 * ENVS_PER_SHARD}), cfg, None) == 8  # the batch's groups
+    def auto(envs: int, cpus: float | None) -> int:
+        return auto_shards(plan_rollout(envs_of({"a": envs}), PipelineConfig(batch_size=64), 8), cpus)  # 8 groups
+
+    assert auto(16, 64) == 1
+    assert auto(ENVS_PER_SHARD, 64) == 1
+    assert auto(ENVS_PER_SHARD + 1, 64) == 2
+    assert auto(3 * ENVS_PER_SHARD, None) == 3
+    assert auto(3 * ENVS_PER_SHARD, 2) == 2  # the CPU pool's free slots
+    assert auto(3 * ENVS_PER_SHARD, 0) == 1
+    assert auto(20 * ENVS_PER_SHARD, None) == 8  # the batch's groups
 
 
 def test_rollout_shards_is_checked():
