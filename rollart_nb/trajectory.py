@@ -69,9 +69,8 @@ class Turn:
         timings: seconds spent per phase ("generate", "env", "barrier", ...) and the wall-clock
             start of the turn's generation (``"t"``, unix seconds) for timelines.
         worker: the generation worker that produced the response.
-        ref_logprobs: log-probabilities of ``response_ids`` under the KL reference policy, shape
-            [R], when a :class:`~rollart_nb.backends.torch_train.ReferencePolicy` worker computed
-            them (the trainer then skips its own reference pass); empty otherwise.
+        ref_logprobs: reference-policy log-probabilities of ``response_ids``, shape [R], when
+            a :class:`~rollart_nb.backends.torch_train.ReferencePolicy` filled them; else empty.
     """
 
     observation: str
@@ -292,19 +291,12 @@ class TrajectoryList(list):
         Args:
             level: what a row is:
 
-                * ``"trajectory"`` (default): id, task, status, reason, reward (and its version),
-                  seed, group id, start/min/max version, version changes, turns, token counts
-                  (``tokens`` over all turns' prompts and responses; ``sequence_tokens`` of the
-                  whole sequence; prompt, response, trained), created/finished/duration and the
-                  generate/env seconds.
-                * ``"turn"``: trajectory id, turn index, the version that generated it, worker,
-                  prompt/response/trained token counts, observation and action, the decoded
-                  prompt and response text (None without a tokenizer), env reward, the turn's
-                  reward if any, mean logprob, start and generate/env seconds.
-                * ``"token"``: one row per token of the whole sequence, prompt side included:
-                  trajectory id, row, position, token id, decoded text, side ("prompt" or
-                  "response"), mask (1 where the trainer trains), logprob (NaN where none),
-                  turn and version. See :mod:`rollart_nb.trajectory_frames` for the sequence.
+                * ``"trajectory"`` (default): ids, status, reward, versions, token counts and
+                  timings of each trajectory.
+                * ``"turn"``: per turn its version, worker, token counts, observation, action,
+                  decoded text (None without a tokenizer), rewards, mean logprob and timings.
+                * ``"token"``: per token of the whole sequence: id, text, side, mask, logprob
+                  (NaN where none), turn and version (see :mod:`rollart_nb.trajectory_frames`).
             tokenizer: decodes text (default :attr:`tokenizer`).
 
         Raises:
