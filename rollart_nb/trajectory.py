@@ -66,8 +66,7 @@ class Turn:
         loss_mask: 1 for tokens trained on (assistant tokens), shape [R].
         version: policy version of the weights that generated this turn.
         env_reward: reward returned by ``env.step`` for this action.
-        timings: seconds spent per phase ("generate", "env", "barrier", ...) and the wall-clock
-            start of the turn's generation (``"t"``, unix seconds) for timelines.
+        timings: seconds per phase ("generate", "env", ...) and the start time ``"t"``.
         worker: the generation worker that produced the response.
         ref_logprobs: reference-policy log-probabilities of ``response_ids``, shape [R], when
             a :class:`~rollart_nb.backends.torch_train.ReferencePolicy` filled them; else empty.
@@ -110,8 +109,7 @@ class Trajectory:
         turns: the turns so far.
         start_version: policy version when the trajectory began.
         status: see :class:`Status`.
-        reason: why it failed / was aborted (empty when completed); secrets in it are masked
-            (:func:`~rollart_nb.redact.redact`) when :meth:`finish` records it.
+        reason: why it failed / was aborted (empty when completed), secrets masked.
         reward: scalar reward (set by the reward worker), NaN until scored.
         turn_rewards: optional per-turn rewards.
         reward_version: version of the reward function that scored it.

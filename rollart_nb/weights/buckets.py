@@ -254,9 +254,8 @@ def pack(
         bucket_bytes: bucket size in bytes (multiple of :data:`ALIGN`).
         version: policy version recorded in the manifest.
         checksum_algo: ``None`` picks :func:`default_checksum_algo`; ``"none"`` skips checksums.
-        device: ``None`` returns numpy ``uint8`` arrays in host memory (what the object store
-            and Mooncake move); a torch device returns ``uint8`` tensors there (what NCCL moves;
-            checksums are then skipped, since they would force a device-to-host copy).
+        device: ``None`` returns numpy ``uint8`` arrays in host memory; a torch device returns
+            ``uint8`` tensors there, without checksums.
 
     Returns:
         ``(manifest, buckets)``: bucket ``i`` has ``manifest.bucket_sizes[i]`` bytes.
