@@ -63,27 +63,21 @@ class Tokenizer(Protocol):
 class GenerationRequest:
     """One turn's generation for one trajectory.
 
-    A trajectory's history is shipped once: the generator keeps what it was sent and what it
-    generated, and each later request carries only the tokens after that (``prefix_len`` says
-    how many it should already hold). A generator that does not hold them (a replaced worker,
-    an eviction) raises :class:`~rollart_nb.errors.HistoryMiss`, and the sender resends the
-    whole history with ``prefix_len=0``.
+    Each request carries only the tokens after the ``prefix_len`` the generator already holds;
+    one that lacks them raises :class:`~rollart_nb.errors.HistoryMiss` and the sender resends
+    the whole history with ``prefix_len=0``.
 
     Attributes:
         traj_id: trajectory id (the LLMProxy keeps a trajectory sticky to one worker).
         task: task name (hardware affinity routing uses it as ``tag_name``).
-        prompt_ids: the prompt's token ids after the first ``prefix_len``, shape [P - prefix_len]
-            (the whole prompt when ``prefix_len`` is 0): a list, or an ``array('i')`` as the
-            EnvManager sends them (4 bytes a token on the wire, no int objects to build); read
-            them with ``len``, indexing, iteration or ``list(...)``.
+        prompt_ids: the prompt's token ids after the first ``prefix_len``, shape
+            [P - prefix_len]: a list or an ``array('i')`` (read as a sequence).
         max_new_tokens: response budget for this turn.
         temperature: sampling temperature; 0 means greedy.
         seed: per-request sampling seed (reproducible rollouts), or None.
         stop: stop strings (decoded) that end the response.
-        last_turn: no request of this trajectory follows (its env allows no more turns), so a
-            backend need not keep its KV (or its history) for reuse.
-        prefix_len: tokens of this trajectory's history the generator already holds (earlier
-            prompts plus its own responses), which come before ``prompt_ids``; 0: none.
+        last_turn: no request of this trajectory follows, so its KV need not be kept.
+        prefix_len: tokens of this trajectory's history the generator already holds.
 
     Example:
         >>> first = GenerationRequest("t0", "math", [5, 6, 7])

@@ -66,12 +66,10 @@ class Turn:
         loss_mask: 1 for tokens trained on (assistant tokens), shape [R].
         version: policy version of the weights that generated this turn.
         env_reward: reward returned by ``env.step`` for this action.
-        timings: seconds spent per phase ("generate", "env", "barrier", ...) and the wall-clock
-            start of the turn's generation (``"t"``, unix seconds) for timelines.
+        timings: seconds per phase ("generate", "env", ...) and the start time ``"t"``.
         worker: the generation worker that produced the response.
-        ref_logprobs: log-probabilities of ``response_ids`` under the KL reference policy, shape
-            [R], when a :class:`~rollart_nb.backends.torch_train.ReferencePolicy` worker computed
-            them (the trainer then skips its own reference pass); empty otherwise.
+        ref_logprobs: reference-policy log-probabilities of ``response_ids``, shape [R], when
+            a :class:`~rollart_nb.backends.torch_train.ReferencePolicy` filled them; else empty.
     """
 
     observation: str
@@ -111,8 +109,7 @@ class Trajectory:
         turns: the turns so far.
         start_version: policy version when the trajectory began.
         status: see :class:`Status`.
-        reason: why it failed / was aborted (empty when completed); secrets in it are masked
-            (:func:`~rollart_nb.redact.redact`) when :meth:`finish` records it.
+        reason: why it failed / was aborted (empty when completed), secrets masked.
         reward: scalar reward (set by the reward worker), NaN until scored.
         turn_rewards: optional per-turn rewards.
         reward_version: version of the reward function that scored it.
@@ -292,19 +289,12 @@ class TrajectoryList(list):
         Args:
             level: what a row is:
 
-                * ``"trajectory"`` (default): id, task, status, reason, reward (and its version),
-                  seed, group id, start/min/max version, version changes, turns, token counts
-                  (``tokens`` over all turns' prompts and responses; ``sequence_tokens`` of the
-                  whole sequence; prompt, response, trained), created/finished/duration and the
-                  generate/env seconds.
-                * ``"turn"``: trajectory id, turn index, the version that generated it, worker,
-                  prompt/response/trained token counts, observation and action, the decoded
-                  prompt and response text (None without a tokenizer), env reward, the turn's
-                  reward if any, mean logprob, start and generate/env seconds.
-                * ``"token"``: one row per token of the whole sequence, prompt side included:
-                  trajectory id, row, position, token id, decoded text, side ("prompt" or
-                  "response"), mask (1 where the trainer trains), logprob (NaN where none),
-                  turn and version. See :mod:`rollart_nb.trajectory_frames` for the sequence.
+                * ``"trajectory"`` (default): ids, status, reward, versions, token counts and
+                  timings of each trajectory.
+                * ``"turn"``: per turn its version, worker, token counts, observation, action,
+                  decoded text (None without a tokenizer), rewards, mean logprob and timings.
+                * ``"token"``: per token of the whole sequence: id, text, side, mask, logprob
+                  (NaN where none), turn and version (see :mod:`rollart_nb.trajectory_frames`).
             tokenizer: decodes text (default :attr:`tokenizer`).
 
         Raises:

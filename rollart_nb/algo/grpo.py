@@ -82,13 +82,9 @@ class GRPO:
     max_grad_norm: float = 1.0
     """Global gradient-norm clip; 0 disables clipping."""
     loss_agg: str = "token-mean"
-    """"token-mean": every trained token weighs the same across the batch;
-    "seq-mean": every trajectory weighs the same (mean over its tokens, then over trajectories);
-    "task-token-mean": token-mean within each task, and each task weighs by its share of the
-    trained trajectories. In a multi-task batch under "token-mean", a task with long responses
-    (many-turn FrozenLake) outweighs a short one (a sum's 3 answer tokens) by its length; here
-    the task mix alone sets each task's share of the gradient. (Trained trajectories: those
-    left after ``skip_zero_advantage``, so a task whose groups are mostly flat weighs less.)"""
+    """"token-mean": every trained token weighs the same; "seq-mean": every trajectory weighs
+    the same; "task-token-mean": token-mean within each task, each task weighing by its share of
+    the trained trajectories (so long-response tasks do not outweigh short ones)."""
     adv_eps: float = 1e-6
     """Added to the group reward std before dividing."""
     scale_by_std: bool | Mapping[str, bool] = True
@@ -97,22 +93,13 @@ class GRPO:
     micro_batch_size: int = 8
     """Sequences per forward/backward; gradients accumulate over micro-batches to one step."""
     micro_batch_tokens: int = 0
-    """If > 0, a micro-batch also holds at most this many padded tokens (rows x longest row):
-    short rows go many to a micro-batch, long ones few, so mixing a short task with a long
-    multi-turn one wastes little compute on padding. 0: ``micro_batch_size`` alone decides."""
+    """If > 0, a micro-batch also holds at most this many padded tokens (rows x longest row)."""
     skip_zero_advantage: bool = True
-    """Leave trajectories with advantage 0 (their whole group scored the same) out of the loss, so
-    ``loss_agg`` averages over the trajectories that carry signal and their compute is saved; a batch
-    with none makes no optimizer step. With a KL or entropy term, see ``regularize_all_rows``."""
+    """Leave trajectories with advantage 0 out of the loss; a batch with none makes no step."""
     regularize_all_rows: bool = True
-    """With ``kl_coef`` or ``entropy_coef`` > 0, still train the zero-advantage rows (those terms
-    act on them). False skips them anyway: KL and entropy are then estimated on the rows that
-    carry signal, and the trainer's compute drops with the share of flat groups."""
+    """With ``kl_coef`` or ``entropy_coef`` > 0, still train the zero-advantage rows."""
     epochs: int = 1
-    """Optimizer steps per ``train_step`` on the same batch (PPO epochs; TRL's ``num_iterations``).
-    Later epochs are off-policy, which the clipped ratio to the behaviour logprobs recorded at
-    generation corrects; the reference logprobs are computed once per batch. The trainer still
-    publishes one new version per ``train_step``."""
+    """Optimizer steps per ``train_step`` on the same batch (PPO epochs); one new version."""
 
     def __post_init__(self) -> None:
         problems = []
@@ -172,25 +159,12 @@ def step_metrics(
     response_length: float = math.nan,
     task_response_length: Mapping[str, float] | None = None,
 ) -> dict[str, float]:
-    """A train step's metrics, as every GRPO backend reports them: ``sums`` (loss terms summed
-    over micro-batches) plus the gradient norm, the batch's reward and advantage statistics,
-    its size and the step's time and new version.
+    """A train step's metrics, as every GRPO backend reports them, from the loss ``sums``.
 
-    The names of :data:`TRAIN_METRICS` are always there:
-
-    * ``loss``: the loss minimised (policy gradient plus the KL and entropy terms);
-    * ``kl``: the k3 estimate of KL(policy || reference) (also as ``kl_ref``) when a reference
-      is kept (``kl_coef > 0``); otherwise ``approx_kl_old``, the k1 estimate of the KL from the
-      behaviour policy that generated the batch (0 on policy; it grows with staleness and epochs);
-    * ``entropy``: mean per-token entropy of the policy over the trained tokens;
-    * ``grad_norm``: global gradient norm before clipping;
-    * ``clip_frac``: share of trained tokens whose ratio was clipped, in [0, 1];
-    * ``response_length``: mean generated tokens per trajectory of the batch.
-
-    Token means are weighted as the loss is (``loss_agg``). A batch with no trained tokens
-    (every group flat) reports ``kl`` and ``entropy`` as NaN: nothing was measured. Per-task
-    means (:data:`TASK_METRICS`) come in ``sums`` as ``"<metric>/<task>"`` (``grpo_loss`` with
-    ``task_weights``) and ``task_response_length`` (:func:`mean_response_length` per task).
+    Always has :data:`TRAIN_METRICS`: ``kl`` is the k3 KL to the reference (also ``kl_ref``)
+    when ``kl_coef > 0``, else ``approx_kl_old`` (k1 KL from the behaviour policy); token means
+    weigh as ``loss_agg`` does, and are NaN when no token was trained. Per-task means come in
+    ``sums`` as ``"<metric>/<task>"`` and ``task_response_length``.
     """
     sums.setdefault("entropy", math.nan)
     sums.setdefault("kl", sums.get("kl_ref", sums.get("approx_kl_old", math.nan)))
@@ -325,8 +299,7 @@ def loss_weights(
 ) -> Any:
     """Per-token weights that turn a per-token loss into the batch loss by a plain sum.
 
-    Computing them once for the whole batch makes gradient accumulation over micro-batches
-    exact: each micro-batch's ``(per_token * w[rows]).sum()`` adds up to the full-batch loss.
+    Computed once per batch, they make gradient accumulation over micro-batches exact.
 
     Args:
         loss_mask: shape [B, T], 1 where a token is trained.

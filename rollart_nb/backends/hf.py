@@ -4,30 +4,18 @@ Concurrent :meth:`HFBackend.generate` calls are gathered for a few milliseconds 
 left-padded batch with a KV cache. The torch work runs in a thread (``asyncio.to_thread``), so
 the event loop of the actor (or notebook) stays responsive while a batch decodes.
 
-Logprobs: every returned logprob is ``log_softmax(logits)`` of the sampled token at
-temperature 1, whatever temperature was used to sample. That is the quantity the trainer
-recomputes (:meth:`TorchTrainBackend.logprobs`), so GRPO's importance ratio compares like
-with like; when sampling at ``T != 1`` the behaviour policy is the tempered one, which the
-ratio then ignores (the usual practice in RL stacks that report untempered logprobs).
+Logprobs are ``log_softmax(logits)`` of the sampled token at temperature 1, whatever the
+sampling temperature: the quantity the trainer recomputes, so GRPO's ratio compares like with
+like.
 
-KV reuse across turns: a multi-turn trajectory's next prompt extends its last one (the last
-prompt + response + new observation), so after each request the backend keeps the
-trajectory's keys and values (``kv_reuse=True``, bounded by ``kv_cache_tokens``, least
-recently used out first) and the next request prefills only the new tokens. A batch mixes
-rows with and without cached history: each row is laid out as ``[pad, cached KV, pad, new
-tokens]`` with an attention mask and explicit positions, so every row computes exactly what a
-fresh prefill of its whole prompt would (equal up to float rounding; tested). A prompt that
-does not extend the cached tokens reuses their longest common prefix.
+KV reuse (``kv_reuse=True``, LRU-bounded by ``kv_cache_tokens``): a trajectory's next prompt
+extends its last one, so only the new tokens are prefilled. Each batch row is laid out as
+``[pad, cached KV, pad, new tokens]`` with explicit positions, so it computes what a fresh
+prefill would (tested). :meth:`load_weights` drops every cached KV, and
+:attr:`GenerationResult.recomputed_tokens` counts the re-prefilled history.
 
-Recompute (step 5 of the protocol): :meth:`load_weights` drops every cached KV, so after an
-update each later request of an in-flight trajectory re-prefills its whole history under the
-new weights, and :attr:`GenerationResult.recomputed_tokens` reports those tokens for a
-trajectory last served under an older version.
-
-Histories: a request may carry only the tokens after those the backend holds
-(``prefix_len``); a :class:`~rollart_nb.backends.history.HistoryStore` keeps every
-trajectory's ids (prompt + response) and rebuilds the whole prompt, which everything above
-(KV reuse, recompute, limits) works on. A request whose prefix is not held raises
+A :class:`~rollart_nb.backends.history.HistoryStore` rebuilds whole prompts from requests that
+carry only the tokens after ``prefix_len``; an unknown prefix raises
 :class:`~rollart_nb.errors.HistoryMiss`.
 """
 

@@ -1,16 +1,9 @@
 """HistoryStore: the token history a generation backend keeps per trajectory.
 
-A :class:`~rollart_nb.protocols.GenerationRequest` with ``prefix_len > 0`` carries only the
-tokens after what the generator already holds (its earlier prompts and its own responses), so a
-trajectory's history crosses the network once. The backend keeps each trajectory's ids here
-after every turn (:meth:`HistoryStore.keep`: prompt + response) and rebuilds the whole prompt
-of the next request from them (:meth:`HistoryStore.resolve`). When the history is missing (an
-eviction, a replaced worker) or has another length than the request says, it raises
-:class:`~rollart_nb.errors.HistoryMiss` and the sender resends the whole history.
-
-Ids are stored as ``array('i')`` (4 bytes a token); the store is a least-recently-used cache
-bounded by a token budget. A backend whose work depends only on lengths (the sim) keeps lengths
-alone (``keep_ids=False``) and calls :meth:`HistoryStore.full_len`.
+The backend keeps each trajectory's ids after every turn (:meth:`HistoryStore.keep`) and
+rebuilds the next request's whole prompt from its ``prefix_len`` (:meth:`HistoryStore.resolve`);
+a missing or mismatched history raises :class:`~rollart_nb.errors.HistoryMiss`. An LRU cache
+bounded by a token budget; ``keep_ids=False`` keeps lengths alone (the sim).
 
 Example:
     >>> from rollart_nb.protocols import GenerationRequest

@@ -5,12 +5,9 @@ Same contract as :class:`~rollart_nb.backends.torch_train.TorchTrainBackend`: th
 :meth:`MegatronTrainBackend.state_dict` in Hugging Face naming, so ``hf`` and ``vllm``
 generators load it as they load the torch trainer's.
 
-The model is megatron-core's ``GPTModel`` with the local (Transformer-Engine-free) layer spec,
-configured as the HF Qwen2/Llama checkpoint it is loaded from. Weight layout differences:
-megatron fuses q/k/v per query group (``linear_qkv``) and gate/up per tensor-parallel rank
-(``linear_fc1``); :func:`hf_to_megatron` and :func:`megatron_to_hf` convert (pure functions on
-tensors, tested without megatron). Every TP rank must call :meth:`train_step` with the same
-batch (the Cluster's execute_all dispatch does).
+The model is megatron-core's ``GPTModel`` (local layer spec) configured as the HF Qwen2/Llama
+checkpoint; :func:`hf_to_megatron` and :func:`megatron_to_hf` convert the fused q/k/v and
+gate/up layouts. Every TP rank must call :meth:`train_step` with the same batch.
 
 Not yet: pipeline parallelism (``pp > 1``), data parallelism inside one backend (run one
 backend per model replica), Transformer Engine kernels.

@@ -2,28 +2,15 @@
 
 How a trajectory becomes training rows
 --------------------------------------
-Each turn stores the whole history it was prompted with (``prompt_ids``) and the tokens it
-generated (``response_ids``). When every turn's ``prompt_ids + response_ids`` is a prefix of
-the last turn's ``prompt_ids + response_ids`` (the EnvManager builds each prompt by extending
-the previous one), the trajectory becomes ONE row: that final sequence, with the loss mask set
-on the positions of every turn's response (times the turn's own ``loss_mask``). Observation
-and chat-marker tokens are context only. Each response token then sees exactly the context it
-was generated from, so its logprob is the one the generator reported.
+When every turn's ``prompt_ids + response_ids`` is a prefix of the last turn's, the
+trajectory becomes ONE row (the final sequence, loss mask on every turn's response times its
+``loss_mask``), so each response token sees the context it was generated from. Otherwise it
+falls back to one row per turn: more compute, still exact. With ``loss_agg="seq-mean"`` a
+trajectory's rows weigh as one sequence.
 
-When the prefix property fails (the history was truncated or re-tokenized differently from
-the generated ids), the trajectory falls back to one row per turn (``prompt_ids +
-response_ids``): more compute, still exact. With ``loss_agg="seq-mean"`` the rows of one
-trajectory are weighed together as one sequence.
-
-Old (behaviour) logprobs are the turns' ``logprobs`` from the generator, so the importance
-ratio corrects for staleness; where a turn has none, the trainer's own (detached) logprobs
-stand in and the ratio is 1.
-
-Reference logprobs (for the KL term) are the turns' ``ref_logprobs`` when a
-:class:`ReferencePolicy` worker filled them for every trained token of a micro-batch, as the
-separate reference role of verl or ROLL does: the trainer then skips its own reference forward
-pass, and the pass runs on whatever resource the ReferencePolicy lives on (another core, another
-pool, overlapped with training). Otherwise the trainer computes them itself.
+Behaviour logprobs are the turns' ``logprobs`` (the trainer's own, detached, where missing:
+ratio 1). Reference logprobs are the turns' ``ref_logprobs`` when a :class:`ReferencePolicy`
+filled them for a whole micro-batch; otherwise the trainer computes them itself.
 """
 
 from __future__ import annotations
@@ -197,9 +184,7 @@ class ReferencePolicy:
     """The KL reference as a worker of its own: fills each turn's ``ref_logprobs``, so a
     :class:`TorchTrainBackend` given those trajectories skips its reference forward pass.
 
-    It must hold the same weights as the trainer's reference (the policy the trainer started
-    from: load both from the same path). Run it where it overlaps training: another thread or
-    core, another Ray actor or pool, as verl's and ROLL's reference role does.
+    Load it from the same path the trainer started from; run it where it overlaps training.
 
     Args:
         model: a :class:`ModelRef` or a path to a Hugging Face model directory.

@@ -2,25 +2,16 @@
 
 Same contract as :class:`~rollart_nb.backends.hf.HFBackend`:
 
-* Prompts go in as token ids (``TokensPrompt``) and the engine runs with
-  ``skip_tokenizer_init=True``: vLLM never re-derives a tokenizer from the model dir (which
-  transformers 5 mis-loads for our word-level vocabularies); responses are decoded with
-  :meth:`ModelRef.load_tokenizer`, and EOS / stop strings are applied here.
-* Logprobs are vLLM's ``raw_logprobs``: ``log_softmax`` of the unprocessed logits, i.e. at
-  temperature 1, whatever temperature was sampled with (what the trainer recomputes).
-* :meth:`load_weights` holds new requests, waits for running ones, reloads the weights in
-  place on every worker (``collective_rpc``), resets the prefix cache and bumps the version,
-  so no response mixes two versions. The reset prefix cache means the next turn of an
-  in-flight trajectory re-prefills its history under the new weights;
-  :attr:`GenerationResult.recomputed_tokens` reports those tokens.
-* A request may carry only the tokens after those the backend holds (``prefix_len``): a
-  :class:`~rollart_nb.backends.history.HistoryStore` keeps each trajectory's ids (prompt +
-  response) and rebuilds the whole prompt, which goes to the engine (its prefix cache reuses
-  the KV); a prefix not held raises :class:`~rollart_nb.errors.HistoryMiss`.
+* Prompts go in as token ids with ``skip_tokenizer_init=True`` (transformers 5 mis-loads our
+  word-level vocabularies); responses are decoded and EOS / stop strings applied here.
+* Logprobs are vLLM's ``raw_logprobs``: at temperature 1, what the trainer recomputes.
+* :meth:`load_weights` drains running requests, reloads weights on every worker and resets the
+  prefix cache, so no response mixes two versions (``recomputed_tokens`` counts re-prefills).
+* A :class:`~rollart_nb.backends.history.HistoryStore` rebuilds whole prompts from
+  ``prefix_len`` requests; an unknown prefix raises :class:`~rollart_nb.errors.HistoryMiss`.
 
-The engine lives on a private event loop in a background thread, so the backend can be
-called from any loop (a notebook's, a Ray actor's, one ``asyncio.run`` per call) and from
-synchronous code (:meth:`load_weights`, :meth:`recompute`).
+The engine runs on a private event loop in a background thread, so any loop (or sync code)
+can call the backend.
 
 Install (CPU): ``.ci/install-vllm.sh`` (a virtualenv over the main env); GPU: ``pip install
 rollart_nb[vllm-gpu]``. vLLM is imported only when a backend is constructed.

@@ -7,13 +7,8 @@ rest of rollart_nb reads: ``vocab`` (words its text uses, for word-level tokeniz
 ``validation_seeds()`` (seeds that enumerate distinct starts, for evaluation).
 :func:`check` drives an env (and a reward) here before a run uses it.
 
-An env MAY also define ``async areset(seed)`` / ``async astep(action)``
-(:class:`AsyncEnv`); the EnvManager calls :func:`env_reset` / :func:`env_step`, which use
-them when present and otherwise run the sync methods in a thread.
-
-Envs as services: ``rollart-nb env-server`` (:class:`EnvServer`) serves any env class over
-HTTP; :class:`RemoteEnv` is the env that talks to it; :class:`LocalLauncher` and
-:class:`KubernetesLauncher` place and watch its replicas.
+An env MAY also be an :class:`AsyncEnv`. :class:`EnvServer` serves any env over HTTP,
+:class:`RemoteEnv` talks to it, and the launchers place and watch its replicas.
 """
 
 from typing import Any as _Any

@@ -74,39 +74,26 @@ def format_number(n: int, spaced: bool = True) -> str:
 class Arithmetic:
     """Answer ``a op b`` for operands in ``[0, max_operand]``.
 
-    There are ``n = (max_operand + 1)**2 * len(ops)`` problems in a fixed shuffle. A seed below
-    ``n`` picks problem ``seed``, so ``validation_seeds()`` (``range(n)``) is every problem once.
-    Larger seeds (the scheduler draws training seeds from ``[0, 2**31)``) pick the *answer*
-    uniformly first and then a problem with that answer, when ``balance_answers`` is on; else
-    problem ``seed % n``.
-    ``info["answer"]`` carries the expected answer as a plain string ("12", "-3"; with
-    ``reverse_answer`` the digits as they are to be written, "052" reversed is "250") for rewards,
-    and ``info["value"]`` the result as an int.
-
-    **Held-out split** (``holdout > 0``): the first ``holdout`` problems of the fixed shuffle are
-    validation problems, reached only by ``validation_seeds()`` (``HELDOUT_SEED_BASE + i``); every
-    seed below ``HELDOUT_SEED_BASE`` picks one of the other problems, as above with ``n`` the number
-    of training problems (``training_seeds()`` is ``range(n)``). So training, a curriculum and a
-    corpus built from training seeds never contain a validation problem.
-    A correct answer gives reward 1.0 and ends the episode; a wrong one gives 0.0 and, if
-    turns remain, the observation "wrong . try again ." followed by the question.
+    A seed below the problem count ``n`` picks that problem of a fixed shuffle, so
+    ``validation_seeds()`` is every problem once; larger seeds pick problem ``seed % n``, or with
+    ``balance_answers`` first an answer uniformly, then a problem with it. ``info["answer"]`` is the
+    expected answer as written ("12"; reversed digits with ``reverse_answer``), ``info["value"]``
+    its int. With ``holdout > 0`` the first ``holdout`` problems are reached only by
+    ``validation_seeds()`` (``HELDOUT_SEED_BASE + i``), never by training seeds. A correct answer
+    gives 1.0 and ends the episode; a wrong one 0.0 and, if turns remain, "wrong . try again ."
+    and the question again.
 
     Args:
         max_operand: largest operand.
         ops: operators among ``"+"``, ``"-"``, ``"*"``.
         max_turns: attempts before truncation (1: single-turn).
         spaced_digits: write numbers digit by digit (word-level tokenizers).
-        balance_answers: training seeds give every answer the same frequency. Without it
-            single-digit sums are 9 ten times as often as 0 or 18, and a small policy that cannot
-            read the operands yet maximises its reward by always answering 9: RL collapses onto
-            that answer before it learns the sums (docs/learning.md: "Why math collapses").
+        balance_answers: training seeds give every answer the same frequency (else a small
+            policy collapses onto the most common sum; docs/learning.md).
         holdout: problems kept out of training for validation (0: validation is every problem).
-        fixed_width: write operands zero-padded to the width of ``max_operand`` and answers to the
-            width of the largest result ("0 7 + 4 5 =", "0 5 2"), so digits line up by position.
-        reverse_answer: the answer is written least significant digit first ("2 5 0" for 52 at
-            width 3): each digit then depends only on digits already written and the carry, which
-            makes addition learnable by generalising rather than memorising (Lee et al. 2023,
-            "Teaching Arithmetic to Small Transformers", arXiv:2307.03381). ``+`` only.
+        fixed_width: zero-pad operands and answers to a fixed width, so digits line up.
+        reverse_answer: write the answer least significant digit first, which makes addition
+            learnable (Lee et al. 2023, arXiv:2307.03381). ``+`` only.
 
     Example:
         >>> env = Arithmetic()

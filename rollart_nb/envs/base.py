@@ -2,16 +2,11 @@
 
 An env (see :class:`rollart_nb.protocols.Env`) MAY also define ``async areset(seed)`` and
 ``async astep(action)``. :func:`env_reset` / :func:`env_step` use them when present, and
-otherwise run the sync method on a :class:`BlockingPool` thread, so an asyncio EnvManager can
-drive many envs from one event loop. Both helpers turn any failure of the env into
+otherwise run the sync method on a :class:`BlockingPool` thread; both turn any failure into
 :class:`rollart_nb.errors.EnvError` and can bound the call with a timeout.
 
-Blocking user code (sync env methods, sync reward functions) never runs on the event loop's
-default executor: that executor is the control plane's, and it has only ``min(32, cpus + 4)``
-threads, so a handful of hung envs used to stop everything. A :class:`BlockingPool` is sized
-for the envs that use it; a call past its timeout is *abandoned* (Python cannot kill a
-thread), counted, and its thread replaced by a new one, up to a cap that is logged and
-reported when reached. Its threads are daemon threads, so a hung one never blocks exit.
+Blocking user code never runs on the loop's default executor (the control plane's, with few
+threads that hung envs would exhaust); a :class:`BlockingPool` replaces abandoned threads.
 """
 
 from __future__ import annotations
@@ -73,15 +68,9 @@ class _Call:
 class BlockingPool(concurrent.futures.Executor):
     """Daemon threads for blocking user code, apart from the event loop's default executor.
 
-    Threads start on demand (one per call waiting, up to the pool's limit) and leave after
-    ``idle_exit_s`` without work. The limit is ``size`` plus one replacement per *hung* call
-    (abandoned by its caller, still running), at most ``max_replacements`` of them: hung calls
-    therefore never take capacity from the rest until that cap. At the cap the pool stops
-    growing, logs a warning once, and :meth:`stats` reports ``at_cap`` and ``cap_hits``; calls
-    then wait for a thread (and their callers' timeouts count that wait).
-
-    Use :meth:`call` from async code: it is the only way a call can be abandoned and counted.
-    It goes through ``loop.run_in_executor``, so a SimSession's virtual clock sees the work.
+    Threads start on demand and leave after ``idle_exit_s`` idle. The limit is ``size`` plus one
+    replacement per hung (abandoned, still running) call, at most ``max_replacements``; at that
+    cap the pool warns once and :meth:`stats` reports ``at_cap``. Call it via :meth:`call`.
 
     Args:
         name: names the threads (``rollart-<name>-<n>``) and the pool in logs.
@@ -378,10 +367,9 @@ async def env_reset(
     Args:
         env: any :class:`~rollart_nb.protocols.Env`.
         seed: the reset seed.
-        timeout_s: give up after this many seconds (None: wait forever); a sync call still
-            running then is abandoned (its thread is replaced, see :class:`BlockingPool`).
-        pool: where sync calls run, also those of wrapped inner envs (default: the pool of the
-            env call this one is nested in, else :func:`default_pool`).
+        timeout_s: give up after this many seconds (None: wait forever), abandoning a sync call.
+        pool: where sync calls run, nested ones included (default: the enclosing call's pool,
+            else :func:`default_pool`).
         on_abandon: called when a sync call of this reset is abandoned.
 
     Raises:

@@ -1,10 +1,8 @@
 """``rn.envs.check``: drive an env (and a reward) in this process before a run uses it.
 
-Like gymnasium's ``check_env``: a deep copy of the env is reset on a few seeds (and on its first
-validation seed) and stepped with actions drawn from its ``vocab``; what each call returns is
-checked against the env protocol, and the task's reward, when given, scores each episode. The
-first problem raises with the user's traceback (file and line), so a typo in ``step`` shows up
-in the cell that declared the task instead of as failed trajectories on a worker.
+Like gymnasium's ``check_env``: a deep copy is stepped with actions from its ``vocab``, each
+answer checked against the env protocol and scored by the reward; the first problem raises with
+the user's traceback, in the cell that declared the task.
 
 Example:
     >>> from rollart_nb.envs import Arithmetic, check
@@ -83,9 +81,8 @@ def check(
 ) -> EnvCheck:
     """Run ``env`` (a deep copy) for ``seeds`` episodes plus one on its first validation seed.
 
-    An :class:`~rollart_nb.errors.EnvError` the env raises itself (its own failure signal, e.g.
-    :class:`~rollart_nb.envs.WithFailures`) ends that episode and is noted, not raised: only bugs
-    (any other exception) and protocol violations fail the check.
+    An :class:`~rollart_nb.errors.EnvError` the env raises ends that episode and is noted; only
+    other exceptions and protocol violations fail the check.
 
     Args:
         env: a text env (:class:`~rollart_nb.protocols.Env`); the object itself is not touched.
@@ -93,8 +90,7 @@ def check(
         reward: ``fn(trajectory) -> float`` (sync or async) to score each episode with.
         seeds: episodes on seeds ``0 .. seeds-1``.
         steps: at most this many steps per episode (and the env's ``max_turns``).
-        budget_s: time for the whole check; a slow or hung env is checked only that far (the
-            report says what was skipped; a run bounds env calls with its own timeout).
+        budget_s: time for the whole check; the report says what a slow env left unchecked.
         rng_seed: seeds the action draws.
 
     Returns:

@@ -1,19 +1,12 @@
 """FrozenLake as a multi-turn text env (wraps gymnasium's ``FrozenLake-v1``).
 
-The grid is rendered one row per line: ``P`` is the player, ``F`` frozen (safe), ``H`` a
-hole, ``G`` the goal. Every observation repeats the whole grid, so the history grows turn by
-turn: a prefill-heavy task. By default (``compact=True``) rows are written without spaces
-(``PFFF``; a word-level tokenizer with ``##`` letter continuations makes that one token per
-cell), the instruction is a short line at reset only, and a plain move carries no message
-(the grid shows it): about half the tokens per turn of the spaced rendering, which matters
-because every turn re-reads the whole history. ``compact=False`` gives the spaced, wordier
-rendering (``P F F F``, "moved right .").
+The grid is rendered one row per line (``P`` player, ``F`` frozen, ``H`` hole, ``G`` goal)
+and repeated every turn: a prefill-heavy task. ``compact=True`` (default) writes rows without
+spaces (``PFFF``) and no message for a plain move, about half the tokens of ``compact=False``
+(``P F F F``, "moved right .").
 
-Action format: free text; the last of the words ``left``, ``right``, ``up``, ``down``
-(case-insensitive, whole words) is the move, so "i go down then right" moves right. The
-last wins because models usually think first and commit at the end. Text with none of the
-four words is an invalid action: a no-op turn (reward 0) whose observation says so; it
-still counts towards ``max_turns``.
+The move is the last of ``left``, ``right``, ``up``, ``down`` in the action text (whole words,
+any case). Text with none of them is a no-op turn (reward 0) that still counts.
 """
 
 from __future__ import annotations
@@ -43,15 +36,10 @@ def parse_move(action: str) -> str | None:
 class FrozenLake:
     """Walk from a start cell to the goal without falling into a hole.
 
-    ``seed`` picks the start cell deterministically among the frozen cells from which the
-    goal is reachable (the ``seed % n``-th, row-major), so ``validation_seeds()`` —
-    ``range(n)`` — enumerates every distinct start once. With ``random_maps=True`` the seed
-    also generates the map (gymnasium's ``generate_random_map``) and the start is its ``S``.
-
-    **Held-out maps** (``random_maps=True, holdout=n``): the validation seeds are ``n`` seeds at
-    or above :data:`~rollart_nb.envs.arithmetic.HELDOUT_SEED_BASE` with distinct maps; a seed below
-    it whose map is one of those draws again from a derived seed, so training (whose seeds the
-    scheduler draws below the base) never walks a validation map.
+    ``seed`` picks the ``seed % n``-th start cell from which the goal is reachable, so
+    ``validation_seeds()`` enumerates every start once. With ``random_maps=True`` the seed
+    generates the map instead; with ``holdout=n`` too, ``n`` validation maps (seeds at or above
+    :data:`~rollart_nb.envs.arithmetic.HELDOUT_SEED_BASE`) never appear in training.
 
     Args:
         size: side of the square grid (default map: gymnasium's 4x4 / 8x8 when they fit).

@@ -1,15 +1,9 @@
 """Adapter for GEM environments (the ``gem-llm`` package, ``pip install 'rollart_nb[gem]'``).
 
-GEM envs already speak our protocol (``reset(seed) -> (obs, info)``,
-``step(action) -> (obs, reward, terminated, truncated, info)``); the adapter adds what
-rollart_nb reads besides: ``max_turns``, ``shape``, ``vocab``, ``validation_seeds()``,
-appends GEM's ``info["suffix"]`` (e.g. "Enter your next guess.") to observations the way
-GEM's own observation wrappers do, and makes the env cheap to ship through Ray (the GEM env
-is built on first use, in the process that uses it).
-
-Two side effects of GEM itself to know about: ``import gem`` calls
-``logging.basicConfig`` (we undo that, or every log record would print into the notebook
-cell), and GEM's ``reset(seed)`` reseeds the process-global ``random`` and ``numpy`` RNGs.
+GEM envs already speak our protocol; the adapter adds ``max_turns``, ``shape``, ``vocab`` and
+``validation_seeds()``, appends ``info["suffix"]`` to observations, and builds the GEM env on
+first use (cheap to ship through Ray). ``import gem`` calls ``logging.basicConfig`` (undone
+here), and GEM's ``reset(seed)`` reseeds the global ``random`` and ``numpy`` RNGs.
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
 """RemoteEnv: an env served by ``rollart-nb env-server`` (protocol in :mod:`rollart_nb.envs.server`).
 
-It is an env like any other: sync ``reset``/``step`` (httpx.Client) and async
-``areset``/``astep`` (httpx.AsyncClient). Only failures to *connect* are retried; a step whose
-request may have reached the server is never sent twice (the env would advance twice). Every
-failure is an :class:`~rollart_nb.errors.EnvError` naming the URL, the call and the reason, so
-the EnvManager ends the trajectory failed with it.
-
-Bound to a launcher (``RemoteEnv(launcher=...)``) it picks a replica per episode: the one with
-the fewest open episodes from this process, round-robin among equals, skipping replicas that
-refuse connections or are at capacity. An episode stays on its replica; when that replica
-dies the episode fails and the next ``reset`` goes to a live one.
+Sync and async, like any env. Only failures to *connect* are retried (a step is never sent
+twice); every failure is an :class:`~rollart_nb.errors.EnvError` naming the URL and call.
+Bound to a launcher it puts each episode on the healthy replica with the fewest open episodes.
 """
 
 from __future__ import annotations

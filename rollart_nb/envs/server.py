@@ -13,15 +13,11 @@ server's factory; ``replica`` in each answer names the server that answered.
 ``DELETE /v1/episodes/{id}``                204 (404 when unknown)
 ==========================================  ===========================================================
 
-Errors are ``{"error": {"type", "message", ...}}`` with: 400 bad JSON or fields, 404 unknown
-(finished, expired, deleted) episode or path, 405 wrong method, 409 a step while the same
-episode is still stepping, 413 body over the size limit, 503 at the episode cap (with
-``Retry-After``), and 500 when the env raised: ``type: "EnvException"`` plus ``env_type``,
-``message`` and ``where`` (the file:line of the raising frame). Episodes idle longer than
-``idle_timeout_s`` are closed.
-
-Sync env methods run in a bounded pool of daemon threads (a hung env cannot keep the process
-alive at exit); ``areset``/``astep`` are awaited on the event loop when the env has them.
+Errors are ``{"error": {"type", "message", ...}}``: 400 bad request, 404 unknown episode or
+path, 405 wrong method, 409 a step while the episode is stepping, 413 body too large, 503 at
+the episode cap (``Retry-After``), 500 ``EnvException`` (with ``env_type`` and ``where``) when
+the env raised. Idle episodes close after ``idle_timeout_s``; sync env methods run in a
+bounded pool of daemon threads.
 
 Example:
     >>> from rollart_nb.envs import FrozenLake

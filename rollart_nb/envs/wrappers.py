@@ -1,15 +1,8 @@
 """Wrappers that inject latency and failures into any env, for experiments and tests.
 
-Both have a sync path (``reset``/``step``, blocking with :func:`rollart_nb.clock.sleep`:
-``time.sleep``, or simulated time inside a SimSession) and an async
-path (``areset``/``astep``, :func:`asyncio.sleep`), so an asyncio EnvManager can run many
-wrapped envs concurrently on one thread. The async path reaches the inner env through
-:func:`~rollart_nb.envs.base.env_reset`/:func:`~rollart_nb.envs.base.env_step`.
-
-Each env *instance* draws from its own random stream. The EnvManager works on deep copies of
-an env (one per manager, and a fresh one after every failure), so a wrapper's deep copy ``k``
-reseeds from ``(seed, k)`` (copy ``j`` of that copy from ``(seed, k, j)``, ...): instances
-differ, a recreated env never replays its predecessor's draws, and a run stays reproducible.
+Both have a sync path (:func:`rollart_nb.clock.sleep`, simulated inside a SimSession) and an
+async one (:func:`asyncio.sleep`). Each env *instance* draws from its own random stream: deep
+copy ``k`` reseeds from ``(seed, k)``, so a recreated env never replays its predecessor's draws.
 """
 
 from __future__ import annotations
@@ -71,10 +64,8 @@ class WithLatency(_PerInstanceRng):
         std_s: standard deviation in seconds.
         long_tail_p: probability that a call is a straggler.
         long_tail_scale: how much longer a straggler takes.
-        seed: seed of the latency sampler (None: nondeterministic). Deep copies (one per
-            EnvManager, and one per env restart) draw their own latencies: copy ``k`` is
-            seeded from ``(seed, k)``, so stragglers differ between env instances yet the run
-            stays reproducible.
+        seed: seed of the latency sampler (None: nondeterministic); deep copy ``k`` draws
+            from ``(seed, k)``.
 
     Example:
         >>> from rollart_nb.envs import Arithmetic
@@ -146,14 +137,8 @@ class WithFailures(_PerInstanceRng):
     """Make ``reset``/``step`` fail: raise :class:`~rollart_nb.errors.EnvError` with
     probability ``p_raise``, or hang for ``hang_s`` seconds with probability ``p_hang``.
 
-    One uniform draw per call decides its fate, so each call raises with probability exactly
-    ``p_raise`` and hangs with probability exactly ``p_hang`` (their sum is at most 1). Each
-    env instance draws from its own stream (see the module docstring): at ``p_hang=0.05``
-    every instance hangs on about 5% of its calls, not all or none of them.
-
-    A hang ends by raising ``EnvError`` (so a forgotten hang cannot block forever); its
-    async form is a cancellable :func:`asyncio.sleep`, so ``asyncio.wait_for`` around
-    ``env_step`` cuts it short. The sync form blocks its thread for the whole ``hang_s``.
+    One uniform draw per call decides its fate; each env instance draws from its own stream.
+    A hang ends by raising ``EnvError``; its async form is a cancellable :func:`asyncio.sleep`.
 
     Args:
         env: the env to wrap.

@@ -1,20 +1,9 @@
 """The base-model stage: next-token training on a corpus of worked training problems.
 
-RL post-training sharpens what a base model can already sometimes do; it does not teach a random
-model a task from a reward alone. :func:`pretrain` gives the tiny locally built model such a base:
-a short supervised pass on :func:`corpus`, which holds worked solutions to *training* problems only
-(each env's ``demonstrate(seed)`` for seeds drawn below
-:data:`~rollart_nb.envs.arithmetic.HELDOUT_SEED_BASE`), so a held-out validation problem is never
-in it. Stopped early, it leaves a base that is partly right: greedy decoding solves some held-out
-problems and sampling solves more (pass@k above pass@1), which is where RL has something to
-sharpen. What the corpus holds, per env:
-
-- :class:`~rollart_nb.envs.Arithmetic`: a training question and its right answer as the env wants
-  it written (one turn);
-- :class:`~rollart_nb.envs.FrozenLake`: a shortest path on a training map, cut at a random turn:
-  the walk so far as the prompt and the next shortest-path move as the response.
-
-Cached like the warm start: the same model, corpus and settings reuse the saved directory.
+RL sharpens what a base model can sometimes do; it cannot teach a random model a task from a
+reward alone. :func:`pretrain` gives the tiny model such a base: a short supervised pass on
+:func:`corpus`, worked solutions (each env's ``demonstrate(seed)``) to *training* problems only,
+stopped while the base is partly right. Cached like the warm start.
 
 Example:
     >>> from rollart_nb.envs import Arithmetic
@@ -245,21 +234,16 @@ def pretrain(
 ) -> ModelRef:
     """Return ``model`` after ``steps`` of next-token training: the base that RL starts from.
 
-    A small model learns a rule such as carrying in a sudden jump, from none of the held-out
-    problems to nearly all within a few steps, at a step that depends on the seed; a fixed
-    number of steps then gives a base that is either useless or already done. ``stop_at``
-    (task -> accuracy) stops at the jump instead: every :data:`CHECK_EVERY` steps it measures
-    :func:`training_accuracy` on :data:`CHECK_EXAMPLES` worked *training* problems per task
-    (never a validation one) and stops once each listed task reaches its value. The step it
-    stopped at and the accuracies are saved in ``pretrain.json`` beside the weights.
+    A small model learns a rule such as carrying in a sudden jump at a seed-dependent step, so
+    ``stop_at`` stops there: every :data:`CHECK_EVERY` steps it measures
+    :func:`training_accuracy` on :data:`CHECK_EXAMPLES` training problems per task and stops
+    once each listed task reaches its value (recorded in ``pretrain.json``).
 
     Args:
         model: the model to train (e.g. :func:`~rollart_nb.models.tiny_qwen`); it is not changed.
         data: task -> env (the corpus is :func:`corpus` of ``steps * batch`` entries, ``weights``
             apportioning tasks), or a ready list of :class:`Example`.
-        steps, batch, lr: the supervised pass (AdamW, warm-up then cosine decay to lr / 10, the
-            gradient clipped at norm 1). Few steps leave a partly right base; many leave one
-            that already solves what RL would have taught.
+        steps, batch, lr: the supervised pass (AdamW, warm-up then cosine decay to lr / 10).
         seed: corpus draws and torch's seed.
         path: where to save; default beside ``model`` with a key of everything above.
         progress: called as ``progress(step, loss)`` after each step.

@@ -32,9 +32,7 @@ class ModelSpec:
         kv_heads: key/value heads (GQA).
         head_dim: per-head dimension.
         bytes_per_param: 2 for bf16, 1 for fp8.
-
-    Every size is positive (``params`` and ``active_params`` numbers, the rest whole numbers)
-    and ``active_params <= params``; anything else raises :class:`ConfigError`.
+    Every size must be positive and ``active_params <= params`` (else :class:`ConfigError`).
 
     Example:
         >>> ModelSpec("dense-1b", 1e9, 1e9, 16, 2048, 8, 64).kv_bytes_per_token

@@ -200,10 +200,7 @@ def tiny_qwen(
         seed: ``torch.manual_seed`` for the random init; same args give the same weights.
         path: where to save; default is a cache dir keyed by the arguments, reused if built.
         init_std: std of the normal init of every weight matrix and the embedding. Default
-            ``1 / sqrt(hidden)`` (0.088 for "s"): the 0.02 that suits billion-parameter models
-            leaves a 128-wide model nearly blind to its prompt at init (attention is uniform and
-            the residual stream is the current token's embedding), and it then takes hundreds of
-            supervised steps, and far more RL steps, before answers depend on the question.
+            ``1 / sqrt(hidden)``: 0.02 leaves a 128-wide model nearly blind to its prompt.
 
     Returns:
         A :class:`ModelRef` to the saved directory.

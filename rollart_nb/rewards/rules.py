@@ -63,13 +63,9 @@ def close_answer(trajectory: Trajectory, partial: float = 0.5, scale: float = 18
     for an integer ``d`` away from it (the answer's integer as :func:`exact_answer` reads it:
     the last one in the answer part), 0.0 for no integer.
 
-    Exact match gives a sparse signal: a policy that cannot read the operands yet hits 1 of 19
-    single-digit-sum answers by chance, and most GRPO groups carry no signal. Partial credit
-    for nearby answers puts a spread into nearly every group, so the policy learns to estimate
-    the sum before it gets it exactly (docs/learning.md: "Shaped math reward"). ``scale`` is the answer
-    range (18 for sums of two digits). Train on it and validate on exact match:
-    ``sess.reward("math", close_answer, validate_with=exact_answer)``. Non-integer answers are
-    scored by :func:`exact_answer`.
+    Partial credit puts a spread into nearly every GRPO group where exact match is sparse
+    (docs/learning.md: "Shaped math reward"). ``scale`` is the answer range (18 for sums of two
+    digits). Train on it, validate on :func:`exact_answer`.
 
     Example:
         >>> from rollart_nb.trajectory import Trajectory, Turn

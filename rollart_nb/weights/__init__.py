@@ -1,13 +1,11 @@
 """Bucketed, versioned weight transfer from trainers to generation workers.
 
-State dicts are cut into buckets (:mod:`~rollart_nb.weights.buckets`, default 1 GiB) with a
-:class:`Manifest` of per-bucket checksums, published under a version, and pulled by generation
-workers, usually in the background by a :class:`WeightPuller`. Transports, all implementing
-:class:`rollart_nb.protocols.WeightTransport`:
+State dicts are cut into checksummed buckets (:mod:`~rollart_nb.weights.buckets`), published
+under a version, and pulled by a :class:`WeightPuller`. Transports
+(:class:`rollart_nb.protocols.WeightTransport`):
 
 * :class:`ObjectStoreTransport` — Ray object store (default).
-* :class:`MooncakeTransport` — Mooncake store, cross-cluster and asynchronous
-  (``pip install 'rollart_nb[mooncake]'`` plus ``apt-get install libibverbs1``).
+* :class:`MooncakeTransport` — Mooncake store, cross-cluster (the ``mooncake`` extra).
 * :class:`NcclTransport` — ``torch.distributed`` broadcast inside one GPU cluster.
 * :class:`LocalTransport` — in-process fake for sim backends and tests.
 

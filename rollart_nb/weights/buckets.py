@@ -1,13 +1,9 @@
 """Cut a state dict into fixed-size byte buckets and put it back together.
 
-A *bucket* is one contiguous ``uint8`` buffer (default 1 GiB, the size the paper uses) that
-a transport moves as a single object. Tensors are packed in order and never split across
-buckets unless a tensor alone is larger than a bucket; such a tensor is cut into chunks that
-fill whole buckets. Every tensor starts at a 64-byte aligned offset so that the receiver can
-view it in place (``torch.frombuffer`` + ``view(dtype)``) without a copy.
-
-A :class:`Manifest` describes the layout plus one checksum per bucket, so that a receiver can
-verify each bucket and name the bad one (:class:`~rollart_nb.errors.WeightSyncError`).
+A *bucket* is one contiguous ``uint8`` buffer (default 1 GiB) a transport moves as one
+object. Tensors are packed in order, split only when larger than a bucket, each at a 64-byte
+aligned offset so the receiver can view it in place. A :class:`Manifest` holds the layout and
+one checksum per bucket (a bad one raises :class:`~rollart_nb.errors.WeightSyncError`).
 
 Example:
     >>> import torch
@@ -258,9 +254,8 @@ def pack(
         bucket_bytes: bucket size in bytes (multiple of :data:`ALIGN`).
         version: policy version recorded in the manifest.
         checksum_algo: ``None`` picks :func:`default_checksum_algo`; ``"none"`` skips checksums.
-        device: ``None`` returns numpy ``uint8`` arrays in host memory (what the object store
-            and Mooncake move); a torch device returns ``uint8`` tensors there (what NCCL moves;
-            checksums are then skipped, since they would force a device-to-host copy).
+        device: ``None`` returns numpy ``uint8`` arrays in host memory; a torch device returns
+            ``uint8`` tensors there, without checksums.
 
     Returns:
         ``(manifest, buckets)``: bucket ``i`` has ``manifest.bucket_sizes[i]`` bytes.

@@ -1,9 +1,7 @@
 """Weight transport over the Mooncake store (cross-cluster, asynchronous).
 
-After each training step the trainer cuts its weights into buckets and publishes them to a
-CPU-resident Mooncake store instead of pushing them to every generation worker; workers fetch
-the newest buckets on demand (``batch_get_into`` straight into their own buffers), usually on
-a :class:`~rollart_nb.weights.puller.WeightPuller` thread while rollout goes on.
+The trainer publishes bucketed weights to a CPU-resident Mooncake store; workers fetch the
+newest on demand, usually on a :class:`~rollart_nb.weights.puller.WeightPuller` thread.
 
 Store layout for one ``prefix``::
 
@@ -11,9 +9,7 @@ Store layout for one ``prefix``::
     {prefix}/v{version}/manifest     Manifest JSON, written after every bucket is in
     {prefix}/latest                  newest complete version, written last
 
-Readers look up ``latest`` then the manifest, so they never see a version before all its
-buckets are stored. Needs the ``mooncake`` extra (``mooncake-transfer-engine-non-cuda``) and
-``libibverbs1`` (its engine links against it even when only TCP is used).
+Needs the ``mooncake`` extra and ``libibverbs1`` (linked even when only TCP is used).
 """
 
 from __future__ import annotations
@@ -69,9 +65,8 @@ class MooncakeTransport:
         master: ``"host:port"`` of the master, or a :class:`MooncakeMaster`.
         prefix: key namespace, one per model/job.
         bucket_bytes: bucket size used by :meth:`publish`.
-        segment_bytes: memory this client contributes to the store. The buckets live in
-            contributed segments, so the publisher (or a store node) needs about
-            ``(keep + 1) * model bytes``; pure pullers contribute 0.
+        segment_bytes: memory this client contributes to the store (a publisher needs about
+            ``(keep + 1) * model bytes``; pullers 0).
         local_buffer_bytes: client staging buffer (holds manifests and the latest pointer).
         protocol: ``"tcp"`` or ``"rdma"``.
         device_name: RDMA device list for ``protocol="rdma"``.

@@ -44,9 +44,8 @@ def find_master_binary() -> str | None:
 class MooncakeMaster:
     """Start (or attach to) a ``mooncake_master`` metadata server.
 
-    Every port it opens is bound to ``host`` (loopback by default): the RPC port and the
-    metrics/admin HTTP port. Clients use the ``P2PHANDSHAKE`` metadata mode, so the master's
-    embedded HTTP metadata server (which binds 0.0.0.0 whatever its host flag says) stays off.
+    Every port it opens is bound to ``host``; the embedded HTTP metadata server (which binds
+    0.0.0.0 regardless) stays off, as clients use ``P2PHANDSHAKE``.
 
     Args:
         host: address to bind.

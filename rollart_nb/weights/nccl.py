@@ -1,14 +1,9 @@
 """Weight transport over ``torch.distributed`` broadcast (same-cluster sync, NCCL on GPUs).
 
-Inside one cluster (NVLink / InfiniBand) the paper syncs weights with NCCL: the trainer rank
-broadcasts each bucket to the generation ranks of a shared process group. Unlike the store
-transports this one is a *collective*: :meth:`NcclTransport.publish` on the source rank must
-be matched by :meth:`NcclTransport.pull` on every other rank of the group. Nothing is kept
-after the broadcast, so :meth:`NcclTransport.gc` has nothing to free.
-
-Buckets are packed on the group's device (CUDA for NCCL, CPU for gloo) and carry no
-checksum: computing one would cost a device-to-host copy, and the collective already fails
-loudly on a broken link. The module imports without CUDA; with gloo it runs on CPU.
+A *collective*: :meth:`NcclTransport.publish` on the source rank must be matched by
+:meth:`NcclTransport.pull` on every other rank of the group; nothing is kept afterwards.
+Buckets live on the group's device and carry no checksum (that would cost a device-to-host
+copy; a broken link fails the collective loudly). With gloo it runs on CPU.
 """
 
 from __future__ import annotations

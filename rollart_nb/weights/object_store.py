@@ -146,8 +146,7 @@ class ObjectStoreTransport:
 
         Args:
             version: weight version to pull.
-            copy: return writable tensors (one memcpy per bucket); ``False`` returns read-only
-                views straight into shared memory, which must not be modified in place.
+            copy: return writable tensors; ``False`` returns read-only views of shared memory.
 
         Raises:
             WeightSyncError: the version is missing, lost from the store, or corrupt.
