@@ -57,15 +57,9 @@ from rollart_nb.clock.cores import Host
 from rollart_nb.errors import StateError
 
 __all__ = [
-    "REAL_TIME_SCALE",
-    "SimClock",
-    "VirtualEventLoop",
-    "current",
-    "host_for",
-    "is_virtual",
-    "resolve_time_scale",
+    "REAL_TIME_SCALE", "SimClock", "VirtualEventLoop", "current", "host_for", "is_virtual", "resolve_time_scale",
     "sleep",
-]
+]  # fmt: skip
 
 REAL_TIME_SCALE = 1e-3
 """Default ``time_scale`` of sim backends and envs off a virtual clock (a 10 s turn sleeps 10 ms)."""
@@ -219,14 +213,12 @@ class SimClock:
         asyncio.set_event_loop(self.loop)
         self.loop.run_forever()
 
-    # -- reading -----------------------------------------------------------------------
     def now(self) -> float:
         """Simulated seconds since the clock started."""
         return self.loop.time()
 
     __call__ = now
 
-    # -- waiting -----------------------------------------------------------------------
     def wait(self, fut: concurrent.futures.Future, timeout: float | None = None) -> Any:
         """Block this (non-loop) thread until ``fut`` is done, letting simulated time pass.
 
@@ -310,7 +302,6 @@ class SimClock:
             raise StateError("the simulation clock is closed")
         self.loop.call_soon_threadsafe(fn)
 
-    # -- lifecycle ---------------------------------------------------------------------
     def close(self, timeout: float = 30.0) -> None:
         """Cancel what still runs on the loop, release sleeping threads, stop and close the loop."""
         if self.closed:
@@ -347,10 +338,7 @@ def current() -> SimClock | None:
 
 
 def sleep(seconds: float) -> None:
-    """Blocking sleep: in simulated time on a virtual clock's executor thread, else ``time.sleep``.
-
-    What sync sim code (the simulated trainer, sync env paths) calls to pass modelled time.
-    """
+    """Blocking sleep (sync sim code's): simulated time on a virtual clock's thread, else ``time.sleep``."""
     clock = current()
     if clock is None:
         if seconds > 0:
