@@ -99,11 +99,9 @@ class _Selector:
 
 
 class VirtualEventLoop(asyncio.SelectorEventLoop):
-    """A selector event loop with a virtual ``time()`` (see the module docstring).
-
-    ``busy`` counts executor jobs not yet seen back on the loop; ``waiters`` counts threads
-    blocked in :meth:`SimClock.wait`. Time advances only when ``busy == 0 < waiters``.
-    """
+    """A selector event loop with a virtual ``time()``. ``busy`` counts executor jobs not yet seen
+    back on the loop, ``waiters`` threads blocked in :meth:`SimClock.wait`; time advances only when
+    ``busy == 0 < waiters``."""
 
     if TYPE_CHECKING:  # private asyncio.BaseEventLoop state used below; typeshed does not declare it
         _ready: collections.deque[asyncio.Handle]
@@ -356,9 +354,8 @@ _OWN_TIME = Host()
 
 
 def host_for(hardware: Any) -> Host:
-    """Where a device of ``hardware`` does its work: the simulation's host when the device is
-    a CPU (``hardware.kind == "cpu"``) on a virtual clock's thread, else a host without shared
-    cores (:meth:`Host.compute <rollart_nb.clock.cores.Host.compute>` then sleeps)."""
+    """Where a device of ``hardware`` works: the simulation's host for a CPU (``kind == "cpu"``)
+    on a virtual clock's thread, else a host without shared cores (its ``compute`` sleeps)."""
     clock = current()
     if clock is None or getattr(hardware, "kind", None) != "cpu":
         return _OWN_TIME
@@ -378,8 +375,7 @@ def is_virtual() -> bool:
 
 
 def resolve_time_scale(time_scale: float | None) -> float:
-    """``time_scale`` as given, or the default where it is used: 1.0 on a virtual clock (a modelled
-    second is a simulated second), :data:`REAL_TIME_SCALE` elsewhere (a real sleep, shrunk)."""
+    """``time_scale`` as given, or the default here: 1.0 on a virtual clock, else :data:`REAL_TIME_SCALE`."""
     if time_scale is not None:
         return float(time_scale)
     return 1.0 if is_virtual() else REAL_TIME_SCALE

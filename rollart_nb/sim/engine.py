@@ -145,8 +145,7 @@ class Engine:
         self.kv_capacity_tokens = int(kv_free_bytes(spec, hardware, settings.tp) // spec.kv_bytes_per_token)
         self._cache: OrderedDict[str, Prefix] = OrderedDict()  # LRU order, oldest first
         self._cached_tokens = 0
-        # FCFS queue waiting for memory, then admitted (prefilling, then decoding)
-        self._waiting: deque[Job] = deque()
+        self._waiting: deque[Job] = deque()  # FCFS, for memory; then admitted (prefilling, decoding)
         self._prefilling: deque[Job] = deque()
         self._decoding: list[Job] = []
         self._kv_used = 0  # KV tokens reserved by admitted jobs
