@@ -37,7 +37,6 @@ class Trial:
         config: the configuration (rollout pools, alpha, redundancy, pd).
         step_s: predicted (modelled) seconds per training step.
         cost_per_hour: USD per hour of all its GPUs (training included).
-        cost_per_step: USD per step (``step_s * cost_per_hour / 3600``).
     """
 
     stage: str
@@ -57,8 +56,6 @@ class Plan:
     Attributes:
         choice: the chosen configuration (``rollout`` pool -> GPUs, ``train_gpus``, ``alpha``,
             ``redundancy``, ``pd``, ``model``).
-        step_s: its predicted step time (modelled seconds).
-        cost_per_hour: its cost at the profiles' prices.
         trials: everything tried, in order.
         reasoning: one line per decision.
     """
@@ -125,7 +122,6 @@ def plan(
     Args:
         workload_: the tasks: a preset name, a :class:`Workload`, or task name -> either.
         budget: USD per hour for all GPUs (training included), at the hardware profiles' prices.
-        model: model spec name.
         train_gpus: H800 GPUs for training (fixed; the search is over rollout).
         batch / group: trajectories per step / GRPO group size.
         envs_per_task: env instances per task.
@@ -177,23 +173,24 @@ def plan(
     best = min((run("pool mix", base.with_(rollout=m)) for m in mixes), key=lambda t: t.cost_per_step)
     why.append(f"pool mix: {_short(best.config['rollout'])} has the lowest $/step of {len(mixes)} equal-budget mixes")
     spec = base.with_(rollout=best.config["rollout"])
+
+    def consider(stage: str, s: RunSpec) -> None:
+        nonlocal best, spec
+        t = run(stage, s)
+        if t.step_s < best.step_s * 0.95:  # each knob costs convergence or GPUs: only take a clear gain
+            best, spec = t, s
+
     for a in alphas:
         if a != spec.alpha:
-            t = run("alpha", spec.with_(alpha=a))
-            if t.step_s < best.step_s * 0.95:  # a bound above 1 costs convergence: only take a clear gain
-                best, spec = t, spec.with_(alpha=a)
+            consider("alpha", spec.with_(alpha=a))
     why.append(f"alpha={spec.alpha}: larger bounds trade convergence for throughput, kept only for a >5% faster step")
     if not quick:
         for r in redundancies:
             if r != spec.redundancy:
-                t = run("redundancy", spec.with_(redundancy=r, envs_per_task=envs_per_task + r * len(tasks)))
-                if t.step_s < best.step_s * 0.95:
-                    best, spec = t, spec.with_(redundancy=r, envs_per_task=envs_per_task + r * len(tasks))
+                consider("redundancy", spec.with_(redundancy=r, envs_per_task=envs_per_task + r * len(tasks)))
         why.append(f"redundancy={spec.redundancy}: extra members per group, kept only for a >5% faster step")
         if try_pd and set(spec.rollout) >= {"H800", "H20"}:
-            t = run("pd", spec.with_(pd=True))
-            if t.step_s < best.step_s * 0.95:
-                best, spec = t, spec.with_(pd=True)
+            consider("pd", spec.with_(pd=True))
             why.append(f"pd={spec.pd}: prefill on H800, decode on H20, kept only for a >5% faster step")
     choice = {"model": model, "train_gpus": train_gpus, **best.config}
     return Plan(choice, best.step_s, best.cost_per_hour, trials, why)

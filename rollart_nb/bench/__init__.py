@@ -24,18 +24,9 @@ from rollart_nb.bench.sensitivity import sensitivity, sensitivity_report
 from rollart_nb.errors import ConfigError
 
 __all__ = [
-    "EXPERIMENTS",
-    "alpha_sweep",
-    "script_main",
-    "pd_disaggregation",
-    "r1_affinity",
-    "redundant_rollouts",
-    "run_experiments",
-    "scaling",
-    "sensitivity",
-    "sensitivity_report",
-    "throughput_ladder",
-]
+    "EXPERIMENTS", "alpha_sweep", "script_main", "pd_disaggregation", "r1_affinity", "redundant_rollouts",
+    "run_experiments", "scaling", "sensitivity", "sensitivity_report", "throughput_ladder",
+]  # fmt: skip
 
 EXPERIMENTS: dict[str, Callable[..., dict[str, Any]]] = {
     "r1_affinity": r1_affinity,

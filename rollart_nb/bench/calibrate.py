@@ -15,12 +15,10 @@ and a :class:`~rollart_nb.sim.workloads.Workload` per task. For a sim-to-real ch
 * :func:`~rollart_nb.models.spec.hf_spec`: the tiny model's :class:`ModelSpec` from its ``config.json``.
 * :func:`sample_episodes` and :func:`workload_from_stats`: prompt, observation, response and
   turn statistics of real episodes of the real envs played by the real model, as Workloads.
-* :func:`calibrate` does all of the above, with :mod:`rollart_nb.bench.real_costs`'
-  ``row_overhead`` and ``measure_trainer`` (the real engine's and trainer's own costs), and
-  :func:`register_profile` makes the profile a pool name a :class:`~rollart_nb.SimSession` accepts.
+* :func:`calibrate` does all of the above, with :mod:`rollart_nb.bench.real_costs`' engine and
+  trainer costs; :func:`register_profile` makes the profile a pool name a SimSession accepts.
 
-Nothing here is tuned to a result: each number is a measurement or follows from one by the
-formula in its docstring.
+Nothing here is tuned to a result: each number is a measurement or follows from one by a formula.
 
 Example:
     >>> hw = measure_cpu(seconds=0.3)  # doctest: +SKIP
@@ -47,19 +45,9 @@ from rollart_nb.sim.roofline import prefill_flops, weights_read_bytes
 from rollart_nb.sim.workloads import Workload
 
 __all__ = [
-    "MEASURED_PROFILE",
-    "Calibration",
-    "EpisodeStats",
-    "calibrate",
-    "matmul_efficiency",
-    "matmul_flops",
-    "measure_cpu",
-    "memory_bandwidth",
-    "pass_overhead",
-    "register_profile",
-    "sample_episodes",
-    "workload_from_stats",
-]
+    "MEASURED_PROFILE", "Calibration", "EpisodeStats", "calibrate", "matmul_efficiency", "matmul_flops", "measure_cpu",
+    "memory_bandwidth", "pass_overhead", "register_profile", "sample_episodes", "workload_from_stats",
+]  # fmt: skip
 
 MEASURED_PROFILE = "CPU-MEASURED"
 """Default name of a measured profile (and of the SimSession pool that uses it)."""
@@ -204,29 +192,18 @@ def measure_cpu(
 
 def register_profile(hw: HardwareProfile) -> HardwareProfile:
     """Make ``hw`` a hardware type by its name, so ``SimSession({hw.name: n})`` builds a pool of it
-    and sim workers bound there are priced with it. Returns ``hw``.
-
-    A later call with the same name replaces the profile (a fresh measurement).
-    """
+    and sim workers bound there are priced with it (a later call of that name replaces it)."""
     PROFILES[hw.name] = hw
     return hw
 
 
-# -- the envs' token profile -----------------------------------------------------------------------
 @dataclass
 class EpisodeStats:
     """Token and turn counts of real episodes of one task (tokens of the real tokenizer).
 
-    Attributes:
-        prompt_tokens: per episode, tokens of the first observation.
-        obs_tokens: per later turn, tokens of its observation.
-        response_tokens: per turn, tokens the model generated.
-        turns: per episode, turns played.
-        env_step_s: per ``env.step`` call, wall seconds.
-        env_reset_s: per ``env.reset`` call, wall seconds.
-
-    Observation counts are of ``"<|user|> {obs} <|assistant|>"`` less the two tags, as the
-    rollout encodes an observation (the sim tokenizer adds the same two tags, one token each).
+    Lists per episode (``prompt_tokens``, ``turns``), per turn (``obs_tokens`` of later turns,
+    ``response_tokens``) and per call (``env_step_s``, ``env_reset_s``: wall seconds). Observation
+    counts are of ``"<|user|> {obs} <|assistant|>"`` less the two tags, as the rollout encodes one.
     """
 
     prompt_tokens: list[int] = field(default_factory=list)
@@ -367,7 +344,6 @@ def workload_from_stats(name: str, stats: EpisodeStats, max_response_tokens: int
     )
 
 
-# -- everything at once ------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Calibration:
     """What a sim run needs to mirror a real one on this machine.

@@ -1,18 +1,12 @@
 """What every what-if experiment shares: one simulated run, equal-cost pool sizing, the result record.
 
-A run (:func:`simulate`) builds a :class:`~rollart_nb.sim_session.SimSession`, a SimTrainer
-cluster, a SimGenerator cluster (one worker per TP group; a mix of pools by binding the
-preferred pool first and falling back to the next), the tasks as :class:`~rollart_nb.sim.SimEnv`
-s, and the real Pipeline; it runs warm-up steps, then measured steps, and reports their
-*modelled* seconds.
-
-By default the session runs on a virtual clock (:mod:`rollart_nb.clock`): simulated time
-jumps from event to event and the control plane's own CPU time costs none of it, so a result
-does not depend on the machine or its load, and a seed gives the same numbers twice.
-``RunSpec(virtual=False)`` runs in scaled real time instead (modelled = wall / ``time_scale``):
-there the control plane's CPU time stretches every sleep, so each such run measures the loop's
-lag with a probe and reports ``lag_frac`` (lag / probe period); a large value means the
-ratios are compressed toward 1.
+A run (:func:`simulate`) builds a :class:`~rollart_nb.sim_session.SimSession` with a SimTrainer
+cluster, a SimGenerator cluster (one worker per TP group; a mix binds the first pool first), the
+tasks as :class:`~rollart_nb.sim.SimEnv` s, and the real Pipeline, and reports the *modelled*
+seconds of its measured steps. On the default virtual clock (:mod:`rollart_nb.clock`) a result
+does not depend on the machine or its load. ``RunSpec(virtual=False)`` runs in scaled real time,
+where the control plane's CPU stretches every sleep: such a run reports ``lag_frac`` (the loop's
+lag per probe period); a large value means the ratios are compressed toward 1.
 """
 
 from __future__ import annotations
@@ -35,15 +29,8 @@ from rollart_nb.sim_session import SimSession
 from rollart_nb.workers.roles import SimGenerator, SimTrainer
 
 __all__ = [
-    "RunSpec",
-    "Stragglers",
-    "equal_cost_counts",
-    "pool_cost",
-    "pools_of",
-    "sim_pipeline",
-    "simulate",
-    "waste_share",
-]
+    "RunSpec", "Stragglers", "equal_cost_counts", "pool_cost", "pools_of", "sim_pipeline", "simulate", "waste_share",
+]  # fmt: skip
 
 GPUS_PER_NODE = 8
 
@@ -69,13 +56,11 @@ class RunSpec:
     """One simulated configuration.
 
     Attributes:
-        model: model spec name (e.g. "qwen3-8b").
         rollout: pool -> generation GPUs (e.g. ``{"H800": 64, "H20": 24}``); a mix binds the
             first pool's workers first.
         train_gpus: H800 GPUs of the trainer (one SimTrainer models them all).
         tp: GPUs per generation worker (one TP group; its all-reduces go over NVLink).
         tasks: task name -> workload preset name or :class:`Workload`.
-        envs_per_task: env instances per task.
         batch / group: trajectories per step / GRPO group size.
         mode / alpha / redundancy / pd / hw_affinity: pipeline settings.
         stragglers: long-tail env latency (None: the workloads' own latency only).
@@ -83,7 +68,6 @@ class RunSpec:
         virtual: simulated time (default) or scaled real time (see the module docstring).
         time_scale: seconds slept per modelled second (None: 1 on the virtual clock; 0.005 in
             real time).
-        seed: session seed.
         train_mfu: achieved MFU of the trainer.
     """
 

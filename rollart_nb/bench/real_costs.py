@@ -35,16 +35,9 @@ from rollart_nb.trajectory import Trajectory, Turn
 from rollart_nb.workers.roles import HFGenerator, SimGenerator, SimTrainer, TorchTrainer
 
 __all__ = [
-    "TrainerCost",
-    "WeightSyncCost",
-    "call_latency",
-    "measure_control_plane",
-    "measure_trainer",
-    "measure_weight_sync",
-    "median_seconds",
-    "row_overhead",
-    "torch_threads",
-]
+    "TrainerCost", "WeightSyncCost", "call_latency", "measure_control_plane", "measure_trainer", "measure_weight_sync",
+    "median_seconds", "row_overhead", "torch_threads",
+]  # fmt: skip
 
 log = logging.getLogger(__name__)
 
@@ -95,15 +88,11 @@ def row_overhead(
     """Seconds of the ``hf`` engine's own work per request beyond its forward passes.
 
     Times the real :class:`~rollart_nb.backends.hf.HFBackend` (no batch wait) serving batches of
-    1 and of ``rows`` two-turn trajectories (a ``prompt_tokens`` prompt, then the history plus
-    ``obs_tokens`` more, so the second turn reuses cached KV as a real multi-turn rollout does;
-    sampling at temperature 1 with a budget of ``max_new_tokens``). With ``t1``, ``tB`` the
-    median seconds per turn's batch and ``p1``, ``pB`` the decode passes each ran (its longest
-    response), the formula is ``max(0, (tB - t1 - (pB - p1) * pass_s) / (rows - 1))``: what a
-    row adds to a batch (building its row, copying its cached KV in and out, its sampling), the
-    passes a longer response adds taken out at ``pass_s`` seconds each (the profile's time of
-    one small pass: its ``pass_overhead_s``). The FLOPs of the extra rows of a tiny model are
-    left in (tens of microseconds).
+    1 and of ``rows`` two-turn trajectories (the second turn reuses cached KV, as a multi-turn
+    rollout does). With ``t1``, ``tB`` the median seconds per turn's batch and ``p1``, ``pB``
+    the decode passes each ran, the formula is ``max(0, (tB - t1 - (pB - p1) * pass_s) / (rows - 1))``:
+    what a row adds to a batch, the passes a longer response adds taken out at ``pass_s``
+    (the profile's ``pass_overhead_s``). The tiny model's FLOPs of the extra rows are left in.
     """
     if rows < 2:
         raise ConfigError(f"rows={rows!r} must be >= 2", where="row_overhead")

@@ -1,9 +1,7 @@
 """Sensitivity: how a headline ratio moves as one workload parameter moves, the others held.
 
-A single ratio says little about a cluster nobody here has; the same ratio drawn against env
-latency spread, turns per trajectory, prompt and response lengths, and alpha shows where
-RollArt's design wins and where it does not. Each point is two simulated runs (the ratio's
-numerator and denominator) on the same workload, changed in one parameter:
+A ratio drawn against one parameter shows where RollArt's design wins and where it does not.
+Each point is two simulated runs (the ratio's numerator and denominator), changed in one parameter:
 
 - ``env_latency_spread``: the std of every env call's latency, times the factor (stragglers).
 - ``turns``: each task's turn range, times the factor.
@@ -11,9 +9,8 @@ numerator and denominator) on the same workload, changed in one parameter:
 - ``response_tokens``: each task's response lengths, times the factor.
 - ``alpha``: RollArt's staleness bound (AReaL's too, which bounds at start).
 
-Ratios: ``rollart_over_areal`` (the throughput ladder's last rung, at the ladder's clusters, in
-tokens per second) and ``mix_over_h20_only`` (R1: the affinity mix over H20 only, at equal cost,
-in step time).
+Ratios: ``rollart_over_areal`` (the throughput ladder's last rung, in tokens per second) and
+``mix_over_h20_only`` (R1: the affinity mix over H20 only, at equal cost, in step time).
 
 Example:
     >>> from rollart_nb.bench.sensitivity import sensitivity

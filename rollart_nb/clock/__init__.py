@@ -57,15 +57,9 @@ from rollart_nb.clock.cores import Host
 from rollart_nb.errors import StateError
 
 __all__ = [
-    "REAL_TIME_SCALE",
-    "SimClock",
-    "VirtualEventLoop",
-    "current",
-    "host_for",
-    "is_virtual",
-    "resolve_time_scale",
+    "REAL_TIME_SCALE", "SimClock", "VirtualEventLoop", "current", "host_for", "is_virtual", "resolve_time_scale",
     "sleep",
-]
+]  # fmt: skip
 
 REAL_TIME_SCALE = 1e-3
 """Default ``time_scale`` of sim backends and envs off a virtual clock (a 10 s turn sleeps 10 ms)."""
@@ -105,11 +99,9 @@ class _Selector:
 
 
 class VirtualEventLoop(asyncio.SelectorEventLoop):
-    """A selector event loop with a virtual ``time()`` (see the module docstring).
-
-    ``busy`` counts executor jobs not yet seen back on the loop; ``waiters`` counts threads
-    blocked in :meth:`SimClock.wait`. Time advances only when ``busy == 0 < waiters``.
-    """
+    """A selector event loop with a virtual ``time()``. ``busy`` counts executor jobs not yet seen
+    back on the loop, ``waiters`` threads blocked in :meth:`SimClock.wait`; time advances only when
+    ``busy == 0 < waiters``."""
 
     if TYPE_CHECKING:  # private asyncio.BaseEventLoop state used below; typeshed does not declare it
         _ready: collections.deque[asyncio.Handle]
@@ -219,14 +211,12 @@ class SimClock:
         asyncio.set_event_loop(self.loop)
         self.loop.run_forever()
 
-    # -- reading -----------------------------------------------------------------------
     def now(self) -> float:
         """Simulated seconds since the clock started."""
         return self.loop.time()
 
     __call__ = now
 
-    # -- waiting -----------------------------------------------------------------------
     def wait(self, fut: concurrent.futures.Future, timeout: float | None = None) -> Any:
         """Block this (non-loop) thread until ``fut`` is done, letting simulated time pass.
 
@@ -310,7 +300,6 @@ class SimClock:
             raise StateError("the simulation clock is closed")
         self.loop.call_soon_threadsafe(fn)
 
-    # -- lifecycle ---------------------------------------------------------------------
     def close(self, timeout: float = 30.0) -> None:
         """Cancel what still runs on the loop, release sleeping threads, stop and close the loop."""
         if self.closed:
@@ -347,10 +336,7 @@ def current() -> SimClock | None:
 
 
 def sleep(seconds: float) -> None:
-    """Blocking sleep: in simulated time on a virtual clock's executor thread, else ``time.sleep``.
-
-    What sync sim code (the simulated trainer, sync env paths) calls to pass modelled time.
-    """
+    """Blocking sleep (sync sim code's): simulated time on a virtual clock's thread, else ``time.sleep``."""
     clock = current()
     if clock is None:
         if seconds > 0:
@@ -368,9 +354,8 @@ _OWN_TIME = Host()
 
 
 def host_for(hardware: Any) -> Host:
-    """Where a device of ``hardware`` does its work: the simulation's host when the device is
-    a CPU (``hardware.kind == "cpu"``) on a virtual clock's thread, else a host without shared
-    cores (:meth:`Host.compute <rollart_nb.clock.cores.Host.compute>` then sleeps)."""
+    """Where a device of ``hardware`` works: the simulation's host for a CPU (``kind == "cpu"``)
+    on a virtual clock's thread, else a host without shared cores (its ``compute`` sleeps)."""
     clock = current()
     if clock is None or getattr(hardware, "kind", None) != "cpu":
         return _OWN_TIME
@@ -390,8 +375,7 @@ def is_virtual() -> bool:
 
 
 def resolve_time_scale(time_scale: float | None) -> float:
-    """``time_scale`` as given, or the default where it is used: 1.0 on a virtual clock (a modelled
-    second is a simulated second), :data:`REAL_TIME_SCALE` elsewhere (a real sleep, shrunk)."""
+    """``time_scale`` as given, or the default here: 1.0 on a virtual clock, else :data:`REAL_TIME_SCALE`."""
     if time_scale is not None:
         return float(time_scale)
     return 1.0 if is_virtual() else REAL_TIME_SCALE

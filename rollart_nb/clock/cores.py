@@ -54,13 +54,10 @@ class SharedCores:
 
     Each job is one thread's work (a generator's forward pass, a train step, a control-plane
     turn). It starts on the core with the least work left on it (ties: the lowest index), stays
-    there, and shares that core's time equally with the jobs already on it (processor sharing
-    per core). This approximates Linux's scheduler with a few single-threaded processes (it
-    balances by recent load, not by work left, which it cannot know): a waking thread goes to
-    an idle core, else to a lightly loaded one, and a thread that runs without pause keeps its
-    core, so a long train step is slowed little while the short, bursty rollout work piles onto
-    the other cores. All methods run on one event loop (the
-    simulation's); time is that loop's ``time()``.
+    there, and shares that core's time equally with the jobs already on it. This approximates
+    Linux's scheduler with a few single-threaded processes: a long train step keeps its core and
+    is slowed little while the short, bursty rollout work piles onto the other cores. All
+    methods run on the simulation's event loop; time is that loop's ``time()``.
 
     Args:
         cores: how many cores (a whole number >= 1).

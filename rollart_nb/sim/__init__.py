@@ -23,20 +23,7 @@ from rollart_nb.sim.trainer import SimTrainBackend
 from rollart_nb.sim.workloads import PRESETS, SimEnv, Workload, response_tokens_fn, workload
 
 __all__ = [
-    "PRESETS",
-    "Host",
-    "SimBackend",
-    "SimClock",
-    "SimEnv",
-    "SimTokenizer",
-    "SharedCores",
-    "SimTrainBackend",
-    "Workload",
-    "decode_step_time",
-    "decode_time",
-    "prefill_time",
-    "response_tokens_fn",
-    "train_time",
-    "weight_sync_time",
+    "PRESETS", "Host", "SimBackend", "SimClock", "SimEnv", "SimTokenizer", "SharedCores", "SimTrainBackend", "Workload",
+    "decode_step_time", "decode_time", "prefill_time", "response_tokens_fn", "train_time", "weight_sync_time",
     "workload",
-]
+]  # fmt: skip

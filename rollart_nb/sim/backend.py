@@ -42,46 +42,28 @@ class SimBackend:
     """Roofline-timed generation backend (see the module docstring for the model).
 
     Args:
-        spec: the model being served.
-        hardware: the device type of this worker.
         time_scale: seconds slept per modelled second (0: account time without sleeping).
-            Default: 1 on a SimSession's virtual clock (simulated seconds), 1e-3 elsewhere
-            (a 10 s turn sleeps 10 ms of real time).
+            Default: 1 on a SimSession's virtual clock, 1e-3 elsewhere.
         tp: tensor-parallel degree (devices per replica).
         seed: mixed into every request's token stream.
-        mean_response_tokens: mean of the geometric response length when
-            ``response_tokens`` is not given.
-        response_tokens: ``fn(request) -> int`` choosing each response's length (e.g.
-            :func:`rollart_nb.sim.workloads.response_tokens_fn`); capped at
-            ``request.max_new_tokens``.
+        mean_response_tokens: mean of the geometric response length without ``response_tokens``.
+        response_tokens: ``fn(request) -> int``, each response's length (e.g.
+            :func:`rollart_nb.sim.workloads.response_tokens_fn`), capped at ``max_new_tokens``.
         policy: how tokens are chosen; only ``"hash"`` (seeded by the request) exists.
-        link_gbps: GB/s of the prefill-to-decode link, for :meth:`decode` after a remote
-            :meth:`prefill` (400 Gbit/s InfiniBand = 50 GB/s).
-        mfu: achieved fraction of peak FLOP/s.
-        mbu: achieved fraction of peak memory bandwidth.
-        chunk_tokens: token budget of one iteration (chunked prefill); None: a prompt is
-            prefilled whole in one pass, stalling every decode on the device meanwhile.
-        max_num_seqs: most sequences admitted at once.
+        link_gbps: GB/s of the prefill-to-decode link (400 Gbit/s InfiniBand = 50 GB/s).
+        mfu, mbu: achieved fractions of peak FLOP/s and memory bandwidth.
+        chunk_tokens: token budget of one iteration; None: a prompt is prefilled whole in one
+            pass, stalling every decode on the device meanwhile.
         vocab_size: ids are drawn from ``[3, vocab_size)``.
-        tokenizer: decodes ``result.text``; a :class:`SimTokenizer` by default.
-        name: reported as ``result.worker``.
-        batch_wait_s: modelled seconds a request waits before the engine takes it, as a
-            batching engine holds a request for batch mates (:data:`~rollart_nb.backends.hf.BATCH_WAIT_S`
-            for the ``hf`` backend); paid by :meth:`generate` and by a PD prefill node's
-            :meth:`prefill`. 0 (default): a continuous-batching engine such as vLLM, which takes
-            a request at its next iteration.
+        batch_wait_s: modelled seconds a request waits for batch mates before the engine takes
+            it (:data:`~rollart_nb.backends.hf.BATCH_WAIT_S` for ``hf``); 0: vLLM-like.
         history_tokens: token budget of the history store (lengths only, so cheap).
-        static_batching: run each batch to its end before taking the next, as the ``hf``
-            backend does (its requests gathered for ``batch_wait_s`` once the engine is free,
-            then prefilled together in one pass and decoded until the last one ends); False
-            (default): continuous batching, as vLLM does (a request joins at the next iteration).
+        static_batching: run each batch to its end before taking the next, as ``hf`` does;
+            False: continuous batching, as vLLM does.
         row_overhead_s: modelled seconds of the engine's own work per request, paid in the pass
-            where its prefill starts (building its row, copying its cached KV in and out, its
-            sampling; measured by :func:`rollart_nb.bench.real_costs.row_overhead`). 0 (default):
-            a GPU engine, where that work is negligible beside a pass.
+            where its prefill starts (:func:`rollart_nb.bench.real_costs.row_overhead`).
         load_overhead_s: fixed modelled seconds of loading a new weight version besides moving
-            its bytes (deserialize, copy into the model; measured by
-            :func:`rollart_nb.bench.real_costs.measure_weight_sync`); paid by :meth:`aload_weights`.
+            its bytes (:func:`rollart_nb.bench.real_costs.measure_weight_sync`).
 
     Raises:
         ConfigError: a bad argument, or the model does not fit on ``tp`` devices.
@@ -150,7 +132,6 @@ class SimBackend:
         """The policy version served now."""
         return self.engine.version
 
-    # -- the GenerationBackend protocol ------------------------------------------------
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         """Prefill what is not cached, decode the response, in the engine (modelled time slept).
 
@@ -191,9 +172,8 @@ class SimBackend:
 
     def weight_pull_s(self) -> tuple[float, float]:
         """Modelled ``(pull_s, load_s)`` of a new version: each of the ``tp`` devices pulls its
-        shard of the weights from the store over its own network link (``hardware.net_gbps``,
-        else ``link_gbps``), in the background once the trainer published them, then copies it
-        from host memory to the device (:data:`PCIE_GBPS`; the rollout waits for this part)::
+        shard over its own network link (``hardware.net_gbps``, else ``link_gbps``) in the
+        background, then copies it from host memory to the device (the rollout waits for this)::
 
             pull_s = weight_bytes / (tp * net_gbps * 1e9)
             load_s = weight_bytes / (tp * PCIE_GBPS * 1e9)
@@ -205,11 +185,9 @@ class SimBackend:
         )
 
     async def aload_weights(self, state: dict[str, Any], version: int) -> float:
-        """:meth:`load_weights` after the modelled time a Mooncake-style update exposes: the
-        rest of the background pull (it began when the trainer published, ``state["published_at"]``
-        in loop time; all of it when unknown) plus the host-to-device copy, then
-        ``load_overhead_s`` (on the host's shared cores, if this is one of its CPUs). Returns the
-        modelled seconds waited (also summed in ``stats()["weight_load_s"]``)."""
+        """:meth:`load_weights` after the modelled time a Mooncake-style update exposes: the rest
+        of the pull begun at ``state["published_at"]`` (all of it when unknown), the host-to-device
+        copy and ``load_overhead_s``. Returns the modelled seconds waited (``weight_load_s``)."""
         pull_s, load_s = self.weight_pull_s()
         published = state.get("published_at") if isinstance(state, dict) else None
         wait_s = load_s + pull_s
@@ -229,16 +207,14 @@ class SimBackend:
         self.load_weights(state, version)
         return wait_s
 
-    # -- prefill/decode disaggregation ---------------------------------------------------
     async def prefill(self, request: GenerationRequest) -> dict[str, Any]:
         """Prefill only (this worker is a P node). Returns what the D node needs:
 
         ``{"traj_id", "tokens" (KV computed now, to transfer), "prompt_tokens" (the whole
         prompt's length), "version", "prefill_s", "recomputed_tokens", "aborted"}``.
 
-        The history is resolved here: the decode node needs only what this returns. The
-        response is generated by the decode node, so the next request's ``prefix_len`` may
-        exceed the prompt kept here by that response (its tokens are prefilled as new).
+        The next request's ``prefix_len`` may exceed the prompt kept here by the decode node's
+        response (its tokens are prefilled as new).
 
         Raises:
             HistoryMiss: this node does not hold the history ``request.prefix_len`` expects.
@@ -266,10 +242,8 @@ class SimBackend:
         Charges the KV transfer of the prompt tokens this node does not hold
         (``kv_bytes_per_token * tokens / link_gbps``: the proxy keeps a trajectory on one decode
         node, which keeps its KV between turns while the weights do not change) plus decode.
-        ``result.prefill_s`` echoes the P node's time; ``decode_s`` includes the transfer.
-        The result carries the older of the two nodes' versions (conservative for staleness).
-        The whole prompt's length comes from ``prefilled["prompt_tokens"]``: ``request`` may
-        carry only its tail, and this node keeps no history of its own.
+        ``result.prefill_s`` echoes the P node's time; ``decode_s`` includes the transfer. The
+        result carries the older of the two nodes' versions (conservative for staleness).
         """
         full = int(prefilled["prompt_tokens"])
         version = min(self.version, int(prefilled["version"]))
@@ -293,7 +267,6 @@ class SimBackend:
         times = {"prefill_s": pre_s, "decode_s": job.parts["decode_s"], "recomputed_tokens": recomputed}
         return self._result(request, ids[:n], logprobs[:n], finish, version=version, **times)
 
-    # -- cache and accounting ------------------------------------------------------------
     def forget(self, traj_id: str) -> None:
         """Drop a finished trajectory's cached prefix and history."""
         self.history.forget(traj_id)
@@ -305,14 +278,8 @@ class SimBackend:
         return 0 if p is None else p.tokens
 
     def stats(self) -> dict[str, float]:
-        """Counters since construction: ``prefill_tokens`` (computed, recompute included),
-        ``decode_tokens``, ``recomputed_tokens``, ``busy_s`` (modelled seconds the engine ran an
-        iteration), ``iterations``, ``requests``, ``aborted``, ``kv_transfer_s``, ``kv_waits``
-        (requests that waited for KV memory), ``weight_load_s`` (modelled seconds weight
-        updates made the rollout wait); now: ``active`` (admitted requests), ``waiting``
-        (queued for memory), ``kv_used_tokens`` (reserved by admitted requests),
-        ``cached_tokens`` (prefix cache), and the history store's ``history_tokens`` and
-        ``history_misses``."""
+        """The engine's :data:`~rollart_nb.sim.engine.COUNTERS` since construction, its
+        ``occupancy()`` now, and the history store's ``history_tokens`` and ``history_misses``."""
         h = self.history.stats()
         return {
             **self.engine.counters,

@@ -18,10 +18,8 @@ scheduler works; :class:`~rollart_nb.sim.backend.SimBackend` answers requests wi
   under), in the same memory, least recently used evicted first when admissions need room. A
   trajectory's cached prefix is not prefilled again; after a weight change the whole prompt is
   (step 5 of the protocol, KV recompute), counted in ``recomputed_tokens``.
-* A job's ``prefill_s`` is from its arrival to the end of its prefill (waiting for memory
-  and for earlier prompts included); ``decode_s`` from there to its last token. Times are
-  *modelled* seconds; the engine sleeps them times ``time_scale`` on the loop (0: no sleeping,
-  the engine's own clock still advances).
+* A job's ``prefill_s`` runs from its arrival (queueing included) to the end of its prefill,
+  ``decode_s`` from there to its last token: *modelled* seconds, slept times ``time_scale``.
 """
 
 from __future__ import annotations
@@ -52,7 +50,9 @@ COUNTERS = (
     "prefill_tokens", "decode_tokens", "recomputed_tokens", "busy_s", "requests", "aborted",
     "kv_transfer_s", "iterations", "kv_waits", "weight_load_s",
 )  # fmt: skip
-"""The totals a :class:`SimBackend`'s ``stats()`` reports (see its docstring)."""
+"""The totals a :class:`SimBackend`'s ``stats()`` reports; ``prefill_tokens`` includes recompute,
+``busy_s`` is modelled seconds in iterations, ``kv_waits`` counts requests that waited for KV memory,
+``weight_load_s`` is modelled seconds weight updates made the rollout wait."""
 
 
 def kv_free_bytes(spec: ModelSpec, hardware: HardwareProfile, tp: int) -> float:
@@ -132,11 +132,6 @@ class Job:
 class Engine:
     """One serving engine: its queues, KV memory, prefix cache and modelled clock.
 
-    Args:
-        spec: the model served.
-        hardware: the device type.
-        settings: batching and speed.
-
     Attributes:
         version: the policy version admitted jobs are computed under.
         kv_capacity_tokens: KV memory in tokens, for running sequences and the prefix cache.
@@ -150,21 +145,18 @@ class Engine:
         self.kv_capacity_tokens = int(kv_free_bytes(spec, hardware, settings.tp) // spec.kv_bytes_per_token)
         self._cache: OrderedDict[str, Prefix] = OrderedDict()  # LRU order, oldest first
         self._cached_tokens = 0
-        # FCFS queue waiting for memory, then admitted (prefilling, then decoding)
-        self._waiting: deque[Job] = deque()
+        self._waiting: deque[Job] = deque()  # FCFS, for memory; then admitted (prefilling, decoding)
         self._prefilling: deque[Job] = deque()
         self._decoding: list[Job] = []
         self._kv_used = 0  # KV tokens reserved by admitted jobs
         self._task: asyncio.Task | None = None
-        # new on each start of the engine (an Event belongs to the loop that first waits on it)
-        self._wake = asyncio.Event()  # an arrival or an abort
+        self._wake = asyncio.Event()  # an arrival or an abort; both events renewed on each start
         self._abort_ev = asyncio.Event()  # an abort only
         self._t = 0.0  # modelled seconds, as of the loop time _anchor
         self._anchor = 0.0
         self._lag = 0.0  # modelled seconds the last pass took beyond its work (shared cores)
         self.counters: dict[str, float] = dict.fromkeys(COUNTERS, 0)
 
-    # -- what the backend calls ------------------------------------------------------------
     async def run_job(
         self, traj_id: str, prompt: int, total: int, *, kv_ready: bool = False, extra_s: float = 0.0
     ) -> Job:
@@ -208,7 +200,6 @@ class Engine:
             self._abort_ev.set()
 
     def cached(self, traj_id: str) -> Prefix | None:
-        """The cached prefix of ``traj_id``, if any."""
         return self._cache.get(traj_id)
 
     def remember(self, traj_id: str, tokens: int, version: int) -> None:
@@ -223,7 +214,6 @@ class Engine:
             self._cached_tokens -= old.tokens
 
     def drop(self, traj_id: str) -> None:
-        """Forget the cached prefix of ``traj_id``."""
         old = self._cache.pop(traj_id, None)
         if old is not None:
             self._cached_tokens -= old.tokens
@@ -238,7 +228,6 @@ class Engine:
             "cached_tokens": self._cached_tokens,
         }
 
-    # -- the clock ---------------------------------------------------------------------------
     def _now(self) -> float:
         """Modelled seconds now (the engine's clock, caught up with the loop while idle)."""
         if self.settings.time_scale > 0:
@@ -253,10 +242,8 @@ class Engine:
 
     async def _pass(self, dt: float, ev: asyncio.Event, work: bool = True) -> float | None:
         """Sleep ``dt`` modelled seconds; returns the modelled seconds elapsed if ``ev`` cut it
-        short, else None. On a host's shared cores (:mod:`rollart_nb.clock.cores`) ``dt`` is work,
-        which may take longer while other work shares them; the extra time is added to the
-        engine's clock at the next ``_set_now``. ``work=False``: a wait, not work (a KV transfer),
-        which never takes a core."""
+        short, else None. On a host's shared cores ``dt`` is work, which may take longer; the
+        extra time joins the clock at the next ``_set_now``. ``work=False``: a wait (KV transfer)."""
         ev.clear()
         scale = self.settings.time_scale
         if scale <= 0:
@@ -276,7 +263,6 @@ class Engine:
             return None
         return min((loop.time() - t0) / scale, dt)
 
-    # -- admission, KV memory and the prefix cache -----------------------------------------------
     def _admit(self, now: float) -> None:
         """Move waiting jobs (FCFS) into the engine while their KV fits and seats are free
         (with static batching: only into an idle engine, as the next batch)."""
@@ -365,7 +351,6 @@ class Engine:
             for job in [j for j in q if j.aborted]:
                 self._end(job, now)
 
-    # -- iterations --------------------------------------------------------------------------
     async def _loop(self) -> None:
         """The engine: iterations until nothing is queued, admitted or decoding."""
         s = self.settings

@@ -24,20 +24,10 @@ from rollart_nb.models.spec import ModelSpec
 from rollart_nb.resources.profiles import HardwareProfile
 
 __all__ = [
-    "ACT_BYTES",
-    "attention_flops",
-    "decode_step_time",
-    "decode_steps_within",
-    "decode_time",
-    "grad_sync_time",
-    "iteration_time",
-    "prefill_flops",
-    "prefill_time",
-    "tp_comm_time",
-    "train_time",
-    "weight_sync_time",
+    "ACT_BYTES", "attention_flops", "decode_step_time", "decode_steps_within", "decode_time", "grad_sync_time",
+    "iteration_time", "prefill_flops", "prefill_time", "tp_comm_time", "train_time", "weight_sync_time",
     "weights_read_bytes",
-]
+]  # fmt: skip
 
 
 ACT_BYTES = 2
@@ -66,11 +56,12 @@ def tp_comm_time(spec: ModelSpec, hw: HardwareProfile, tokens: int, tp: int) -> 
     return 4.0 * spec.layers * (tp - 1) / tp * tokens * spec.hidden * ACT_BYTES / (hw.nvlink_gbps * 1e9)
 
 
-def _check(tp: int, eff: float, what: str) -> None:
+def _check(tp: int, **effs: float) -> None:
     if tp < 1:
         raise ValueError(f"tp must be >= 1, got {tp}")
-    if not 0.0 < eff <= 1.0:
-        raise ValueError(f"{what} must be in (0, 1], got {eff}")
+    for what, eff in effs.items():
+        if not 0.0 < eff <= 1.0:
+            raise ValueError(f"{what} must be in (0, 1], got {eff}")
 
 
 def attention_flops(spec: ModelSpec, tokens: float, context: float) -> float:
@@ -80,11 +71,6 @@ def attention_flops(spec: ModelSpec, tokens: float, context: float) -> float:
     attends to the ``context`` cached tokens and, causally, to about half of the new ones;
     ``QK^T`` and ``AV`` each cost ``2 * hidden`` FLOPs per (query, key) pair and layer. The
     query width is taken as ``hidden`` (true for Qwen3 dense models up to head-count rounding).
-
-    Args:
-        spec: the model.
-        tokens: new (query) tokens.
-        context: tokens already in the KV cache before them.
     """
     return 4.0 * spec.layers * spec.hidden * tokens * (context + tokens / 2.0)
 
@@ -132,15 +118,9 @@ def prefill_time(
                    weights_read_bytes(spec, tokens) / (tp * mem_bw_gbps * 1e9))
                + tp_comm_time(spec, hw, tokens, tp) + pass_overhead_s
 
-    Args:
-        spec: the model.
-        hw: the device type (each of the ``tp`` devices).
-        tokens: new tokens to prefill (0 costs nothing).
-        context: tokens already cached for this sequence.
-        tp: tensor-parallel degree.
-        mfu: achieved fraction of peak FLOP/s.
+    ``tokens`` of 0 cost nothing; ``hw`` is each of the ``tp`` devices.
     """
-    _check(tp, mfu, "mfu")
+    _check(tp, mfu=mfu)
     if tokens <= 0:
         return 0.0
     compute = prefill_flops(spec, tokens, context) / (tp * hw.bf16_tflops * 1e12 * mfu)
@@ -183,18 +163,10 @@ def decode_step_time(
                 + tp_comm_time(spec, hw, batch, tp) + pass_overhead_s
 
     For MoE models ``weights_read_bytes`` counts only the experts the batch touches.
-
-    Args:
-        spec: the model.
-        hw: the device type.
-        batch: sequences decoded together (continuous batching).
-        context_tokens_total: sum over the batch of each sequence's cached tokens.
-        tp: tensor-parallel degree.
-        mbu: achieved fraction of peak memory bandwidth.
-        mfu: achieved fraction of peak FLOP/s.
+    ``context_tokens_total`` sums each sequence's cached tokens; ``mbu``/``mfu`` are the achieved
+    fractions of peak memory bandwidth and FLOP/s.
     """
-    _check(tp, mbu, "mbu")
-    _check(tp, mfu, "mfu")
+    _check(tp, mbu=mbu, mfu=mfu)
     if batch <= 0:
         return 0.0
     a_m, b_m, a_c, b_c = _step_terms(spec, hw, batch, tp, mbu, mfu)
@@ -237,20 +209,10 @@ def decode_time(
 
         time = sum_{i=0}^{new_tokens-1} decode_step_time(spec, hw, batch, batch * (context + i))
 
-    Each step is the max of two lines in ``i``, so the sum is computed in closed form
-    (no loop over tokens).
-
-    Args:
-        spec: the model.
-        hw: the device type.
-        new_tokens: tokens to generate.
-        context: cached tokens per sequence when decoding starts (may be fractional, e.g.
-            a batch average).
-        batch: sequences decoded together.
-        tp, mbu, mfu: as in :func:`decode_step_time`.
+    Each step is the max of two lines in ``i``, so the sum is in closed form (no loop over
+    tokens). ``context`` may be fractional (a batch average).
     """
-    _check(tp, mbu, "mbu")
-    _check(tp, mfu, "mfu")
+    _check(tp, mbu=mbu, mfu=mfu)
     if new_tokens <= 0 or batch <= 0:
         return 0.0
     a_m, b_m, a_c, b_c = _step_terms(spec, hw, batch, tp, mbu, mfu)
@@ -308,8 +270,7 @@ def iteration_time(
 
     With no prefill it equals :func:`decode_step_time`.
     """
-    _check(tp, mbu, "mbu")
-    _check(tp, mfu, "mfu")
+    _check(tp, mbu=mbu, mfu=mfu)
     new = sum(n for n, _ in prefill)
     tokens = batch + new
     if tokens <= 0:
@@ -357,7 +318,7 @@ def train_time(
     pass are folded into ``mfu``) plus :func:`grad_sync_time`. ``active_params == params``
     for dense models.
     """
-    _check(gpus, mfu, "mfu")
+    _check(gpus, mfu=mfu)
     compute = 6.0 * spec.active_params * max(tokens, 0) / (gpus * hw.bf16_tflops * 1e12 * mfu)
     return compute + grad_sync_time(spec, hw, gpus, gpus_per_node)
 

@@ -80,24 +80,16 @@ class SimTrainBackend:
     """Roofline-timed train backend (implements :class:`~rollart_nb.protocols.TrainBackend`).
 
     Args:
-        spec: the model being trained.
-        hardware: device type of the training pool.
         gpus: devices the step is spread over (data/tensor/pipeline parallel alike).
-        time_scale: seconds slept per modelled second (0: no sleep). Default: 1 on a SimSession's
-            virtual clock, 1e-3 elsewhere (:func:`rollart_nb.clock.resolve_time_scale`).
-        mfu: achieved fraction of peak FLOP/s.
-        algo: the run's GRPO settings, to price the step as a padding trainer runs it (None: every
-            token once at 6 FLOPs per parameter, as a packing trainer runs it). With an ``algo``:
-            the FLOPs per parameter and token are ``6 * epochs`` plus 2 for the reference pass
-            when ``kl_coef > 0``; and the tokens are the *padded* tokens of the micro-batches the
-            :class:`~rollart_nb.backends.torch_train.TorchTrainBackend` forms (one row per
-            trajectory, sorted by length, at most ``micro_batch_size`` rows and
-            ``micro_batch_tokens`` padded tokens each: :func:`~rollart_nb.algo.grpo.micro_batches`).
-        step_overhead_s: fixed seconds per optimizer step besides its FLOPs (the optimizer update,
-            Python and framework dispatch; measured by :func:`rollart_nb.bench.real_costs.measure_trainer`).
-        export_overhead_s: fixed seconds to hand the weights over for a sync (copy the
-            state_dict out and serialize it; measured by
-            :func:`rollart_nb.bench.real_costs.measure_weight_sync`); paid by :meth:`aexport`.
+        time_scale: seconds slept per modelled second (0: no sleep); default
+            :func:`rollart_nb.clock.resolve_time_scale`.
+        algo: the run's GRPO settings, to price the step as a padding trainer runs it
+            (:func:`flops_factor` times :func:`padded_tokens`); None: every token once at 6 FLOPs
+            per parameter, as a packing trainer runs it.
+        step_overhead_s: fixed seconds per optimizer step besides its FLOPs
+            (:func:`rollart_nb.bench.real_costs.measure_trainer`).
+        export_overhead_s: fixed seconds to hand the weights over for a sync, paid by
+            :meth:`aexport` (:func:`rollart_nb.bench.real_costs.measure_weight_sync`).
 
     Example:
         >>> from rollart_nb.models.spec import spec
@@ -142,8 +134,7 @@ class SimTrainBackend:
     def train_step(self, batch: list[Trajectory]) -> dict[str, float]:
         """One optimizer step over ``batch``: sleep the modelled time, bump the version.
 
-        Blocks (:func:`rollart_nb.clock.sleep`: simulated time on a SimSession's virtual
-        clock, else ``time.sleep``): call it off any event loop (:meth:`atrain_step` on one).
+        Blocks (:func:`rollart_nb.clock.sleep`): call it off any event loop (:meth:`atrain_step` on one).
 
         Returns:
             ``tokens``, ``trajectories``, ``response_length`` (mean generated tokens per
@@ -156,8 +147,6 @@ class SimTrainBackend:
         return self._finish(batch, tokens, modelled_s)
 
     async def _compute(self, modelled_s: float) -> None:
-        """Pass ``modelled_s`` (times ``time_scale``): on a simulated host's shared cores when
-        this is a CPU device of one (:mod:`rollart_nb.clock.cores`), else an ``asyncio.sleep``."""
         if self.time_scale > 0:
             await host_for(self.hardware).compute(modelled_s * self.time_scale)
 
@@ -170,16 +159,14 @@ class SimTrainBackend:
         return self.state_dict()
 
     async def atrain_step(self, batch: list[Trajectory]) -> dict[str, float]:
-        """:meth:`train_step` as a coroutine: an ``asyncio.sleep`` of the modelled time, or, on a
-        CPU device of a simulation whose host shares its cores (:mod:`rollart_nb.clock.cores`),
-        that much work on them (longer while other work shares them). Its metrics add
-        ``step_s``: the seconds the step took (``modelled_s`` unless the cores were shared)."""
+        """:meth:`train_step` as a coroutine (work on the host's shared cores for a CPU device).
+        Its metrics add ``step_s``: the seconds it took (``modelled_s`` unless cores were shared)."""
         tokens, modelled_s = self._price(batch)
         loop = asyncio.get_running_loop()
         t0 = loop.time()
         await self._compute(modelled_s)
         out = self._finish(batch, tokens, modelled_s)
-        if self.time_scale > 0:  # as long as the modelled work, or longer on shared cores
+        if self.time_scale > 0:
             out["step_s"] = (loop.time() - t0) / self.time_scale
         return out
 
@@ -206,7 +193,6 @@ class SimTrainBackend:
             "version": float(self.version),
         }
 
-    # -- checkpoints: all the state it has (version, modelled seconds, model name) ------------
     def save_checkpoint(self, directory: str | os.PathLike[str]) -> Path:
         """Write ``directory/sim_trainer.json`` (atomically: its presence marks a complete checkpoint)."""
         d = Path(directory)

@@ -49,11 +49,8 @@ class Workload:
         reset_latency_s: (mean, std) seconds of ``env.reset`` (e.g. pulling a container).
         max_response_tokens: the response budget to request per turn.
         turn_weights: relative frequencies of episodes lasting ``min``, ``min + 1``, ..., ``max``
-            turns (one per count; e.g. the counts of real episodes), for tasks whose lengths
-            are not uniform: FrozenLake episodes end at once in a hole or walk to the turn
-            limit. Empty (default): uniform. Tokens per trajectory grow with the square of its
-            turns (each turn's prompt holds the history), so the shape, not only the mean,
-            sets what a batch costs to train.
+            turns (e.g. real episodes' counts; FrozenLake's are not uniform). Empty: uniform.
+            A trajectory's tokens grow with the square of its turns, so the shape matters.
     """
 
     name: str
@@ -156,14 +153,13 @@ def workload(name: str) -> Workload:
         >>> workload("gem-math").shape
         'decode'
     """
-    return _preset(name)
-
-
-def _preset(name: str) -> Workload:
     w = PRESETS.get(name.lower())
     if w is None:
         raise ConfigError(f"unknown workload {name!r}; known: {', '.join(sorted(PRESETS))}")
     return w
+
+
+_preset = workload  # SimEnv's parameter ``workload`` shadows the function
 
 
 def _gauss_int(rng: np.random.Generator, mean_std: tuple[float, float], lo: int = 1) -> int:
@@ -207,20 +203,18 @@ class SimEnv:
 
     * ``reset`` returns ``prompt_tokens`` words; each non-final ``step`` returns about
       ``obs_tokens`` words (one :class:`SimTokenizer` token each); the final step returns "".
-    * Episodes last between ``turns[0]`` and ``turns[1]`` steps, uniformly or as
-      ``turn_weights`` says: from ``turns[0]`` on, step ``k`` ends the episode with hazard
-      :meth:`Workload.end_hazard` (``1 / (turns[1] - k + 1)`` when uniform), drawn from a hash of the reset seed and the actions so far. Deterministic given the
+    * From ``turns[0]`` on, step ``k`` ends the episode with hazard :meth:`Workload.end_hazard`,
+      drawn from a hash of the reset seed and the actions so far: deterministic given the
       actions, yet members of one GRPO group (same seed, different actions) differ.
-    * The final step's reward is uniform in [0, 1] from the same hash; earlier steps give 0.
-      It carries no learning signal.
-    * ``step``/``reset`` sleep ``latency * time_scale`` (:func:`rollart_nb.clock.sleep`); ``astep``/``areset``
-      await :func:`asyncio.sleep` instead, so thousands run on one event loop.
+    * The final step's reward is uniform in [0, 1] from the same hash (no learning signal);
+      earlier steps give 0.
+    * ``step``/``reset`` sleep ``latency * time_scale`` (:func:`rollart_nb.clock.sleep`);
+      ``astep``/``areset`` await :func:`asyncio.sleep`, so thousands run on one event loop.
 
     Args:
-        workload: a :class:`Workload` or a preset name.
         seed: instance seed, mixed with every reset seed.
-        time_scale: seconds slept per modelled second of env latency (0: no sleep). Default:
-            1 on a SimSession's virtual clock, 1e-3 elsewhere, decided where the env runs.
+        time_scale: seconds slept per modelled second of env latency (0: no sleep); by default
+            decided where the env runs (:func:`rollart_nb.clock.resolve_time_scale`).
 
     Example:
         >>> env = SimEnv("frozenlake", time_scale=0)
@@ -244,7 +238,6 @@ class SimEnv:
         self._history = 0  # crc32 chained over the episode's actions
         self._done = True
 
-    # -- sync Env protocol ---------------------------------------------------------------
     def reset(self, seed: int | None = None) -> tuple[str, dict[str, Any]]:
         out, latency = self._reset(seed)
         self._block(latency)
@@ -255,7 +248,6 @@ class SimEnv:
         self._block(latency)
         return out
 
-    # -- async extension (rollart_nb.envs.base.AsyncEnv) ---------------------------------
     async def areset(self, seed: int | None = None) -> tuple[str, dict[str, Any]]:
         out, latency = self._reset(seed)
         await asyncio.sleep(latency * self.time_scale)
@@ -275,7 +267,6 @@ class SimEnv:
         ts = "auto" if self._time_scale is None else f"{self._time_scale:g}"
         return f"SimEnv({self.workload.name!r}, seed={self.seed}, time_scale={ts})"
 
-    # -- internals -------------------------------------------------------------------------
     def _block(self, latency: float) -> None:
         if self.time_scale > 0 and latency > 0:
             clock_sleep(latency * self.time_scale)  # simulated time on a SimSession's virtual clock
