@@ -49,8 +49,7 @@ class TurnBarrier:
 
     def __init__(self, parties: int) -> None:
         self.parties = parties
-        self._waiting = 0
-        self._gen = 0
+        self._waiting = self._gen = 0
         self._cond = asyncio.Condition()
 
     async def wait(self) -> None:
@@ -111,10 +110,8 @@ class EnvManager:
         #: the scheduler's set of idle manager indices, kept up to date by :attr:`busy`
         self.idle_set: set[int] | None = None
         self._busy = False
-        self.trajectories = 0
-        self.failures_in_a_row = 0
-        self.restarts = self.timeouts = self.abandoned = 0
-        self.history_resends = 0
+        self.trajectories = self.failures_in_a_row = 0
+        self.restarts = self.timeouts = self.abandoned = self.history_resends = 0
         self._call = ""  # the env call in progress, for error reasons
         self._abandoned_now = False  # a call of the current trajectory still runs on a thread
         self._broken = ""  # why the template could not be copied, when it could not
