@@ -2,26 +2,23 @@
 
 ``reset``, then loop {history -> LLMProxy -> action -> ``env.step`` -> record turn} until
 terminated / truncated / max_turns / abort. An env that raises or hangs ends the trajectory
-as failed, with a reason naming the env, the call, the task and the manager (and, when the
-env's code raised, its traceback trimmed to the user's frames), and the env is
-replaced by a fresh deep copy of its template (a hung object is never reused: its abandoned
-thread may still be inside it). Sync env methods run on the scheduler's
-:class:`~rollart_nb.envs.base.BlockingPool`, never on the loop's default executor, so
-nothing here blocks another EnvManager or the control plane.
+as failed, with a reason naming the env, the call, the task and the manager (and the env's
+traceback, trimmed to the user's frames), and the env is replaced by a fresh deep copy of its
+template (a hung object is never reused: its abandoned thread may still be inside it). Sync
+env methods run on the scheduler's :class:`~rollart_nb.envs.base.BlockingPool`, so nothing
+here blocks another EnvManager or the control plane.
 
 Token bookkeeping: turn ``k``'s prompt is turn ``k-1``'s prompt + its response + the new
-observation, so prompts are exact prefixes of each other (no re-tokenization drift) and the
-last turn's ``prompt_ids + response_ids`` is the whole conversation. That conversation is one
-growing :class:`~rollart_nb.tokens.TokenSeq` per trajectory, and each turn's ``prompt_ids`` /
-``response_ids`` are views into it (stored once, not once per turn). It is shipped once too:
-each request carries only the tokens the generator does not hold yet (``prefix_len`` counts
-those it does: earlier prompts and its own responses); a generator that lost them answers
+observation, so prompts are exact prefixes of each other (no re-tokenization drift). The
+conversation is one growing :class:`~rollart_nb.tokens.TokenSeq` per trajectory, and each
+turn's ``prompt_ids`` / ``response_ids`` are views into it. A request carries only the tokens
+the generator does not hold yet (``prefix_len``); one that lost them answers
 :class:`~rollart_nb.errors.HistoryMiss` and the turn is resent once with the whole history.
 
-Preemption: a turn stopped by a weight update (``finish_reason`` "preempted", see
-:meth:`~rollart_nb.control.proxy.LLMProxy.suspend`) is continued after the update from the whole
-history plus its tokens so far, within the same budget; the turn records the oldest version
-that wrote part of it and how often it was preempted (``timings["preempted"]``).
+Preemption: a turn stopped by a weight update (``finish_reason`` "preempted") is continued
+after the update from the whole history plus its tokens so far, within the same budget; the
+turn records the oldest version that wrote part of it and how often it was preempted
+(``timings["preempted"]``).
 """
 
 from __future__ import annotations
@@ -52,8 +49,7 @@ class TurnBarrier:
 
     def __init__(self, parties: int) -> None:
         self.parties = parties
-        self._waiting = 0
-        self._gen = 0
+        self._waiting = self._gen = 0
         self._cond = asyncio.Condition()
 
     async def wait(self) -> None:
@@ -114,10 +110,8 @@ class EnvManager:
         #: the scheduler's set of idle manager indices, kept up to date by :attr:`busy`
         self.idle_set: set[int] | None = None
         self._busy = False
-        self.trajectories = 0
-        self.failures_in_a_row = 0
-        self.restarts = self.timeouts = self.abandoned = 0
-        self.history_resends = 0
+        self.trajectories = self.failures_in_a_row = 0
+        self.restarts = self.timeouts = self.abandoned = self.history_resends = 0
         self._call = ""  # the env call in progress, for error reasons
         self._abandoned_now = False  # a call of the current trajectory still runs on a thread
         self._broken = ""  # why the template could not be copied, when it could not

@@ -89,9 +89,7 @@ class Ledger:
         self.generated: collections.Counter[str] = collections.Counter()
         # "ended" (each trajectory once) and, by kind, tokens that became waste (at the ending or eviction)
         self.token_events: collections.Counter[str] = collections.Counter()
-        self.task_events: collections.defaultdict[str, collections.Counter[str]] = collections.defaultdict(
-            collections.Counter
-        )
+        self.task_events: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
         self.ended = EndedLog()
         self.buffered_ids: set[str] = set()  # counted completed and still in the buffer
         self.failure_reasons: collections.deque[tuple[str, str]] = collections.deque(maxlen=64)

@@ -1,35 +1,27 @@
 """LLMProxy: the gateway between EnvManagers and generation workers.
 
 The proxy is a *client-side router*: it lives in the process that runs the EnvManagers and
-sends each request straight to a generation worker actor (one actor hop per turn), instead of
-being one actor that every request must pass through. Several rollout processes each hold
-their own proxy, so routing scales out with them; suspend/resume/abort are broadcast.
+sends each request straight to a generation worker actor (one actor hop per turn). Several
+rollout processes each hold their own proxy; suspend/resume/abort are broadcast.
 
-Routing per request: sticky per trajectory (prefix-cache locality) once placed; the first
-turn goes by task hardware affinity (decode-heavy -> bandwidth-optimized, prefill-heavy ->
-compute-optimized, via the same rule as ``@hw_mapping``), least loaded. With
-``pd=True`` the prefill runs on a compute-optimized worker and the decode on a
-bandwidth-optimized one (backends that implement ``prefill``/``decode``).
+Routing (:class:`~rollart_nb.control.router.Router`): sticky per trajectory, first by task
+hardware affinity, least loaded. With ``pd=True`` the prefill runs on a compute-optimized worker
+and the decode on a bandwidth-optimized one (backends that implement ``prefill``/``decode``).
 
 Dispatch: ``"direct"`` makes one actor call per turn; ``"batched"`` streams turns (see
 :mod:`rollart_nb.workers.streaming`): one ``exchange`` call at a time per worker carries every
 turn queued for it and returns every result finished since the last call (waiting only for
 the first), so one slow sequence never holds back the others; turns queued while that call
-waits on long generations go in a separate ``submit``. Either way each worker
-holds up to its engine's capacity (:meth:`GeneratorWorker.capacity`) of this proxy's turns
-before new trajectories are routed elsewhere.
+waits on long generations go in a separate ``submit``. Either way each worker holds up to its
+engine's capacity (:meth:`GeneratorWorker.capacity`) of this proxy's turns.
 
 Histories: a request carries only the tokens its worker has not seen (``prefix_len``); a
-worker that does not hold the history (a replacement, an eviction) answers
-:class:`~rollart_nb.errors.HistoryMiss`, which the proxy passes to the sender unchanged, and the
-sender resends the whole history once. Ended trajectories are forgotten on their worker in
-batches (:meth:`LLMProxy.forget`).
+worker that does not hold it answers :class:`~rollart_nb.errors.HistoryMiss`, passed to the
+sender, which resends the whole history once. Ended trajectories are forgotten in batches.
 
 Failover: a call that fails because its worker died (a Ray actor error) marks the worker dead;
-the turn goes again to a live worker, which recomputes the KV from the history (resent whole
-after its HistoryMiss, the same path a resumed trajectory takes after a weight update). While every worker is dead, turns wait up to
-``failover_wait_s`` for :meth:`LLMProxy.replace_target`, which the pipeline calls once a
-replacement has loaded the served weights.
+the turn goes again to a live worker, which recomputes the KV from the history. While every
+worker is dead, turns wait up to ``failover_wait_s`` for :meth:`LLMProxy.replace_target`.
 """
 
 from __future__ import annotations
@@ -42,14 +34,9 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from rollart_nb.control.router import Router
 from rollart_nb.errors import GenerationError, HistoryMiss
 from rollart_nb.protocols import GenerationRequest, GenerationResult
-from rollart_nb.workers.routing import (
-    MIN_PROFILE_TURNS,
-    TokenProfile,
-    assign_affinity,
-    pick_worker,
-)
 
 __all__ = ["GenTarget", "LLMProxy"]
 
@@ -106,13 +93,8 @@ class LLMProxy:
         dispatch: "direct" (one actor call per turn) or "batched" (turns streamed in and out).
         max_batch: most turns in one ``submit`` call of batched dispatch.
         failover_wait_s: how long a turn waits for a replacement while every worker is dead.
-        measured: tasks routed by their measured token profile: once a task has run
-            ``MIN_PROFILE_TURNS`` turns (and again every so many), the roofline prices its mean
-            turn in device-seconds on each kind of hardware in the cluster, and its entry in
-            ``affinity`` becomes the kind it has the comparative advantage on
-            (:func:`~rollart_nb.workers.routing.assign_affinity`): compute-optimized for
-            prefill-heavy, long-context turns, bandwidth-optimized for decode-heavy ones. Until
-            then the entry given (e.g. the env's declared shape) routes.
+        measured: tasks routed by their measured token profile (see
+            :class:`~rollart_nb.control.router.Router`).
         model_spec: the served model's :class:`~rollart_nb.models.ModelSpec` (needed by ``measured``).
     """
 
@@ -133,8 +115,6 @@ class LLMProxy:
             raise GenerationError("LLMProxy needs at least one generation worker")
         if dispatch not in ("direct", "batched"):
             raise GenerationError(f"dispatch must be 'direct' or 'batched', got {dispatch!r}")
-        # "batched": requests for one worker that arrive while its previous call is in flight go
-        # together in one actor call (one hop for many turns), like an engine consuming a batch.
         self.dispatch, self.max_batch = dispatch, max_batch
         self.client = uuid.uuid4().hex[:16]  # this proxy's outbox on the workers (batched dispatch)
         self._keys = itertools.count()
@@ -152,15 +132,8 @@ class LLMProxy:
         self._bg: set[asyncio.Task] = set()
         self.history_misses = 0
         self.targets = targets
-        self.affinity = dict(affinity or {})
-        self.measured = set(measured) if model_spec is not None else set()
-        self.model_spec = model_spec
-        self.profiles: dict[str, TokenProfile] = {}  # task -> measured tokens per turn
-        self._batch: float | None = None  # mean turns in flight per worker, as measured turns end
         self.max_inflight, self.pd = max_inflight, pd
         self._inflight = [0] * len(targets)
-        self._sticky: dict[str, int] = {}
-        self._sticky_d: dict[str, int] = {}  # PD: each trajectory's decode worker
         self._running: dict[str, int] = {}  # traj id -> worker index of its in-flight request
         self._aborted: set[str] = set()
         self._preempted: set[str] = set()  # in-flight turns stopped by suspend(preempt=True)
@@ -169,12 +142,9 @@ class LLMProxy:
         self._admit.set()
         self._idle = asyncio.Event()
         self._idle.set()
-        self.fallbacks = 0
         self.requests = 0
         self.suspended_s = 0.0
-        # a validation holds training turns back (its own go ahead), so its seconds are not
-        # spent generating the next batch: see hold()
-        self._holds = 0
+        self._holds = 0  # see hold()
         self._unheld = asyncio.Event()
         self._unheld.set()
         self.exempt: set[str] = set()  # trajectory ids that a hold lets through (validation)
@@ -184,39 +154,7 @@ class LLMProxy:
         self._revived = asyncio.Event()  # set whenever a worker is replaced
         self.died = asyncio.Event()  # set while some worker is dead and not replaced
         self.deaths = self.rerouted = self.replaced = 0
-
-    # -- routing ---------------------------------------------------------------------
-    def route(self, traj_id: str, task: str, pref: str | None = None) -> int:
-        """Worker index for this trajectory's next turn (sticky once placed)."""
-        idx = self._sticky.get(traj_id)
-        if idx is not None and idx not in self.dead:
-            return idx
-        pref = pref if pref is not None else self.affinity.get(task)
-        idx, fell_back = pick_worker(
-            [(t.hardware, t.pool) for t in self.targets],
-            self._inflight,
-            pref,
-            self.limits(),
-            exclude=frozenset(self.dead),
-        )
-        self.fallbacks += int(fell_back)
-        self._sticky[traj_id] = idx
-        return idx
-
-    def _observe(self, req: GenerationRequest, res: GenerationResult) -> None:
-        """Add a finished turn to its task's token profile; re-decide the task's hardware every
-        ``MIN_PROFILE_TURNS`` turns."""
-        prof = self.profiles.setdefault(req.task, TokenProfile())
-        # prompt tokens the worker computed: those it did not hold, or the whole history when new
-        # weights made its cached KV stale
-        new = max(len(req.prompt_ids), res.recomputed_tokens)
-        prof.observe(new, req.full_len - new, len(res.token_ids))
-        # the decode batch a turn shares: turns in flight per live worker, averaged over turns
-        now = (sum(self._inflight) + 1) / max(len(self.targets) - len(self.dead), 1)
-        self._batch = now if self._batch is None else 0.9 * self._batch + 0.1 * now
-        if prof.turns % MIN_PROFILE_TURNS == 0:
-            hardware = [t.hardware for t in self.targets]
-            self.affinity.update(assign_affinity(self.model_spec, hardware, self.profiles, max(self._batch, 1.0)))
+        self.router = Router(targets, self._inflight, self.dead, affinity, measured, model_spec)
 
     def limits(self) -> list[int]:
         """Turns one worker holds before it counts as busy: its engine's capacity, else max_inflight."""
@@ -263,7 +201,7 @@ class LLMProxy:
                 if self.pd:
                     res = await self._generate_pd(req)
                 else:
-                    idx = self.route(req.traj_id, req.task)
+                    idx = self.router.route(req.traj_id, req.task, self.limits())
                     if self.dispatch == "batched":
                         res = await self._enqueue(idx, req)
                     else:
@@ -272,8 +210,7 @@ class LLMProxy:
                     self._preempted.discard(req.traj_id)
                     if res.finish_reason == "abort":  # stopped for a weight update: the sender continues it
                         res.finish_reason = "preempted"
-                if req.task in self.measured and res.finish_reason in ("stop", "length"):
-                    self._observe(req, res)
+                self.router.observe(req, res)
                 return res
             except _TargetDied:
                 self.rerouted += 1  # a live worker recomputes the KV (from the history, resent on a miss)
@@ -324,8 +261,7 @@ class LLMProxy:
 
     def _move_off(self, idx: int, why: str) -> None:
         """Unpin the trajectories placed on worker ``idx`` and send its queued turns elsewhere."""
-        for tid in [t for t, i in self._sticky.items() if i == idx]:
-            del self._sticky[tid]
+        self.router.unpin(idx)
         queued, self._queues[idx] = self._queues[idx], []
         sent, self._outstanding[idx] = self._outstanding[idx], {}
         for fut in [f for _, _, f in queued] + [f for _, f in sent.values()]:
@@ -333,8 +269,7 @@ class LLMProxy:
                 fut.set_exception(_TargetDied(why))
 
     async def _enqueue(self, idx: int, req: GenerationRequest) -> GenerationResult:
-        """Batched dispatch: queue the turn for worker ``idx``; the exchange loop carries it to
-        the worker and hands its result back."""
+        """Batched dispatch: queue the turn for worker ``idx``'s exchange loop; await its result."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future = loop.create_future()
         key = next(self._keys)
@@ -367,8 +302,7 @@ class LLMProxy:
             self._spawn(self._pump(idx))
 
     def _take(self, idx: int) -> list[tuple[int, GenerationRequest, asyncio.Future]]:
-        """Up to ``max_batch`` queued turns of worker ``idx`` (their callers still waiting),
-        moved to its outstanding turns."""
+        """Move up to ``max_batch`` queued turns of worker ``idx`` (callers still waiting) to its outstanding."""
         batch, self._queues[idx] = self._queues[idx][: self.max_batch], self._queues[idx][self.max_batch :]
         live = [(k, r, f) for k, r, f in batch if not f.done()]
         for k, r, f in live:
@@ -468,18 +402,8 @@ class LLMProxy:
             log.debug("background generator call failed: %s", e)
 
     async def _generate_pd(self, req: GenerationRequest) -> GenerationResult:
-        p = self.route(req.traj_id, req.task, pref="compute")
-        d = self._sticky_d.get(req.traj_id)  # the decode node keeps the trajectory's KV between turns
-        if d is None or d in self.dead:
-            d, fell_back = pick_worker(
-                [(t.hardware, t.pool) for t in self.targets],
-                self._inflight,
-                "bandwidth",
-                self.max_inflight,
-                exclude=frozenset(self.dead),
-            )
-            self.fallbacks += int(fell_back)
-            self._sticky_d[req.traj_id] = d
+        p = self.router.route(req.traj_id, req.task, self.limits(), pref="compute")
+        d = self.router.route_decode(req.traj_id, self.max_inflight)
         prefilled = await self._call(p, req, "prefill", req)
         return await self._call(d, req, "decode", req, prefilled)
 
@@ -496,12 +420,7 @@ class LLMProxy:
         except Exception as e:
             if _is_death(e):
                 self._mark_dead(idx, target, e)
-                raise _TargetDied(f"{target.name} died") from e
-            if isinstance(e, HistoryMiss):  # the sender resends the whole history
-                raise _plain_miss(e) from None
-            raise GenerationError(
-                f"{target.name} failed on trajectory {req.traj_id}: {type(e).__name__}: {str(e)[:200]}"
-            ) from e
+            raise self._failure(target, req, e) from (None if isinstance(e, HistoryMiss) else e)
         finally:
             self._inflight[idx] -= 1
             self._running.pop(req.traj_id, None)
@@ -513,11 +432,8 @@ class LLMProxy:
         """Stop admitting requests; return once the in-flight ones have finished.
 
         In-flight *trajectories* are preserved: their next turn waits for :meth:`resume`.
-        ``preempt``: do not wait for in-flight turns to run to their end: stop them now (each
-        returns the tokens it has, with ``finish_reason`` "preempted", and its worker drops its
-        KV); the sender continues the turn after :meth:`resume`, under the new weights, from
-        the whole history plus those tokens (the KV recompute of step 5). Without it, suspend
-        lasts as long as the longest turn in flight.
+        ``preempt``: stop in-flight turns now (each returns its tokens with ``finish_reason``
+        "preempted"); the sender continues them after :meth:`resume` from the whole history.
         """
         self._admit.clear()
         if preempt and self._running:
@@ -532,9 +448,8 @@ class LLMProxy:
 
     def hold(self) -> None:
         """Hold back the next turn of every trajectory not in :attr:`exempt` until :meth:`release`
-        (holds nest). Turns in flight finish; nothing is aborted; the scheduler starts no new
-        trajectory meanwhile. Validation holds the rollout this way, so a step's tokens/s does
-        not count work done while it ran."""
+        (holds nest); turns in flight finish. Validation holds the rollout this way, so its
+        seconds are not spent generating the next batch."""
         self._holds += 1
         self._unheld.clear()
 
@@ -566,12 +481,10 @@ class LLMProxy:
     def forget(self, traj_id: str) -> None:
         """Drop routing state of a finished trajectory; its worker drops what it keeps for it
         (history, prefix KV) with the next :data:`FORGET_BATCH` ended trajectories."""
-        idx = self._sticky.pop(traj_id, None)
-        d = self._sticky_d.pop(traj_id, None)
         self._aborted.discard(traj_id)
         self._preempted.discard(traj_id)
-        for i in {idx, d} - {None}:  # a PD decode node holds its KV too
-            if i is not None and i not in self.dead:
+        for i in self.router.forget(traj_id):  # a PD decode node holds its KV too
+            if i not in self.dead:
                 self._queue_forget(i, traj_id)
 
     def _queue_forget(self, idx: int, traj_id: str) -> None:
@@ -588,39 +501,29 @@ class LLMProxy:
         """Per generation worker: ``inflight`` (this proxy's turns on it), ``queued`` (waiting to be
         submitted, batched dispatch), ``capacity`` (None: unknown) and ``occupancy`` (inflight
         over capacity, None when unknown)."""
-        out = []
-        for i, t in enumerate(self.targets):
-            cap = self.capacity[i]
-            out.append(
-                {
-                    "name": t.name,
-                    "inflight": self._inflight[i],
-                    "queued": len(self._queues[i]),
-                    "capacity": cap,
-                    "occupancy": None if not cap else min(self._inflight[i] / cap, 1.0),
-                    "dead": i in self.dead,
-                }
+        return [
+            {
+                "name": t.name,
+                "inflight": n,
+                "queued": len(q),
+                "capacity": cap,
+                "occupancy": None if not cap else min(n / cap, 1.0),
+                "dead": i in self.dead,
+            }
+            for i, (t, n, q, cap) in enumerate(
+                zip(self.targets, self._inflight, self._queues, self.capacity, strict=True)
             )
-        return out
+        ]
 
     def stats(self) -> dict[str, Any]:
-        return {
+        counters = ("collects", "history_misses", "requests", "suspended_s", "preemptions", "held_s", "batches")
+        out: dict[str, Any] = {k: getattr(self, k) for k in counters + ("dispatch", "deaths", "rerouted", "replaced")}
+        return out | {
             "engines": self.engines(),
-            "collects": self.collects,
-            "history_misses": self.history_misses,
-            "requests": self.requests,
-            "fallbacks": self.fallbacks,
+            "fallbacks": self.router.fallbacks,
             "inflight": list(self._inflight),
-            "sticky": len(self._sticky),
-            "suspended_s": self.suspended_s,
-            "preemptions": self.preemptions,
-            "affinity": dict(self.affinity),
-            "profiles": {t: dict(vars(p)) for t, p in self.profiles.items()},
-            "held_s": self.held_s,
-            "batches": self.batches,
-            "dispatch": self.dispatch,
+            "sticky": len(self.router.sticky),
+            "affinity": dict(self.router.affinity),
+            "profiles": {t: dict(vars(p)) for t, p in self.router.profiles.items()},
             "dead": dict(self.dead),
-            "deaths": self.deaths,
-            "rerouted": self.rerouted,
-            "replaced": self.replaced,
         }

@@ -153,9 +153,7 @@ class RewardDispatcher:
         self.current: dict[str, RewardSpec] = {}
         self.history: list[RewardSpec] = []
         self.validators: dict[str, Any] = {}
-        self.calls = 0
-        self.failures = 0
-        self.timeouts = 0
+        self.calls = self.failures = self.timeouts = 0
         self.pool = BlockingPool("reward", size=threads, max_replacements=max_abandoned_threads)
 
     def reserve_threads(self, n: int) -> None:
@@ -196,15 +194,8 @@ class RewardDispatcher:
         if validate_with is not None:
             self.validators[task] = validate_with
         old = self.current.get(task)
-        spec = RewardSpec(
-            task,
-            0 if old is None else old.version + 1,
-            fn,
-            endpoint,
-            timeout_s,
-            retries,
-            redact_url(endpoint.url) if endpoint is not None else _source(fn),  # exactly one is given
-        )
+        source = redact_url(endpoint.url) if endpoint is not None else _source(fn)  # exactly one is given
+        spec = RewardSpec(task, 0 if old is None else old.version + 1, fn, endpoint, timeout_s, retries, source)
         self.current[task] = spec
         self.history.append(spec)
         return spec
@@ -258,15 +249,10 @@ class RewardDispatcher:
     def stats(self) -> dict[str, Any]:
         """calls, failures, timeouts, abandoned_threads, hung_threads, threads, thread_cap, at_cap."""
         pool = self.pool.stats()
-        return {
-            "calls": self.calls,
-            "failures": self.failures,
-            "timeouts": self.timeouts,
-            "abandoned_threads": pool["abandoned"],
-            "hung_threads": pool["hung"],
-            "threads": pool["threads"],
-            "thread_cap": pool["cap"],
-            "at_cap": pool["at_cap"],
+        names = {"abandoned_threads": "abandoned", "hung_threads": "hung", "thread_cap": "cap"}
+        own = {"calls": self.calls, "failures": self.failures, "timeouts": self.timeouts}
+        return own | {
+            k: pool[names.get(k, k)] for k in ("abandoned_threads", "hung_threads", "threads", "thread_cap", "at_cap")
         }
 
     def versions(self) -> list[dict[str, Any]]:

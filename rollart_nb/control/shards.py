@@ -4,18 +4,14 @@ One :class:`~rollart_nb.control.rollout_worker.RolloutWorker` runs every EnvMana
 pipeline on one asyncio loop, so one core. :class:`ShardedRollout` splits the envs over N of
 them (each its own cluster on the CPU pool) and keeps the pipeline's view single:
 
-- **Batch shares** (:func:`plan_shards`): the batch's per-task group quota is computed once
-  (:func:`~rollart_nb.control.buffer.split_quota`), then each task's groups are split over the
-  shards that hold envs of that task, and its envs round-robin over the same shards. A shard's
-  scheduler's plan has its per-task quota as ``task_weights`` (``split_quota(sum(q), q) == q``)
-  and supplies ``sum(q)`` groups, so every batch holds exactly the unsharded
-  composition. A group lives on one shard from its first member to the batch: membership is exact.
+- **Batch shares** (:func:`plan_shards`): the batch's per-task group quota is computed once,
+  then each task's groups and envs are split over the shards that hold envs of that task. A
+  shard's plan has its per-task quota as ``task_weights`` (``split_quota(sum(q), q) == q``), so
+  every batch holds exactly the unsharded composition; a group lives on one shard.
 - **One staleness rule**: :meth:`ShardedRollout.set_version` reaches every shard before the
-  pipeline goes on, so each applies the same ``version - alpha`` bound; the admission limits
-  (``(alpha + 1)`` x share + envs per task) add up to the unsharded ones.
-- **Distinct streams**: each shard has its own seed and id salt (its cluster name), so group
-  seeds and trajectory ids differ between shards. With one shard nothing changes: same cluster
-  name, same config, same ids and seeds as before.
+  pipeline goes on; the admission limits add up to the unsharded ones.
+- **Distinct streams**: each shard has its own seed and id salt (its cluster name). With one
+  shard nothing changes: same cluster name, ids and seeds.
 
 Calls that every shard must see (versions, suspend/resume, holds, rewards, generator
 replacement) go to all shards concurrently.

@@ -116,7 +116,7 @@ def test_new_trajectories_go_to_the_worker_with_room_by_capacity():
     assert [e["capacity"] for e in engines] == [2, 50]
     assert engines[0]["inflight"] == 2 and engines[1]["inflight"] == 8  # the preferred H20 is full at 2
     assert engines[0]["occupancy"] == 1.0 and engines[1]["occupancy"] == pytest.approx(8 / 50)
-    assert proxy.fallbacks == 8
+    assert proxy.router.fallbacks == 8
 
 
 @pytest.mark.parametrize("dispatch", ["direct", "batched"])
