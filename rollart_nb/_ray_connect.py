@@ -69,6 +69,14 @@ def _set_env(values: dict[str, str | None]) -> None:
     _refresh_ray_config()
 
 
+def _use_token(token: str, log_to_driver: bool, extra: dict[str, str | None] | None = None) -> None:
+    """Authenticate this process and its workers with ``token`` (kept in a private file); keep
+    Ray's chatter quiet unless ``log_to_driver``."""
+    auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": _write_token(token), "RAY_AUTH_TOKEN": None}
+    _set_env({**auth, **(extra or {}), **_retry_notices_env(quiet=not log_to_driver)})
+    quiet_serve_logs(not log_to_driver)
+
+
 def _retry_notices_env(quiet: bool) -> dict[str, str | None]:
     """:data:`RETRY_NOTICES_ENV` for a session: off when ``quiet``, unless the user chose already."""
     current = os.environ.get(RETRY_NOTICES_ENV)
@@ -245,16 +253,7 @@ def start_local(
         )
     restore_env()  # a session that died without closing left its settings behind
     cleaned = clean_stale()  # ... or, in another process, its Ray agents and token
-    _set_env(
-        {
-            "RAY_AUTH_MODE": "token",
-            "RAY_AUTH_TOKEN_PATH": _write_token(secrets.token_hex(32)),
-            "RAY_AUTH_TOKEN": None,
-            LOOPBACK_ENV: "0" if expose is None else "1",
-            **_retry_notices_env(quiet=not log_to_driver),
-        }
-    )
-    quiet_serve_logs(not log_to_driver)
+    _use_token(secrets.token_hex(32), log_to_driver, {LOOPBACK_ENV: "0" if expose is None else "1"})
     extra: dict[str, Any] = {}
     if expose not in (None, "auto"):
         extra["_node_ip_address"] = expose
@@ -435,20 +434,13 @@ def connect(address: str, *, namespace: str, timeout_s: float, log_to_driver: bo
             )
         resolved = found
     restore_env()
-    notices = _retry_notices_env(quiet=not log_to_driver)
     if token:
-        _set_env(
-            {
-                "RAY_AUTH_MODE": "token",
-                "RAY_AUTH_TOKEN_PATH": _write_token(token.strip()),
-                "RAY_AUTH_TOKEN": None,
-                **notices,
-            }
-        )
+        _use_token(token.strip(), log_to_driver)
     else:
         token = _existing_token()
-        _set_env({"RAY_AUTH_MODE": "token" if token else os.environ.get("RAY_AUTH_MODE", "disabled"), **notices})
-    quiet_serve_logs(not log_to_driver)
+        mode = "token" if token else os.environ.get("RAY_AUTH_MODE", "disabled")
+        _set_env({"RAY_AUTH_MODE": mode, **_retry_notices_env(quiet=not log_to_driver)})
+        quiet_serve_logs(not log_to_driver)
     deadline = time.monotonic() + timeout_s
     try:
         preflight(resolved, token=token, timeout_s=timeout_s)

@@ -193,26 +193,14 @@ class Session(SessionBase[RayRuntime, Cluster]):
         return s
 
     @staticmethod
-    def sim(
-        pools: dict[str, int] | None = None,
-        seed: int = 0,
-        *,
-        gpus_per_node: int = 8,
-        virtual: bool = True,
-        call_latency_s: float = 0.0,
-        host_cores: int | None = None,
-        turn_cpu_s: float = 0.0,
-    ) -> SimSession:
+    def sim(*args: Any, **kwargs: Any) -> SimSession:
         """A simulated cluster in this process, for what-if studies: same API, sim workers.
 
-        Returns a :class:`~rollart_nb.sim_session.SimSession` (pools such as
-        ``{"H800": 64, "H20": 24, "cpu": 8}``; workers are in-process objects on one event loop,
-        timed by roofline models on a virtual clock). Build clusters of
-        :class:`~rollart_nb.workers.SimGenerator` / :class:`~rollart_nb.workers.SimTrainer` and
-        pipelines exactly as on a real session. ``call_latency_s``: modelled seconds of every
-        call to a worker (a Ray actor call's round trip; 0 by default). ``host_cores`` and
-        ``turn_cpu_s``: one machine's cores shared by its CPU devices and the control plane, and
-        the control plane's CPU seconds per turn (see :class:`~rollart_nb.sim_session.SimSession`).
+        Takes the arguments of :class:`~rollart_nb.sim_session.SimSession` (pools such as
+        ``{"H800": 64, "H20": 24, "cpu": 8}``, seed, ``virtual``, ``call_latency_s``, ...) and
+        returns one: workers are in-process objects on one event loop, timed by roofline models on
+        a virtual clock. Build clusters of :class:`~rollart_nb.workers.SimGenerator` /
+        :class:`~rollart_nb.workers.SimTrainer` and pipelines exactly as on a real session.
 
         Example:
             >>> with rn.Session.sim({"H800": 8, "H20": 8, "cpu": 4}) as sim:    # doctest: +SKIP
@@ -220,15 +208,7 @@ class Session(SessionBase[RayRuntime, Cluster]):
         """
         from rollart_nb.sim_session import SimSession
 
-        return SimSession(
-            pools,
-            seed,
-            gpus_per_node=gpus_per_node,
-            virtual=virtual,
-            call_latency_s=call_latency_s,
-            host_cores=host_cores,
-            turn_cpu_s=turn_cpu_s,
-        )
+        return SimSession(*args, **kwargs)
 
     @property
     def token_path(self) -> str | None:

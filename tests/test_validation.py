@@ -337,26 +337,60 @@ def test_session_pipeline_checks_its_arguments(parts, kwargs, shown):
     assert shown in str(ei.value), str(ei.value)
 
 
-def test_a_reward_for_an_unknown_task_is_refused_at_pipeline_time(parts):
-    sess, train, gen = parts
-    tasks = sess.tasks({"math": Arithmetic(), "count": Arithmetic()}, envs_per_task=2)
-    with pytest.raises(ConfigError, match="TaskSet"):
-        sess.pipeline(train, gen, {"math": Arithmetic()}, batch_size=4, group_size=4, name="u")
-    sess.reward("mth", lambda t: 1.0)  # a typo: accepted here, the tasks are not known yet
-    with pytest.raises(ConfigError) as ei:
-        sess.pipeline(train, gen, tasks, batch_size=4, group_size=4, mode="sync", name="u")
-    msg = str(ei.value)
-    assert "'mth'" in msg and "['count', 'math']" in msg and "did you mean 'math'?" in msg, msg
-    # the bad registration was dropped: with the name fixed, the same call works
-    sess.reward("math", lambda t: 1.0)
-    pipe = sess.pipeline(train, gen, tasks, batch_size=8, group_size=4, mode="sync", name="u")
-    assert pipe.step().reward["math"] == 1.0
-    pipe.close()
-    # a reward for a task of an earlier pipeline is kept for a pipeline that leaves that task out
-    only_count = sess.tasks({"count": Arithmetic()}, envs_per_task=2)
-    sess.pipeline(train, gen, only_count, batch_size=4, group_size=4, mode="sync", name="u").close()
-    assert "math" in sess._rewards
-    sess._rewards.clear()
+def _sim_parts() -> tuple[rn.SimSession, object, object]:
+    sess = rn.SimSession({"H800": 1, "H20": 1, "cpu": 2})
+    m = rn.models.spec("qwen3-0.6b")
+    gen = sess.cluster("actor_gen", SimGenerator, pool="H20", model=m, mean_response_tokens=4)
+    return sess, sess.cluster("actor_train", SimTrainer, pool="H800", model=m), gen
+
+
+def test_a_reward_for_an_unknown_task_is_refused_at_pipeline_time():
+    sess, train, gen = _sim_parts()  # a fresh session: it knows no task yet
+    with sess:
+        sess.reward("mth", lambda t: 1.0)  # a typo: accepted here, the tasks are not known yet
+        tasks = sess.tasks({"math": Arithmetic(), "count": Arithmetic()}, envs_per_task=2)
+        with pytest.raises(ConfigError, match="TaskSet"):
+            sess.pipeline(train, gen, {"math": Arithmetic()}, batch_size=4, group_size=4, name="u")
+        with pytest.raises(ConfigError) as ei:
+            sess.pipeline(train, gen, tasks, batch_size=4, group_size=4, mode="sync", name="u")
+        msg = str(ei.value)
+        assert "'mth'" in msg and "['count', 'math']" in msg and "did you mean 'math'?" in msg, msg
+        # the bad registration was dropped: with the name fixed, the same call works
+        sess.reward("math", lambda t: 1.0)
+        pipe = sess.pipeline(train, gen, tasks, batch_size=8, group_size=4, mode="sync", name="u")
+        assert pipe.step().reward["math"] == 1.0
+        pipe.close()
+        # a reward for a task of an earlier pipeline is kept for a pipeline that leaves that task out
+        only_count = sess.tasks({"count": Arithmetic()}, envs_per_task=2)
+        sess.pipeline(train, gen, only_count, batch_size=4, group_size=4, mode="sync", name="u").close()
+        assert "math" in sess._rewards
+
+
+def test_a_reward_for_a_task_the_session_does_not_know_is_refused_at_once():
+    sess, _, _ = _sim_parts()
+    with sess:
+        sess.tasks({"math": Arithmetic(), "count": Arithmetic()}, envs_per_task=2)
+        with pytest.raises(ConfigError) as ei:
+            sess.reward("mth", lambda t: 1.0)
+        msg = str(ei.value)
+        assert "task 'mth' is in no TaskSet" in msg and "['count', 'math']" in msg, msg
+        assert "did you mean 'math'?" in msg and "sess.tasks({'mth': env})" in msg, msg
+        assert not sess._rewards  # nothing registered
+        sess.reward("count", lambda t: 0.0)  # a known task is taken
+        assert "count" in sess._rewards
+
+
+def test_swapped_trainer_and_generator_name_the_order():
+    sess, train, gen = _sim_parts()
+    with sess:
+        tasks = sess.tasks({"math": Arithmetic()}, envs_per_task=2)
+        with pytest.raises(ConfigError) as ei:
+            sess.pipeline(gen, train, tasks, batch_size=4, group_size=4, mode="sync")
+        msg = str(ei.value)
+        assert "the order is sess.pipeline(train, gen, tasks)" in msg, msg
+        assert "'actor_gen'" in msg and "generator cluster" in msg and "trainer one" in msg, msg
+        assert "sess.pipeline(actor_train, actor_gen, tasks, ...)" in msg, msg
+        assert not sess.runtime.pipelines  # nothing was built
 
 
 def test_a_bad_value_leaves_the_running_pipeline_of_that_name_open(parts):

@@ -266,18 +266,14 @@ class LocalCluster(ClusterBase):
         return LocalWorkerHandle(LocalActor(inst, self._clock, self.threaded, self.call_latency_s), b, instance=inst)
 
     # -- dispatch paths --------------------------------------------------------------
-    def _submit(self, idx: list[int], attr: str, per_worker_args: list[tuple[tuple, dict]]) -> list[LocalRef]:
-        refs = []
-        with self._lock:
-            for i, (a, k) in zip(idx, per_worker_args, strict=True):
-                h = self.workers[i]
-                h.inflight += 1
-                h.calls += 1
-                fut = asyncio.run_coroutine_threadsafe(h.actor._invoke(attr, a, k), self._clock.loop)
-                # released on completion (not on .result()): routing sees the true in-flight count
-                fut.add_done_callback(functools.partial(self._release, h))
-                refs.append(LocalRef(fut, self._clock))
-        return refs
+    def _start(self, h: LocalWorkerHandle, attr: str, args: tuple, kwargs: dict) -> LocalRef:
+        fut = asyncio.run_coroutine_threadsafe(h.actor._invoke(attr, args, kwargs), self._clock.loop)
+        # released on completion (not on .result()): routing sees the true in-flight count
+        fut.add_done_callback(functools.partial(self._release, h))
+        return LocalRef(fut, self._clock)
+
+    def _stop(self, h: LocalWorkerHandle) -> None:
+        h.actor.close()
 
     def _release(self, h: LocalWorkerHandle, _done: object = None) -> None:
         with self._lock:
@@ -317,15 +313,6 @@ class LocalCluster(ClusterBase):
             }
             for h in self.workers
         ]
-
-    def close(self) -> None:
-        """Drop the workers and release their pool slots (idempotent)."""
-        if self.closed:
-            return
-        self.closed = True
-        for h in self.workers:
-            h.actor.close()
-        self._resources.release(self.name)
 
 
 async def _resolve(v: Any) -> Any:

@@ -156,15 +156,11 @@ class Cluster(ClusterBase):
                 raise ClusterError(f"worker {h.binding.worker} landed on node {info['node_id']}, not its binding")
 
     # -- dispatch paths --------------------------------------------------------------
-    def _submit(self, idx: list[int], attr: str, per_worker_args: list[tuple[tuple, dict]]) -> list[Any]:
-        refs = []
-        with self._lock:
-            for i, (a, k) in zip(idx, per_worker_args, strict=True):
-                h = self.workers[i]
-                h.inflight += 1
-                h.calls += 1
-                refs.append(getattr(h.actor, attr).remote(*a, **k))
-        return refs
+    def _start(self, h: WorkerHandle, attr: str, args: tuple, kwargs: dict) -> Any:
+        return getattr(h.actor, attr).remote(*args, **kwargs)
+
+    def _stop(self, h: WorkerHandle) -> None:
+        _ray.kill(h.actor)
 
     def _release(self, idx: list[int]) -> None:
         with self._lock:
@@ -230,15 +226,6 @@ class Cluster(ClusterBase):
             _ray.get(h.actor._rn_info.remote(), timeout_s=30, what="info", worker=h.binding.worker, pool=h.binding.pool)
             for h in self.workers
         ]
-
-    def close(self) -> None:
-        """Kill the workers and release their pool slots (idempotent)."""
-        if self.closed:
-            return
-        self.closed = True
-        for h in self.workers:
-            _ray.kill(h.actor)
-        self._resources.release(self.name)
 
 
 class RayRuntime:

@@ -43,10 +43,11 @@ class ClusterBase(abc.ABC):
     _lock: contextlib.AbstractContextManager[Any]
     """Guards ``workers``' in-flight counts (set by the transport before ``__init__``)."""
     _register_hint: ClassVar[bool] = False
+    """Whether error messages may suggest ``sess.register_endpoint`` (a Ray session has it)."""
+    closed: bool
     closed_fix: str = ""
     """What to do instead of calling this cluster once it is closed (default: build it again with
     ``sess.cluster``); set on internal clusters, e.g. a pipeline's rollout, that users do not build."""
-    """Whether error messages may suggest ``sess.register_endpoint`` (a Ray session has it)."""
 
     if TYPE_CHECKING:
         # The Worker class's ``@register`` / ``@hw_mapping`` / ``@register_serverless`` methods,
@@ -60,8 +61,12 @@ class ClusterBase(abc.ABC):
         """Bind (unless ``binding`` is given) and start worker ``index`` of ``world``; returns its handle."""
 
     @abc.abstractmethod
-    def _submit(self, idx: list[int], attr: str, per_worker_args: list[tuple[tuple, dict]]) -> list[Any]:
-        """Start ``attr`` on the workers at ``idx`` (one (args, kwargs) each); returns one ref per call."""
+    def _start(self, h: Any, attr: str, args: tuple, kwargs: dict) -> Any:
+        """Start ``attr`` on the worker of handle ``h``; returns its ref (called under ``_lock``)."""
+
+    @abc.abstractmethod
+    def _stop(self, h: Any) -> None:
+        """Stop the worker of handle ``h`` (on close)."""
 
     @abc.abstractmethod
     def _finish(
@@ -77,9 +82,22 @@ class ClusterBase(abc.ABC):
     def info(self) -> list[dict[str, Any]]:
         """Per worker: node, pid, hardware, pool, rank."""
 
-    @abc.abstractmethod
+    def _submit(self, idx: list[int], attr: str, per_worker_args: list[tuple[tuple, dict]]) -> list[Any]:
+        """Start ``attr`` on the workers at ``idx`` (one (args, kwargs) each); returns one ref per call."""
+        with self._lock:
+            for i in idx:
+                self.workers[i].inflight += 1
+                self.workers[i].calls += 1
+            return [self._start(self.workers[i], attr, a, k) for i, (a, k) in zip(idx, per_worker_args, strict=True)]
+
     def close(self) -> None:
         """Stop the workers and release their pool slots (idempotent)."""
+        if self.closed:
+            return
+        self.closed = True
+        for h in self.workers:
+            self._stop(h)
+        self._resources.release(self.name)
 
     def _call_register(self, attr: str, d: Dispatch, args: tuple, kwargs: dict, blocking: bool) -> Any:
         n = len(self.workers)

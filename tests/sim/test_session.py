@@ -357,3 +357,20 @@ def test_the_control_plane_cost_per_turn_bounds_the_rollout():
         rn.Session.sim({"cpu": 1}, turn_cpu_s=-1)
     with rn.Session.sim({"cpu": 1}, host_cores=3, turn_cpu_s=0.001) as s:
         assert s.clock.host.cores is not None and s.clock.host.cores.cores == 3 and s.clock.host.turn_cpu_s == 0.001
+
+
+def test_state_is_a_str_enum_from_attached_to_closed():
+    s = SimSession({"cpu": 1})
+    assert s.state is rn.SessionState.ATTACHED and s.state == "attached" and f"{s.state}" == "attached"
+    assert "attached" in repr(s)
+    s.close()
+    assert s.state is rn.SessionState.CLOSED and s.state == "closed"
+    with pytest.raises(StateError, match=r"SimSession is closed; create a new one with SimSession\(pools=\.\.\.\)"):
+        s.tasks({"math": rn.envs.Arithmetic()})
+
+
+def test_pools_given_as_a_list_name_the_expected_shape():
+    with pytest.raises(ConfigError, match=r"pools=\['H800'\] must map pool name -> slot count, e.g. \{'H800': 2"):
+        SimSession(["H800"])  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="needs a positive integer count, got 1.5"):
+        SimSession({"cpu": 1.5})  # type: ignore[dict-item]

@@ -127,6 +127,8 @@ def test_bad_inputs_are_clear(sess):
         sess.cluster("bad", Echo, replicas=0)
     with pytest.raises(ConfigError, match="rollart_nb.Worker subclass"):
         sess.cluster("bad", NotAWorker)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"threaded=\.\.\.\): Ray workers are processes; drop it"):
+        sess.cluster("bad", Echo, threaded=True)
     assert "bad" not in sess.clusters
 
 
