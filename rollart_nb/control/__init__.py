@@ -4,7 +4,7 @@ from rollart_nb.control.buffer import SampleBuffer
 from rollart_nb.control.checkpoint import PipelineCheckpoint, read_checkpoint
 from rollart_nb.control.env_manager import EnvManager, RolloutConfig, TurnBarrier
 from rollart_nb.control.modes import MODES, Mode
-from rollart_nb.control.pipeline import Pipeline
+from rollart_nb.control.pipeline import Pipeline, PipelineState
 from rollart_nb.control.proxy import GenTarget, LLMProxy
 from rollart_nb.control.report import PHASES, StepReport
 from rollart_nb.control.reward import RewardDispatcher, RewardSpec
@@ -21,6 +21,7 @@ __all__ = [
     "Mode",
     "Pipeline",
     "PipelineCheckpoint",
+    "PipelineState",
     "RewardDispatcher",
     "RewardSpec",
     "RolloutConfig",

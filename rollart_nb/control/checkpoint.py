@@ -32,12 +32,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
 import time
 import uuid
 import warnings
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -58,6 +60,8 @@ __all__ = [
     "run_checkpoints",
     "write_checkpoint",
 ]
+
+log = logging.getLogger(__name__)
 
 FORMAT = 2
 """Version of the ``pipeline.json`` layout (2 added the manifest; 1 is still read)."""
@@ -249,12 +253,8 @@ def write_checkpoint(
 
 
 class RunFolder:
-    """A pipeline's run folder: each step appended to ``steps.jsonl``, and every ``every`` steps
-    (0: never) an autosave into ``checkpoints/step-NNNNNN``, of which the newest ``keep`` stay.
-
-    Raises:
-        ConfigError: ``path`` cannot be created.
-    """
+    """A pipeline's run folder (layout above): an autosave every ``every`` steps (0: never), the
+    newest ``keep`` kept. ConfigError if ``path`` cannot be created."""
 
     def __init__(self, path: str | os.PathLike[str], every: int, keep: int) -> None:
         self.path, self.every, self.keep = Path(path).absolute(), every, keep
@@ -267,6 +267,18 @@ class RunFolder:
                 "can write, or run_dir=None without autosave_every"
             ) from None
 
+    @classmethod
+    def of(cls, config: Any, name: str) -> RunFolder | None:
+        """The run folder of pipeline ``name``'s config: its ``run_dir``, else ``runs/<name>``
+        when it autosaves; None when neither."""
+        path = config.run_dir if config.run_dir is not None or not config.autosave_every else Path("runs") / name
+        if path is None:
+            return None
+        folder = cls(path, config.autosave_every, config.keep_checkpoints)
+        every = f" and a checkpoint every {config.autosave_every} steps" if config.autosave_every else ""
+        log.info("pipeline %s writes steps.jsonl%s to %s", name, every, folder.path)
+        return folder
+
     def record(self, row: dict[str, Any]) -> None:
         """Append one StepReport's dict to ``steps.jsonl``."""
         _write_synced(self.path / "steps.jsonl", json.dumps(row, default=str) + "\n", mode="a")
@@ -275,15 +287,31 @@ class RunFolder:
         """Whether step ``step`` (0-based) ends with an autosave."""
         return bool(self.every) and (step + 1) % self.every == 0
 
-    def autosave_path(self, steps: int) -> Path:
-        """Where the autosave after ``steps`` steps goes."""
-        return self.path / _CKPTS / f"step-{steps:06d}"
-
-    def saved(self, path: Path) -> None:
-        """``path`` holds a complete autosave: it is the newest; the oldest beyond ``keep`` go."""
+    def autosave(self, steps: int, trained: Callable[[], int], served: int, write: Callable[[Path], Any]) -> str | None:
+        """``write(path)`` the autosave after ``steps`` steps unless it is there already, and
+        keep the newest ``keep``; returns the newest autosave's path. Not when the trainer's
+        version (``trained()``) is behind the ``served`` one: it lost its state, and saving it
+        would make the lost state the newest."""
+        path = self.path / _CKPTS / f"step-{steps:06d}"
+        if not self.every or self.last == str(path):
+            return self.last if self.every else None
+        if (version := trained()) < served:
+            log.warning(
+                "not autosaving to %s: the trainer is at version %d, behind the %d served (it lost its state); "
+                "the newest good autosave stays %s",
+                self.path,
+                version,
+                served,
+                self.last,
+            )
+            return None
+        t = time.monotonic()
+        write(path)
         self.last = str(path)
         for old in run_checkpoints(self.path)[: -self.keep]:
             shutil.rmtree(old, ignore_errors=True)
+        log.info("autosaved to %s (%.1fs)", path, time.monotonic() - t)
+        return self.last
 
 
 def run_checkpoints(run_dir: str | os.PathLike[str]) -> list[Path]:

@@ -1,11 +1,8 @@
-"""Failover of one pipeline: dead generators replaced, a dead trainer restored from an autosave.
-
-A generation worker that died is restarted on a compatible slot, loads the served weights and
-takes over its routing (its trajectories move to live workers at their next turn). A trainer
-that died is restored from the pipeline's newest autosave, and the served version rolls back
-to it. A worker restarted by hand (``cluster.restart_worker(i)``) is taken over the same way.
-Each shows up as an event in the StepReport; ``max_worker_restarts`` bounds the automatic
-restarts per worker slot. Workers in one process (a SimSession) cannot die: nothing to do.
+"""Failover of one pipeline. A generator that died is restarted on a compatible slot, loads the
+served weights and takes over its routing (its trajectories move to live workers at their next
+turn); a trainer that died is restored from the newest autosave, the served version rolled back
+to it. A worker restarted by hand is taken over the same way. Each is an event in the StepReport;
+``max_worker_restarts`` bounds the automatic restarts per worker slot.
 """
 
 from __future__ import annotations
@@ -38,17 +35,9 @@ def worker_of(e: WorkerDiedError, cluster: Any) -> int | None:
 
 
 class Failover:
-    """Notices dead or restarted workers of one pipeline's clusters and brings them back.
-
-    Args:
-        name: the pipeline's name (for messages).
-        train, gen: the trainer and generator clusters.
-        rollout: the pipeline's rollout (it routes to the generators).
-        transport: the weight transport, or None for direct loads.
-        max_restarts: automatic restarts allowed per worker slot.
-        log_dir: where workers' logs are (named in the final error).
-        step: the pipeline's current step number (stamped on events).
-    """
+    """Notices dead or restarted workers of pipeline ``name``'s clusters and brings them back;
+    ``transport`` is None for direct weight loads, ``log_dir`` is named in the final error and
+    ``step()`` gives the step number stamped on events."""
 
     def __init__(
         self,
@@ -83,6 +72,38 @@ class Failover:
         if cause is not None and (i := worker_of(cause, self.train)) is not None:
             dead.setdefault(i, str(cause))
         return dead, [i for i, h in enumerate(self.train.workers) if h.actor is not self._trainer_actors[i]]
+
+    def wait_for_batch(
+        self, n: int, timeout_s: float | None, every_s: float, clock: Callable[[], float], heal: Callable[[], Any]
+    ) -> None:
+        """Wait for the rollout to hold a batch of ``n``, calling ``heal()`` meanwhile: every
+        ``every_s`` on ``clock``, and at once when the rollout sees a generator die."""
+        if not self.enabled:  # in-process workers (a SimSession) never die: no probes, no polling
+            self.rollout.wait_ready(n, timeout_s)
+            return
+        deadline = None if timeout_s is None else clock() + timeout_s
+        while True:
+            poll = every_s if deadline is None else min(every_s, max(0.0, deadline - clock()))
+            if self.rollout.wait_for_batch(n, poll)["ready"]:
+                return
+            heal()
+            if deadline is not None and clock() >= deadline:
+                self.rollout.wait_ready(n, 0)  # raises TimeoutError with the rollout's counts
+                return
+
+    def lost_state(self, version: int, served: int, folder: Any) -> StateError:
+        """The error for a trainer at ``version``, older than the ``served`` one: it lost its
+        state (a restarted worker starts from its initial weights); ``folder``: the run folder."""
+        where = (
+            f"resume_from={str(folder.path)!r} (its newest autosave, {folder.last})"
+            if folder is not None and folder.last
+            else "resume_from=<a checkpoint saved with pipe.save(path)>"
+        )
+        return StateError(
+            f"trainer {self.train.name} reports version {version}, older than the version {served} the "
+            f"generators serve: it lost its state (was a worker restarted?); nothing was changed. Rebuild the "
+            f"pipeline with sess.pipeline(..., {where}) to continue from a saved version"
+        )
 
     def serve(self, version: int, served: Any) -> dict[str, float]:
         """Every generator loads ``version`` (``served``: its weights' object ref, direct path;

@@ -31,7 +31,6 @@ import os
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, overload
 
 from rollart_nb._checks import is_whole
@@ -39,13 +38,14 @@ from rollart_nb.config import PipelineConfig, portable
 from rollart_nb.control.checkpoint import PipelineCheckpoint, RunFolder, latest_reward_sources, write_checkpoint
 from rollart_nb.control.failover import Failover, RestartsExhausted
 from rollart_nb.control.modes import mode as get_mode
-from rollart_nb.control.report import ENGINE_REPORTS, StepReport, StepTally, TrackerFanout
-from rollart_nb.control.shards import ShardedRollout, auto_shards, plan_rollout, plan_shards
+from rollart_nb.control.pipeline_setup import build_rollout
+from rollart_nb.control.report import ENGINE_REPORTS, StepReport, StepTally, TrackerFanout, run_config
+from rollart_nb.control.shards import auto_shards, plan_rollout, plan_shards
+from rollart_nb.control.validation import Validation
 from rollart_nb.errors import ConfigError, StateError, WorkerDiedError
 from rollart_nb.trackers import resolve_trackers
 from rollart_nb.trajectory import Trajectory, TrajectoryList
 from rollart_nb.views import view
-from rollart_nb.workers.routing import shape_affinity
 
 if TYPE_CHECKING:
     from rollart_nb.control.tasks import TaskSet
@@ -103,11 +103,8 @@ class Pipeline:
         self._clock = runtime.clock  # step timing: a SimSession's virtual time, else wall time
         self.runtime, self.train, self.gen, self.tasks, self.name = runtime, train, gen, tasks, name
         self.state = PipelineState.IDLE
-        self.folder = self._setup_run_dir(c, name)
+        self.folder = RunFolder.of(c, name)
         plans = self._plan_rollout(runtime, c, tasks, group_size, scheduler_seed)
-        self.validate_every, self.validate_pass_k = c.validate_every, c.validate_pass_k
-        self.validation_seeds = c.validation_seeds or tasks.validation_seeds()
-        self.last_validation: dict[str, dict[str, Any]] = {}
         self.step_timeout_s, self.health_every_s = c.step_timeout_s, float(c.health_every_s)
         self.algo: Any = None  # set by sess.pipeline: a restored trainer is configured with it again
         self.first_step = resume.steps if resume is not None else 0  # step numbers go on after a resume
@@ -126,23 +123,19 @@ class Pipeline:
             sample_size=c.tracker_sample_size,
             run_config=self.run_config,
         )
-        self._start_rollout(c, plans, rewards)
+        self.rollout, self.affinity = build_rollout(runtime, name, gen, tasks, plans, c, rewards)
+        self.validation = Validation(
+            name,
+            self.rollout,
+            c.validation_seeds or tasks.validation_seeds(),
+            every=c.validate_every,
+            pass_k=c.validate_pass_k,
+            temperature=self.cfg.rollout.temperature,
+        )
+        self.last_validation = self.validation.last  # task -> its newest greedy result
         self._start_serving(c, resume)
 
     # -- setup ---------------------------------------------------------------------------
-    @staticmethod
-    def _setup_run_dir(c: PipelineConfig, name: str) -> RunFolder | None:
-        """The run folder (``runs/<name>`` when autosaving without a ``run_dir``), or None."""
-        run_dir: str | os.PathLike[str] | None = c.run_dir
-        if c.autosave_every and run_dir is None:
-            run_dir = Path("runs") / name
-        if run_dir is None:
-            return None
-        folder = RunFolder(run_dir, c.autosave_every, c.keep_checkpoints)
-        every = f" and a checkpoint every {c.autosave_every} steps" if c.autosave_every else ""
-        log.info("pipeline %s writes steps.jsonl%s to %s", name, every, folder.path)
-        return folder
-
     def _plan_rollout(
         self, runtime: Runtime, c: PipelineConfig, tasks: TaskSet, group_size: int, scheduler_seed: int | None
     ) -> Any:
@@ -155,36 +148,6 @@ class Pipeline:
             free = runtime.resources.free("cpu") if "cpu" in runtime.resources.pools else None
             shards = auto_shards(self.cfg, free)
         return plan_shards(self.cfg, shards)  # raises ConfigError before anything starts
-
-    def _start_rollout(self, c: PipelineConfig, plans: Any, rewards: dict[str, dict[str, Any]] | None) -> None:
-        """Start the rollout's actors over the generators, with each task's reward."""
-        gen, name = self.gen, self.name
-        # task -> preferred hardware: the generator's @hw_mapping, else the env's shape hint until
-        # the task's measured token profile decides (in the rollout's proxy)
-        tagged = {t: gen.affinity("generate", t) for t in self.tasks.envs} if c.hw_affinity else {}
-        self.affinity = {
-            t: tag or shape_affinity(getattr(self.tasks.envs[t], "shape", None)) for t, tag in tagged.items()
-        }
-        targets = [(h.actor, h.binding.worker, h.binding.hardware, h.binding.pool) for h in gen.workers]
-        self.rollout = ShardedRollout(
-            self.runtime,
-            f"{name}.rollout",
-            plans,
-            model=gen.model,
-            targets=targets,
-            task_affinity=self.affinity,
-            measured=sorted(t for t, tag in tagged.items() if not tag),
-            pd=c.pd,
-            max_inflight=c.max_inflight,
-            dispatch=c.dispatch,
-        )
-        # closed with this pipeline: a call on it afterwards points to the pipeline, not to sess.cluster
-        self.rollout.closed_fix = (
-            f"it was the rollout of pipeline {name!r}, closed with it: create a new pipeline with "
-            f"sess.pipeline(..., name={name!r})"
-        )
-        for task, spec in (rewards or {}).items():
-            self.rollout.set_reward(task, **spec)
 
     def _start_serving(self, c: PipelineConfig, resume: PipelineCheckpoint | None) -> None:
         """Launch the first trajectories at the trainer's version (a reused or restored
@@ -240,7 +203,7 @@ class Pipeline:
         t0, metrics = self._clock(), {}
         with self._phase(rep, "rollout_wait"):  # ① get_batch, dead workers replaced first
             self._heal()
-            self._wait_batch(n)
+            self.failover.wait_for_batch(n, self.step_timeout_s, self.health_every_s, self._clock, self._heal)
             batch: list[Trajectory] = self.rollout.take_batch(n)
         if not m.overlap_train:  # sync, sync+: train on it now
             with self._phase(rep, "train"):
@@ -275,26 +238,6 @@ class Pipeline:
         """Steps taken, counting those of the run this one resumed."""
         return self.first_step + len(self.reports)
 
-    def _wait_batch(self, n: int) -> None:
-        """Wait for a batch of ``n``, replacing dead workers meanwhile (a probe every
-        ``health_every_s``, at once when the rollout sees a generator die)."""
-        if not self.failover.enabled:  # in-process workers (a SimSession) never die: no probes, no polling
-            self.rollout.wait_ready(n, self.step_timeout_s)
-            return
-        deadline = None if self.step_timeout_s is None else self._clock() + self.step_timeout_s
-        while True:
-            poll = (
-                self.health_every_s
-                if deadline is None
-                else min(self.health_every_s, max(0.0, deadline - self._clock()))
-            )
-            if self.rollout.wait_for_batch(n, poll)["ready"]:
-                return
-            self._heal()
-            if deadline is not None and self._clock() >= deadline:
-                self.rollout.wait_ready(n, 0)  # raises TimeoutError with the rollout's counts
-                return
-
     def _update_weights(self, version: int, rollback: bool = False) -> dict[str, float]:
         """Generators switch to ``version``; returns weight-sync metrics (summed over generators).
 
@@ -304,17 +247,7 @@ class Pipeline:
         restored from an autosave) allows it, and the rollout drops what newer weights generated.
         """
         if version < self.version and not rollback:
-            last = self.folder.last if self.folder is not None else None
-            where = (
-                f"resume_from={str(self.folder.path)!r} (its newest autosave, {last})"
-                if self.folder is not None and last
-                else "resume_from=<a checkpoint saved with pipe.save(path)>"
-            )
-            raise StateError(
-                f"trainer {self.train.name} reports version {version}, older than the version {self.version} the "
-                f"generators serve: it lost its state (was a worker restarted?); nothing was changed. Rebuild the "
-                f"pipeline with sess.pipeline(..., {where}) to continue from a saved version"
-            )
+            raise self.failover.lost_state(version, self.version, self.folder)
         if self.transport is None:  # an object ref: weights go trainer -> generators
             self._served_state = self.train.state_dict(blocking=False).refs[0]
         out = self.failover.serve(version, self._served_state)
@@ -353,12 +286,7 @@ class Pipeline:
         rep.step_s = self._clock() - t0
         rep.train = {k: float(v) for k, v in metrics.items() if isinstance(v, int | float)}
         self._tally.fill(rep, batch, self.rollout.stats())
-        if self.validate_every and (rep.step + 1) % self.validate_every == 0:
-            # after step_s, not part of its time; greedy and sampled in one hold, no training turn between
-            with self._phase(rep, "validation"), self._held():
-                rep.validation = self._greedy(None)
-                if self.validate_pass_k > 1:
-                    rep.pass_k = self._sampled(self.validate_pass_k, None, self.cfg.rollout.temperature)
+        self.validation.after_step(rep, self._clock)
         rep.events = self.failover.take_events()
         self.reports.append(rep)
         if len(self.reports) > ENGINE_REPORTS:  # older steps keep their occupancy, not every engine's dict
@@ -372,50 +300,19 @@ class Pipeline:
 
     def run_config(self) -> dict[str, Any]:
         """What a tracker records as the run's parameters: mode, alpha, sizes, tasks, algorithm."""
-        algo = self.algo
-        return {
-            "pipeline": self.name,
-            **portable(self.config),
-            "rollout_shards": self.rollout.shards,
-            "group_size": self.cfg.group_size,
-            "seed": self.cfg.seed,
-            "tasks": sorted(self.tasks.envs),
-            "generators": len(self.gen.workers),
-            "trainers": len(self.train.workers),
-            "algo": type(algo).__name__ if algo is not None else None,
-            **(
-                {f"algo.{k}": v for k, v in vars(algo).items() if isinstance(v, int | float | str | bool)}
-                if algo is not None and hasattr(algo, "__dict__")
-                else {}
-            ),
-        }
+        return run_config(self)
 
     def _autosave(self) -> str | None:
-        """Checkpoint into the run folder (the step lock held); the newest autosave's path."""
-        folder = self.folder
-        if folder is None or not folder.every or not self.reports:
+        """Autosave into the run folder, when it has one (the step lock held)."""
+        if self.folder is None or not self.reports:
             return None
-        path = folder.autosave_path(self._steps_done())
-        if folder.last == str(path):
-            return folder.last
+        return self.folder.autosave(self._steps_done(), self._trained_version, self.version, self._write_checkpoint)
+
+    def _trained_version(self) -> int:
+        """The trainer's version once every batch taken is trained on (the result stays for the next step)."""
         if self._train_fut is not None:
-            self._train_fut.result()  # the checkpoint holds every batch taken; the result stays for the next step
-        trained = int(self.train.version())
-        if trained < self.version:  # a restarted trainer: saving it would make a lost state the latest
-            log.warning(
-                "not autosaving pipeline %s: its trainer is at version %d, behind the %d served (it lost its "
-                "state); the newest good autosave stays %s",
-                self.name,
-                trained,
-                self.version,
-                folder.last,
-            )
-            return None
-        t = time.monotonic()
-        self._write_checkpoint(path)
-        folder.saved(path)
-        log.info("autosaved pipeline %s to %s (%.1fs)", self.name, path, time.monotonic() - t)
-        return folder.last
+            self._train_fut.result()
+        return int(self.train.version())
 
     async def astep(self) -> StepReport:
         """``await pipe.astep()``: :meth:`step` without blocking a running event loop (Jupyter)."""
@@ -527,8 +424,7 @@ class Pipeline:
         """
         self._check_open()
         with self._lock:
-            if self._train_fut is not None:
-                self._train_fut.result()  # the result stays available to the next step
+            self._trained_version()
             ckpt = self._write_checkpoint(path)
         log.info("saved pipeline %s at step %d, version %d to %s", self.name, ckpt.steps, ckpt.version, ckpt.path)
         return ckpt.path
@@ -581,31 +477,8 @@ class Pipeline:
         starts and no training turn is generated (turns, env steps and scoring already under way
         finish), so its seconds produce no batch tokens and bend no tokens/s."""
         self._check_open()
-        with self._held():  # once for every task: no training turn between two tasks' validations
-            return self._greedy(tasks)
-
-            return self._greedy(tasks)
-
-    def _greedy(self, tasks: list[str] | None) -> dict[str, float]:
-        out = {}
-        for task in tasks or list(self.tasks.envs):
-            res = self.rollout.evaluate(task, self.validation_seeds[task])
-            self.last_validation[task] = res
-            out[task] = res["score"]
-        return out
-
-    @contextlib.contextmanager
-    def _held(self) -> Iterator[None]:
-        """The rollout held for the block: no new training trajectory starts and no training
-        turn is generated (a step's greedy and sampled validations share one hold)."""
-        self.rollout.hold()
-        try:
-            yield
-        finally:
-            try:
-                self.rollout.release()
-            except Exception:  # the rollout is gone: whatever failed says so, not this
-                log.exception("pipeline %s: could not release the rollout after a validation", self.name)
+        with self.validation.held():  # once for every task: no training turn between two tasks' validations
+            return self.validation.greedy(tasks)
 
     def pass_at(
         self, k: int = 8, tasks: list[str] | None = None, temperature: float | None = None
@@ -621,20 +494,7 @@ class Pipeline:
             {'math': {'pass@1': 0.21, 'pass@8': 0.64}}
         """
         self._check_open()
-        if not isinstance(k, int) or k < 1:
-            raise ConfigError(f"pass_at needs a whole number k >= 1, got {k!r}")
-        temp = self.cfg.rollout.temperature if temperature is None else float(temperature)
-        if k > 1 and temp <= 0:
-            raise ConfigError(f"pass@{k} needs sampling: temperature must be > 0, got {temp}")
-        with self._held():
-            return self._sampled(k, tasks, temp)
-
-    def _sampled(self, k: int, tasks: list[str] | None, temperature: float) -> dict[str, dict[str, float]]:
-        out = {}
-        for task in tasks or list(self.tasks.envs):
-            res = self.rollout.evaluate(task, self.validation_seeds[task], temperature=temperature, samples=k)
-            out[task] = {"pass@1": res["pass@1"], f"pass@{k}": res[f"pass@{k}"]}
-        return out
+        return self.validation.pass_at(k, tasks, temperature)
 
     def trajectories(
         self, task: str | None = None, status: str | None = None, last: int | None = 200, include_running: bool = False

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from rollart_nb.algo.grpo import TRAIN_METRICS
+from rollart_nb.config import portable
 from rollart_nb.trackers import sample_rows
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "count_deltas",
     "env_fault_deltas",
     "mean_occupancy",
+    "run_config",
     "waste",
 ]
 
@@ -252,6 +254,27 @@ class StepReport:
         )
 
 
+def run_config(pipe: Any) -> dict[str, Any]:
+    """What a tracker records as a pipeline's run parameters: mode, alpha, sizes, tasks, algorithm."""
+    algo = pipe.algo
+    return {
+        "pipeline": pipe.name,
+        **portable(pipe.config),
+        "rollout_shards": pipe.rollout.shards,
+        "group_size": pipe.cfg.group_size,
+        "seed": pipe.cfg.seed,
+        "tasks": sorted(pipe.tasks.envs),
+        "generators": len(pipe.gen.workers),
+        "trainers": len(pipe.train.workers),
+        "algo": type(algo).__name__ if algo is not None else None,
+        **(
+            {f"algo.{k}": v for k, v in vars(algo).items() if isinstance(v, int | float | str | bool)}
+            if algo is not None and hasattr(algo, "__dict__")
+            else {}
+        ),
+    }
+
+
 def render_pipeline_html(pipe: Any) -> str:
     """HTML summary of a Pipeline (mode, alpha, version, state, last step)."""
     last = pipe.reports[-1]._repr_html_() if pipe.reports else "<p>no steps yet: call pipe.step()</p>"
@@ -306,10 +329,8 @@ class StepTally:
 
 class TrackerFanout:
     """Sends each StepReport (and, every ``sample_every`` steps, ``sample_size`` rows of its
-    batch) to every tracker; a tracker that fails is reported once and dropped, never fatal.
-
-    ``run_config()`` gives the run's parameters, sent to each tracker before the first step.
-    """
+    batch) to every tracker, ``run_config()`` before the first; a tracker that fails is
+    reported once and dropped, never fatal."""
 
     def __init__(
         self, trackers: list[Any], name: str, *, sample_every: int, sample_size: int, run_config: Callable[[], Any]
