@@ -44,6 +44,7 @@ _LAZY_NAMES = {
     "plan": "rollart_nb.planner",  # rn.plan(workload, budget): the what-if advisor
     "PromptCurriculum": "rollart_nb.control.curriculum",
     "Pipeline": "rollart_nb.control.pipeline",
+    "PipelineState": "rollart_nb.control.pipeline",
     "StepReport": "rollart_nb.control.report",
     "TaskSet": "rollart_nb.control.tasks",
     "SimSession": "rollart_nb.sim_session",
@@ -70,6 +71,7 @@ __all__ = [
     "PROFILES",
     "Pipeline",
     "PipelineConfig",
+    "PipelineState",
     "Pool",
     "PromptCurriculum",
     "RollartError",
