@@ -1,16 +1,8 @@
 """Where user code's output goes, and how its failures read.
 
-Three things that make env and reward code debuggable while a run is live:
-
-- :func:`capture_user_output` (called inside a worker actor) sends ``print`` and ``logging`` from
-  envs, rewards and the worker itself to the worker's own file in the session's log dir, next to
-  the library's log lines; nothing reaches the notebook cell.
-- :func:`read_logs` (what ``sess.logs()`` returns) reads the last lines of those files, merged
-  by time, for every worker or one; :class:`LogFollower` reads only what was added since its
-  last look (what ``sess.log_tail()``'s widget shows as it comes).
-- :func:`user_traceback` formats an exception's traceback trimmed to the user's frames (the
-  library's, Ray's, asyncio's and thread-pool frames dropped), bounded in length, secrets
-  redacted: failure reasons and error messages carry it.
+:func:`capture_user_output` sends a worker's ``print`` and ``logging`` to its own log file;
+:func:`read_logs` (``sess.logs()``) and :class:`LogFollower` (``sess.log_tail()``) read those
+files back; :func:`user_traceback` trims a traceback to the user's frames, bounded and redacted.
 
 Example:
     >>> try:
@@ -58,9 +50,8 @@ def _is_internal(filename: str) -> bool:
 def user_traceback(exc: BaseException, *, limit_chars: int = 1500, max_frames: int = 8) -> str:
     """``exc``'s traceback with only the user's frames (file, line, code), then its type and message.
 
-    Frames of rollart_nb, Ray, asyncio, concurrent.futures and threading are dropped; when nothing
-    is left (a built-in env failed), the innermost frame stays, so a file and line always show.
-    The text is at most about ``limit_chars`` long (the innermost frames kept) and redacted.
+    Library, Ray, asyncio and thread-pool frames are dropped (the innermost stays if nothing is
+    left). The text is at most about ``limit_chars`` long (innermost frames kept) and redacted.
     """
     frames = traceback.extract_tb(exc.__traceback__) if exc.__traceback__ is not None else []
     mine = [f for f in frames if not _is_internal(f.filename)] or frames[-1:]
@@ -150,9 +141,8 @@ def _library_log_file() -> str | None:
 def capture_user_output(path: str | None = None) -> str | None:
     """Send this process's ``print`` (stdout/stderr) and every logger's INFO+ records to ``path``.
 
-    ``path`` defaults to the file the worker's library logger writes (set when a worker actor
-    starts with a session log dir); without one (workers in the notebook's own process) nothing
-    changes and None is returned. Idempotent; the original streams still get their output.
+    ``path`` defaults to the worker's library log file; without one nothing changes and None is
+    returned. Idempotent; the original streams still get their output.
     """
     global _captured
     path = path or _library_log_file()
@@ -250,11 +240,9 @@ class _Offset:
 class LogFollower:
     """The lines added to the ``*.log`` files of ``log_dir`` since the last :meth:`poll`.
 
-    Only new bytes are read (an offset per file). The first poll gives the last ``last`` lines
-    of each file already there; a file that appears later is read from its start; a file that
-    shrank or was replaced is read again from its start. A line still being written (no newline
-    yet) waits for the next poll. At most ``max_bytes`` are read per file and poll (the newest).
-    Lines are redacted, as the workers' own log lines already are.
+    The first poll gives the last ``last`` lines of each file; later files, and files that shrank
+    or were replaced, are read from their start. A line without its newline waits for the next
+    poll. At most ``max_bytes`` (the newest) are read per file and poll. Lines are redacted.
 
     Example:
         >>> f = LogFollower(sess.log_dir)                          # doctest: +SKIP

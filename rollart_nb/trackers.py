@@ -1,13 +1,9 @@
 """Experiment trackers: every :class:`~rollart_nb.control.report.StepReport` of a pipeline goes to
 TensorBoard, Weights & Biases, MLflow, or your own.
 
-``sess.pipeline(..., trackers=["tensorboard"])``, or tracker objects. A tracker is any object
-with ``start(config)``, ``log_step(report)`` and ``close()``; :class:`Tracker` is a base with
-no-op defaults. A tracker that raises is reported once and dropped: an outage of a tracking
-server never stops training.
-
-The built-in adapters import their library when constructed; each needs the ``trackers`` extra
-(``pip install 'rollart_nb[trackers]'``). See ``docs/trackers.md``.
+A tracker is any object with ``start(config)``, ``log_step(report)`` and ``close()``
+(:class:`Tracker` has no-op defaults); one that raises is reported once and dropped. The
+built-in adapters need the ``trackers`` extra. See ``docs/trackers.md``.
 """
 
 from __future__ import annotations
@@ -189,9 +185,7 @@ def _missing(what: str, package: str, e: ImportError) -> ConfigError:
 class TensorBoardTracker(Tracker):
     """Writes every step to TensorBoard event files in ``log_dir``.
 
-    Logged: each of :func:`step_scalars` at ``global_step=report.step``; the run's parameters as
-    a markdown table (text tab, tag ``config``); failover events as text (tag ``failover``) at
-    their step. Events are flushed after every step.
+    Logged: :func:`step_scalars` per step, the parameters (tag ``config``), failover events.
 
     Example:
         >>> pipe = sess.pipeline(train, gen, tasks, trackers=["tensorboard"])  # doctest: +SKIP
@@ -257,14 +251,8 @@ def _wandb_has_credentials() -> bool:
 class WandbTracker(Tracker):
     """Sends every step to a Weights & Biases run (one run per pipeline).
 
-    ``mode`` defaults to ``$WANDB_MODE``, else ``"online"`` when W&B credentials are configured
-    (``WANDB_API_KEY`` or ``wandb login``) and ``"offline"`` otherwise: the tracker never waits
-    on a login prompt and, offline, never touches the network (``wandb sync <dir>`` uploads the
-    run later). Runs are created with ``reinit="create_new"``, so several pipelines of one
-    process each get their own run; ``init_kwargs`` go to ``wandb.init`` and override these.
-
-    Logged: the run's parameters as the run config (secret-looking keys masked); each of
-    :func:`step_scalars` with ``step=report.step``.
+    ``mode`` defaults to ``$WANDB_MODE``, else ``"online"`` with W&B credentials and
+    ``"offline"`` without (never a login prompt); ``init_kwargs`` go to ``wandb.init``.
 
     Example:
         >>> t = WandbTracker("runs/demo/wandb", run_name="demo", project="rl", tags=["grpo"])  # doctest: +SKIP
@@ -332,13 +320,7 @@ def _mlflow_key(name: str) -> str:
 class MLflowTracker(Tracker):
     """Logs every step to an MLflow run (one run per pipeline, in ``experiment``).
 
-    ``tracking_uri`` defaults to ``$MLFLOW_TRACKING_URI``, else a local SQLite store
-    ``<log_dir>/mlflow.db`` (no server, no network; MLflow 3 no longer writes plain-file
-    stores by default). Browse it with ``mlflow ui --backend-store-uri sqlite:///<log_dir>/mlflow.db``.
-
-    Logged: the run's parameters as params (strings; secret-looking keys masked); each of
-    :func:`step_scalars` as a metric at ``step=report.step`` (characters MLflow refuses become
-    ``_``); failover events as a JSON artifact ``failover/step_NNNNNN.json``.
+    ``tracking_uri`` defaults to ``$MLFLOW_TRACKING_URI``, else ``<log_dir>/mlflow.db`` (SQLite).
 
     Example:
         >>> pipe = sess.pipeline(train, gen, tasks, trackers=["mlflow"])  # doctest: +SKIP

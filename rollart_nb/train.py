@@ -1,13 +1,8 @@
 """``rollart-nb train``: a whole run from one typed config (YAML plus dotted overrides).
 
-:class:`TrainConfig` holds everything: the locally built model, the tasks and their rewards, the
-algorithm (:class:`~rollart_nb.algo.GRPO`), the loop (:class:`~rollart_nb.config.PipelineConfig`)
-and the budget. :func:`run_train` runs it on ``Session.local()``: it prints a row per step,
-writes ``steps.jsonl`` (a line per step, as the run goes), the HTML report and ``config.yaml``
-into ``out``, and returns the RESULT. Ctrl-C stops after the step in progress and still writes
-the report and returns the RESULT (``"interrupted": true``).
-
-``rollart-nb demo`` is ``rollart-nb train`` with the shipped ``rollart_nb/configs/demo.yaml``.
+:func:`run_train` runs a :class:`TrainConfig` on ``Session.local()``: a row per step,
+``steps.jsonl``, the HTML report and ``config.yaml`` into ``out``; it returns the RESULT, also
+after Ctrl-C (``"interrupted": true``). ``rollart-nb demo`` runs ``rollart_nb/configs/demo.yaml``.
 
 Example:
     >>> from rollart_nb.train import TrainConfig, demo_config

@@ -1,18 +1,10 @@
 """The notebook layer: live dashboard, trajectory viewer, figures. A consumer of the public API.
 
-Needs the ``nb`` extra (``pip install 'rollart_nb[nb]'``: ipywidgets, plotly, anywidget,
-pandas). Names load on first use, so ``import rollart_nb.nb`` stays cheap:
-
-* :class:`Dashboard` — ``pipe.dashboard()``: reward, step-time phases, staleness, pool
-  utilization, throughput; Pause / Resume / Step.
-* :class:`LogTailWidget` — ``sess.log_tail(...)``: the workers' logs as they come, with a
-  worker filter, Pause and Clear.
-* :class:`TrajectoryViewer` — ``pipe.trajectories(...)`` / ``pipe.viewer(...)``: turns, token
-  loss masks, logprobs, per-turn policy versions, reward versions, export.
-* :mod:`rollart_nb.nb.figures` — pure figure functions (StepReports in, plotly figures out);
-  :mod:`~rollart_nb.nb.timeline` the pool utilization timeline, :mod:`~rollart_nb.nb.report` the
-  curves SVG and the HTML report.
-* :func:`trajectory_html` — one trajectory as HTML, without widgets.
+Needs the ``nb`` extra (``pip install 'rollart_nb[nb]'``). Names load on first use, so
+``import rollart_nb.nb`` stays cheap: :class:`Dashboard` (``pipe.dashboard()``),
+:class:`LogTailWidget` (``sess.log_tail(...)``), :class:`TrajectoryViewer`
+(``pipe.viewer(...)``), :func:`trajectory_html`, and the pure figure functions of
+:mod:`rollart_nb.nb.figures`, :mod:`~rollart_nb.nb.timeline` and :mod:`~rollart_nb.nb.report`.
 """
 
 import importlib as _importlib

@@ -1,30 +1,13 @@
 """Live dashboard: a Pipeline's progress as plotly figures, a status line, a failure banner, controls.
 
-Live on its own: a daemon thread (the *watcher*) polls what the pipeline makes public
-(``reports``, ``state``, ``error``) and pushes widget updates from that thread, so the plots
-move whatever the kernel does: a ``pipe.run(n, background=True)``, a cell busy in a loop, or
-the dashboard's own buttons. Widget messages go out through the kernel's IOPub thread, which
-takes them from any thread; only the buttons need the kernel's main thread (a busy cell holds
-their clicks until it ends).
-
-Updates are incremental (:class:`~rollart_nb.nb.live.LivePlots`: new points travel as the
-tails of their traces) and throttled by what the browser has drawn: the watcher pushes new
-figures only when both
-
-* ``throttle_s`` has passed since the last push (stretched to four times what that push took
-  in the kernel), and
-* the browser has drawn the previous push (its views answer each message once its
-  ``Plotly.react`` calls have resolved), or ``ack_timeout_s`` has passed without an answer.
-
-So a run of fast steps never queues redraws the browser cannot keep up with, and the Pause
-click is not stuck behind them. The timeout keeps the plots moving where no answer can come:
-answers reach the kernel only while it is idle (a busy cell holds them), and a dashboard never
-displayed sends none; there the pace is one push per ``ack_timeout_s``. The status line does not
-wait: it follows the pipeline's state at once. The figures themselves are the pure functions of
-:mod:`rollart_nb.nb.figures` and :mod:`~rollart_nb.nb.timeline`.
-
-The watcher stops when the pipeline closes or the widget is closed, and never raises: a
-drawing problem is logged once, and the run goes on.
+A daemon thread (the *watcher*) polls the pipeline's ``reports``, ``state`` and ``error`` and
+pushes widget updates from that thread, so the plots move whatever the kernel does (IOPub takes
+messages from any thread; only the buttons need the main thread). Updates are incremental
+(:class:`~rollart_nb.nb.live.LivePlots`) and pushed only once ``throttle_s`` has passed
+(stretched to four times the last push's cost) and the browser has drawn the previous push or
+``ack_timeout_s`` has passed: fast steps never queue redraws the browser cannot keep up with.
+The watcher stops when the pipeline or widget closes, and never raises: a drawing problem is
+logged once, and the run goes on.
 """
 
 from __future__ import annotations
@@ -51,28 +34,18 @@ _RED, _AMBER = "#b00020", "#8a5a00"
 
 
 class Dashboard(widgets.VBox):
-    """Reward and failure rate, the trainer's metrics (loss, KL, entropy, grad norm, clip fraction,
-    response length), failed/aborted per step, step-time phases, staleness, throughput and pool
-    utilization of a Pipeline, live; a status line (the pipeline's state) and a banner for
-    failures.
-
-    Built by ``pipe.dashboard()``. Works outside a kernel too (the widgets are plain objects until
-    displayed), which is how the tests drive it.
+    """A Pipeline's reward, trainer metrics, failures, step phases, staleness, throughput and pool
+    utilization, live, with a status line and a failure banner. Built by ``pipe.dashboard()``.
 
     Args:
-        pipe: the :class:`~rollart_nb.control.Pipeline` to watch (``reports``, ``state``,
-            ``error``, ``trajectories``, ``reward_history``, ``step``, ``run``, ``pause``, ``wait``).
-        throttle_s: at least this long between two figure updates (steps in between are
-            coalesced into one update; the status line follows the state at once).
+        pipe: the :class:`~rollart_nb.control.Pipeline` to watch.
+        throttle_s: at least this long between two figure updates (steps in between coalesce).
         trajectories_last: how many recent trajectories feed the utilization timeline.
         window_s: the utilization timeline shows this many seconds before the latest event.
         steps: default number of steps for the Resume button.
         poll_s: how often the watcher looks at the pipeline.
-        timeline_every_s: at least this long between two reads of the trajectories (a call
-            into the rollout) for the timeline.
-        ack_timeout_s: the watcher waits for the browser to draw the last update before it
-            pushes the next, at most this long (then it pushes anyway: a busy kernel holds the
-            browser's answers, and a dashboard not displayed sends none).
+        timeline_every_s: at least this long between two reads of the trajectories.
+        ack_timeout_s: wait at most this long for the browser to draw the last update.
         watch: start the watcher thread (False: updates only on :meth:`update` and the buttons).
 
     Example:
@@ -259,8 +232,7 @@ class Dashboard(widgets.VBox):
         """Send what changed since the last update (status, banner, new points).
 
         Args:
-            force: update now; else only when due (``throttle_s`` has passed since the last
-                one and the browser has drawn it, or ``ack_timeout_s`` has passed).
+            force: update now; else only when due.
 
         Returns:
             True when it updated.

@@ -134,10 +134,8 @@ def training_figure(reports: Sequence[StepReport]) -> Any:
     """The trainer's metrics over steps (``StepReport.train``), one small plot each: loss, KL,
     entropy, grad norm, clip fraction, response length (:data:`~rollart_nb.algo.grpo.TRAIN_METRICS`).
 
-    A step whose trainer did not report a metric (the sim trainer has no loss) leaves no point;
-    NaN leaves a gap. KL is titled by what it measures: to the reference policy when the steps
-    report ``kl_ref`` (``kl_coef > 0``), else the approximate KL from the behaviour policy.
-    Every metric has its trace from the start, so new steps only extend traces (live updates).
+    An unreported metric leaves no point, NaN a gap. KL is to the reference policy when the steps
+    report ``kl_ref``, else from the behaviour policy. New steps only extend traces.
     """
     go = _go()
     from plotly.subplots import make_subplots
@@ -182,14 +180,9 @@ def _pass_k_name(reports: Sequence[StepReport]) -> str | None:
 
 
 def task_figure(reports: Sequence[StepReport]) -> Any:
-    """The curves a practitioner reads per task, one small plot each and one color per task:
-    the batch's reward, the held-out score (greedy validation), held-out pass@k and pass@1
-    (``validate_pass_k``), and the trainer's per-task entropy, KL, response length and clip
-    fraction (:data:`~rollart_nb.algo.grpo.TASK_METRICS`). KL is to the reference policy
-    when the steps report ``kl_ref`` (``kl_coef > 0``), else from the behaviour policy.
-
-    Every task has all its traces from the start (empty until measured), so new steps only
-    extend traces (live updates); a metric a step did not measure leaves no point.
+    """Per-task curves, one color per task: reward, held-out score and pass@k, and the trainer's
+    :data:`~rollart_nb.algo.grpo.TASK_METRICS`. Every task has all its traces from the start, so
+    new steps only extend them (live updates).
     """
     go = _go()
     from plotly.subplots import make_subplots
@@ -370,14 +363,10 @@ _ABORT_COLORS = ("#bab0ac", "#8c8c8c", "#d4cfcb", "#6f6f6f")
 
 
 def failed_aborted_figure(reports: Sequence[StepReport]) -> Any:
-    """Per step, stacked: trajectories aborted as stale (per task), and trajectories failed by
-    task and reason.
+    """Per step, stacked: trajectories aborted as stale per task, and failed by task and reason.
 
-    One bar trace per ``aborted (stale) · task`` and per ``failed · task: reason`` (in order of
-    first appearance, holding only the steps where it occurred, so a live view appends to it);
-    a failed trajectory trained on with the failure reward shows as ``penalized · task: reason``;
-    ``failed · reason not kept`` counts failures the report names no reason for. Reports without
-    per-task counts (older runs) show one ``aborted (stale)`` trace. Hover shows an example reason.
+    One bar trace per ``aborted (stale) · task`` and ``failed · task: reason`` (``penalized`` when
+    trained on with the failure reward), in order of first appearance, so a live view appends.
     """
     go = _go()
     fig = go.Figure()

@@ -1,23 +1,11 @@
 """Live plots: one widget draws a set of plotly figures and takes incremental updates.
 
-The Python side keeps the figure specs it has sent (plain JSON) and, for a new set of figures,
-sends only the difference (:func:`figure_ops`): points appended to a trace travel as their tail,
-a changed trace alone, a changed layout key alone; a whole figure only when its traces were
-reordered or removed. The browser side applies the same operations to its copy and redraws
-with ``Plotly.react``; a view opened later draws from that copy. :meth:`LivePlots.sync`
-resends the whole state as the widget's ``figures`` trait (the state a reloaded page
-restores), which the dashboard does when a run stops.
-
-Every update message carries an increasing ``seq``. Each view, once the ``Plotly.react`` calls
-of a redraw have resolved, answers ``{"drawn": seq}`` with the highest ``seq`` it has applied;
-the Python side keeps the highest answer (:attr:`LivePlots.drawn_seq`), so a sender can wait for
-the browser (:meth:`LivePlots.awaiting_draw`) instead of queueing redraws it cannot keep up with.
-Answers reach the kernel only while it is idle (a busy cell holds them), and a widget never
-displayed never answers: the wait is bounded by a timeout.
-
-plotly.js comes once per kernel, in :class:`PlotlyLib` (an anywidget that loads it into the
-page when its model is created; it is never displayed): the plotly mime renderer is not
-guaranteed to have loaded it.
+For a new set of figures only the difference is sent (:func:`figure_ops`); the browser applies
+it to its copy and redraws with ``Plotly.react``. :meth:`LivePlots.sync` resends the whole state
+as the ``figures`` trait (what a reloaded page restores). Each update carries an increasing
+``seq`` that views answer with ``{"drawn": seq}`` once drawn, so a sender can wait for the
+browser (:meth:`LivePlots.awaiting_draw`); the wait is bounded, since a busy kernel or an
+undisplayed widget gets no answer. plotly.js is loaded once per kernel by :class:`PlotlyLib`.
 """
 
 from __future__ import annotations
@@ -269,15 +257,10 @@ export default { initialize, render };
 class LivePlots(anywidget.AnyWidget):  # type: ignore[misc]
     """A responsive grid of plotly figures that takes incremental updates (:meth:`update`).
 
-    Each update message carries ``seq`` (1, 2, ...); the views answer with the highest one
-    they have drawn. :meth:`awaiting_draw` says whether the last message is still on its way to
-    the screen.
-
     Args:
         order: figure names in display order.
         wide: names of figures that span the full width.
-        ack_timeout_s: :meth:`awaiting_draw` gives up waiting for a view's answer after this
-            long (a busy kernel holds the answers; a widget never displayed sends none).
+        ack_timeout_s: :meth:`awaiting_draw` gives up waiting for a view's answer after this long.
 
     Attributes:
         sent: what the browser holds now (name -> spec), kept in step with every message.

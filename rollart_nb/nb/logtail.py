@@ -1,11 +1,8 @@
 """A widget that follows the session's worker logs live (``sess.log_tail()``).
 
-What :func:`~rollart_nb.logs.read_logs` shows once, as it comes: a daemon thread looks at the
-log files every ``poll_s``, reads only the bytes added since its last look
-(:class:`~rollart_nb.logs.LogFollower`) and updates the widget from that thread (widget
-messages leave through the kernel's IOPub thread, from any thread), at most once per look, so a
-chatty worker never floods the page. Lines are HTML-escaped and redacted; the widget keeps the
-last ``last`` lines of each worker and shows the newest at the bottom.
+A daemon thread reads what was added to the log files every ``poll_s``
+(:class:`~rollart_nb.logs.LogFollower`) and updates the widget at most once per look, so a
+chatty worker never floods the page. Lines are HTML-escaped and redacted.
 """
 
 from __future__ import annotations
@@ -33,10 +30,8 @@ class LogTailWidget(widgets.VBox):
 
     Args:
         log_dir: the session's log directory (``sess.log_dir``).
-        worker: show only this worker's lines, e.g. ``"pipeline.rollout"`` (a part of its log
-            file's name, as ``sess.logs`` takes it); None: every worker's. The dropdown changes it.
-        last: lines kept and shown per worker (the oldest go first); also how many lines of each
-            file already there it starts with.
+        worker: show only this worker's lines, e.g. ``"pipeline.rollout"``; None: every worker's.
+        last: lines kept and shown per worker, also those of each existing file it starts with.
         poll_s: how often the files are looked at.
         height: CSS height of the scrolling pane.
         watch: start the polling thread (False: the pane changes only on :meth:`refresh`).

@@ -88,13 +88,10 @@ def curves_svg(
     width: int = 760,
     height: int = 300,
 ) -> str:
-    """The learning curves as one standalone SVG (no JavaScript: it renders in a README, a paper
-    or a browser with no network): per task, the greedy validation score (line with dots) and the
-    batch's mean reward (thin, faded), against wall seconds since the first step began.
+    """The learning curves as one standalone SVG: per task, validation score and mean reward.
 
     Args:
-        reports: step reports, in order (``started_at`` gives the x axis; when no report has
-            one, the step index does).
+        reports: step reports, in order (x axis: ``started_at``, else the step index).
         before: validation scores before training, drawn at x = 0.
         after: validation scores after the last step, drawn at the end of the x axis.
         title: the chart's title.

@@ -25,10 +25,8 @@ def utilization_segments(
 ) -> list[dict[str, Any]]:
     """What each worker did, and when: one segment per generated turn and per train step.
 
-    Generation segments come from each turn's ``timings["t"]`` (wall start, unix seconds),
-    ``timings["generate"]`` (seconds) and ``worker``; turns without them are skipped. Train
-    segments come from ``StepReport.started_at`` and ``train_s``: in sync modes training starts
-    after the step's rollout wait, in overlapped modes it is launched at the end of the step.
+    Generation segments come from each turn's ``timings["t"]``, ``timings["generate"]`` and
+    ``worker`` (turns without them are skipped); train ones from ``started_at`` and ``train_s``.
 
     Args:
         trajectories: trajectories to read turns from (any status).
@@ -95,12 +93,10 @@ def timeline_figure(
     """The utilization timeline of :func:`utilization_segments`' segments, drawn in the order given.
 
     Args:
-        segs: segments (``row``, ``kind``, ``start``, ``end``, ``label``); a live view passes them
-            in the order it saw them, so that new ones are appended to the bars already drawn.
+        segs: segments (``row``, ``kind``, ``start``, ``end``, ``label``), in the order seen.
         events: failover events (``kind``, ``worker``, ``at``): a mark on the worker's row.
         t0: unix time of x = 0 (default: the earliest segment).
-        window_s: show only the last ``window_s`` seconds (the x axis range; busy fractions are
-            over that span). Default: everything.
+        window_s: show only the last ``window_s`` seconds (default: everything).
     """
     import plotly.graph_objects as go
 

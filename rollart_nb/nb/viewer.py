@@ -148,12 +148,9 @@ def trajectory_html(t: Trajectory, tokenizer: Any = None, *, max_turns: int = 50
 
     Args:
         t: the trajectory.
-        tokenizer: decodes token ids (a :class:`TokenDecoder` or a tokenizer); default the
-            trajectory's own (:attr:`~rollart_nb.trajectory.Trajectory.tokenizer`: its list's
-            pipeline model's), else ids are shown.
+        tokenizer: decodes token ids; default the trajectory's own, else ids are shown.
         max_turns: render at most this many turns (the rest are counted).
-        max_prompt_tokens: per turn, render at most the last this many prompt-side tokens (the
-            rest are counted; ``to_dataframe(level="token")`` has them all).
+        max_prompt_tokens: per turn, render at most the last this many prompt-side tokens.
     """
     if tokenizer is None:
         tokenizer = t.tokenizer
@@ -209,17 +206,13 @@ _ANY = "any"
 
 
 class TrajectoryViewer(widgets.VBox):
-    """Browse trajectories: filters, a selector, one trajectory's turns (or its GRPO group) in
-    detail, export.
-
-    Built by ``pipe.trajectories(...)`` (shown in a notebook) or ``pipe.viewer(...)``.
+    """Browse trajectories: filters, a selector, one trajectory's turns or GRPO group, export.
 
     Args:
         trajectories: a :class:`~rollart_nb.trajectory.TrajectoryList` (or any list of
             trajectories); when it has a ``source`` (the Pipeline), Refresh pulls new ones with
             its ``filters``.
-        tokenizer: decodes token ids in the loss-mask view; default: the list's tokenizer (the
-            source pipeline's generation model's, when it can be loaded), else token ids are shown.
+        tokenizer: decodes token ids in the loss-mask view; default: the list's tokenizer.
         live_s: refresh from the source every this many seconds while the Live box is ticked.
 
     Example:

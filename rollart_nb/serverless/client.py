@@ -1,13 +1,9 @@
 """HTTP client for serverless endpoints (Ray Serve, Knative, cloud functions).
 
-JSON contract (request): ``{"args": [...], "kwargs": {...}}``; (response, 2xx):
-``{"result": <json>}``. Non-2xx answers raise :class:`ServerlessError` with the status and
-the start of the body; timeouts and 5xx / connection errors are retried with exponential
-backoff. A bearer token is read from an environment variable at call time and never stored
-in reprs, logs or exceptions; the process that reads it registers it with
-:func:`~rollart_nb.redact.register_secret`. Reprs show the URL through
-:func:`~rollart_nb.redact.redact_url` (no userinfo, no query values); error messages are
-redacted by the errors themselves (:class:`~rollart_nb.errors.RollartError`).
+Request ``{"args": [...], "kwargs": {...}}``, 2xx response ``{"result": <json>}``; other answers
+raise :class:`ServerlessError`, and timeouts, 5xx and connection errors are retried with backoff.
+The bearer token is read from an environment variable at call time and never shown in reprs,
+logs or exceptions.
 """
 
 from __future__ import annotations
@@ -36,8 +32,7 @@ class Endpoint:
     Attributes:
         name: endpoint name (what ``register_serverless`` refers to).
         url: full URL to POST to.
-        token_env: name of an environment variable holding a bearer token (the token itself
-            is never stored here).
+        token_env: name of an environment variable holding a bearer token.
         timeout_s: per-request timeout.
         retries: retries after the first attempt on timeout / connection error / 5xx.
         backoff_s: first backoff; doubles each retry, with jitter.

@@ -1,15 +1,8 @@
 """LLM-as-judge as a stateless reward function.
 
-The reward LLM's weights never change during training, so judging is a pure function of the
-trajectory: it can run serverless (``ServeManager.deploy("judge", LLMJudge(...))``) and
-scale to zero between steps instead of holding reserved GPUs (the paper's R3).
-
-:class:`LLMJudge` renders a prompt from the trajectory, has a frozen model answer greedily,
-and parses a score from the answer text. The model loads once per process (per Serve
-replica) on first use or in :meth:`LLMJudge.setup`, which Serve replicas call at start.
-Backends: ``hf`` (:class:`~rollart_nb.backends.hf.HFBackend`, any HF causal LM directory,
-e.g. ``rn.models.tiny_qwen()``) and ``sim`` (no model: the "answer" is a number derived
-from a hash of the prompt, so plumbing, parsing and latency can be exercised cheaply).
+The judge's weights never change, so judging is a pure function of the trajectory and can run
+serverless (``ServeManager.deploy("judge", LLMJudge(...))``). :class:`LLMJudge` renders a prompt,
+has a frozen model (``hf`` or the hash-based ``sim`` backend) answer greedily, and parses a score.
 """
 
 from __future__ import annotations

@@ -48,9 +48,8 @@ def _keep_replica_grpc_on_loopback() -> None:
 class RewardReplica:
     """One replica of a reward deployment (runs in a Serve replica actor).
 
-    ``fn`` gets one :class:`Trajectory` (or, when batched, a list of them and returns a list).
-    If ``fn`` has a ``setup()`` method it runs here once, so a judge model loads per replica
-    (part of the cold start) rather than per request.
+    ``fn`` gets one :class:`Trajectory` (or, batched, a list). Its ``setup()``, if any, runs here
+    once, so a judge model loads per replica rather than per request.
     """
 
     def __init__(

@@ -1,25 +1,16 @@
 """Reward functions as Ray Serve deployments that scale to zero.
 
-A reward is a stateless function of a finished trajectory, with small, bursty demand: the
-paper runs it serverless so no pool slots sit reserved between steps. :class:`ServeManager`
-turns a plain callable into such a deployment on the current Ray connection and hands back
-an :class:`~rollart_nb.serverless.client.Endpoint` that speaks the client's JSON contract::
+:class:`ServeManager` turns a plain callable into a deployment on the current Ray connection
+and hands back an :class:`~rollart_nb.serverless.client.Endpoint` that speaks the JSON contract::
 
     POST /<name>  {"args": [trajectory.to_dict()], "kwargs": {}}
     200           {"result": <float | [per-turn floats]>, "version": <deploy number>}
     500           {"error": "<ExceptionType>: <message>"}   (the function raised)
     400 / 401     bad body / missing or wrong bearer token
 
-Non-finite results are sent as JSON ``NaN`` / ``Infinity`` (Python's ``json`` reads them),
-so the caller's validation (:func:`~rollart_nb.control.reward.check_reward_value`) decides.
-
-Hot swap: deploying a name again updates the same Serve application in place; Serve starts
-the new replicas before it drains the old ones, so requests keep being answered by one
-version or the other and none fails.
-
-Measured on a 2-core box: a cold start (0 -> 1 replica, a fresh worker process) takes
-~3 s when the box is otherwise idle (~10 s when it is saturated); a warm call ~15 ms
-through the HTTP proxy (p50 ~0.15 s when saturated). See ``benchmarks/serverless_reward.py``.
+Non-finite results are sent as JSON ``NaN`` / ``Infinity`` so the caller's validation decides.
+Deploying a name again updates the application in place: Serve starts the new replicas before
+draining the old, so no request fails. See ``benchmarks/serverless_reward.py`` for timings.
 """
 
 from __future__ import annotations
@@ -133,10 +124,8 @@ def _free_port(host: str) -> int:
 def _ship(fn: Any) -> bytes:
     """Register by value every non-importable module ``fn`` reaches; return ``fn`` pickled.
 
-    Functions from notebooks, tests and scripts must travel by value: Serve replicas cannot
-    import those modules. ``fn`` may be an importable object holding such functions (an
-    ``LLMJudge`` with a notebook ``parse``), so record every class and function the pickler
-    meets, register their modules, and pickle again until no new module turns up.
+    Serve replicas cannot import notebook, test or script modules, and ``fn`` may hold such
+    functions (an ``LLMJudge`` with a notebook ``parse``): pickle until no new module turns up.
     """
     from ray import cloudpickle
 
@@ -179,9 +168,7 @@ def _loads(blob: bytes) -> str:
 class ServeManager:
     """Ray Serve on the current Ray connection, serving reward functions that scale to zero.
 
-    Start a Session first (``rn.Session.local()`` or ``attach``); Serve runs in that cluster
-    with its HTTP proxy on ``host:port`` of the head node. Ray Serve is one per cluster, so
-    one manager per cluster.
+    Start a Session first; Serve (one per cluster) runs its HTTP proxy on the head node.
 
     Args:
         host: address the HTTP proxy binds (keep 127.0.0.1 unless others must reach it).
@@ -428,9 +415,7 @@ class ServeManager:
     def sample_replicas(self, interval_s: float = 0.25) -> None:
         """Start (once) a background thread recording ``(time, running replicas)`` per deployment.
 
-        The samples feed :meth:`timeline` (the dashboard's replica timeline) and make
-        :meth:`utilization`'s ``cold_starts`` count every 0 -> 1 scale-up, not only those seen
-        when you happened to ask.
+        The samples feed :meth:`timeline` and :meth:`utilization`'s ``cold_starts``.
         """
         self._check()
         if interval_s <= 0:
@@ -460,14 +445,9 @@ class ServeManager:
         """What ``name`` is doing and has done.
 
         Returns:
-            Serve's ``status`` (HEALTHY, UPSCALING, UNHEALTHY, ...) and ``message`` (why
-            replicas fail to start, e.g. a judge model that does not load); ``replicas`` /
-            ``starting`` now; ``requests``, ``errors`` served so far (all
-            versions); ``busy_s`` (time some request was running, summed over replicas);
-            ``replica_starts`` (every replica start: cold starts, scale-ups, hot swaps);
-            ``init_s_mean`` (replica constructor time); ``cold_starts`` (0 -> 1 scale-ups
-            observed by polling); ``replica_s`` (replica-seconds integrated over the sampled
-            timeline) and ``utilization`` = busy_s / replica_s (None without samples).
+            Serve's ``status`` and ``message``; ``replicas`` / ``starting`` now; ``requests``,
+            ``errors``, ``busy_s``, ``replica_starts``, ``init_s_mean`` and ``cold_starts`` so far;
+            ``replica_s`` and ``utilization`` = busy_s / replica_s (None without samples).
         """
         self._check()
         from ray import serve
