@@ -1,39 +1,11 @@
-"""LocalCluster: a :class:`~rollart_nb.runtime.ray.Cluster` whose workers are in-process objects.
+"""LocalCluster: a cluster whose workers are in-process objects (what a SimSession builds).
 
-A :class:`~rollart_nb.sim_session.SimSession` builds these instead of Ray actors, so a what-if
-study with a hundred simulated GPUs and thousands of envs runs in one process: every Worker
-instance lives on the session's single background asyncio loop thread, and the same Pipeline,
-RolloutWorker, LLMProxy and RolloutScheduler code as a Ray run drives them.
-
-Calling convention (the same as :class:`~rollart_nb.runtime.ray.Cluster`):
-
-- ``cluster.method(...)`` has the Worker method's signature and docstring plus a keyword-only
-  ``blocking``; ``@register`` / ``@hw_mapping`` / ``@register_serverless`` dispatch the same way
-  (the routing rule is the shared :func:`~rollart_nb.workers.routing.pick_worker`).
-- ``blocking=False`` returns a :class:`LocalFuture` (``.result(timeout)``, ``await``, ``.refs``);
-  an element of ``.refs`` passed as an argument to another LocalCluster call is resolved to its
-  value first, as Ray resolves an ObjectRef.
-- ``worker.actor.method.remote(...)`` returns an awaitable: an :class:`asyncio.Task` when called
-  on the loop thread (what the LLMProxy does), a :class:`LocalRef` from any other thread.
-
-Where sync methods run (the one deliberate difference from Ray):
-
-- Async methods run as tasks on the loop thread.
-- Sync methods of most workers run on the loop thread too: they are short bookkeeping calls
-  (``take_batch``, ``stats``, ``load_weights``) that touch state the loop owns (the scheduler,
-  the sim backend), so running them anywhere else would race with it.
-- Sync methods of :class:`~rollart_nb.workers.roles.TrainerWorker` subclasses run on a thread of
-  their own (one per worker, so calls to one trainer stay ordered as on a Ray actor): a real
-  train step blocks, and on the loop it would freeze every rollout for its length and erase
-  exactly the train/rollout overlap the asynchronous modes are measured on. Workers that set
-  ``runs_on_loop = True`` stay on the loop: :class:`~rollart_nb.workers.roles.SimTrainer`'s
-  ``train_step`` is a coroutine (an asyncio sleep of the modelled time), so on a virtual clock no
-  thread hands back a result at a moment the simulation does not control. Pass
-  ``threaded=True/False`` to override per cluster.
-
-Arguments are passed by reference (nothing is pickled), so workers must not mutate what they
-are given; the control plane already copies what it owns (env templates, prompts).
-"""
+Every Worker lives on the session's one background asyncio loop, driven by the same control
+plane as a Ray run; calls dispatch as on :class:`~rollart_nb.runtime.ray.Cluster`. Sync methods
+run on the loop, except a :class:`~rollart_nb.workers.roles.TrainerWorker`'s, which get a thread
+per worker (a real train step would otherwise freeze the rollout and erase the overlap the
+asynchronous modes are measured on); ``runs_on_loop = True`` or ``threaded=`` override it.
+Arguments pass by reference (nothing is pickled): workers must not mutate what they get."""
 
 from __future__ import annotations
 
