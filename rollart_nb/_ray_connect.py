@@ -1,26 +1,15 @@
 """Starting, joining and leaving Ray: where it listens, who may talk to it, what it prints.
 
 Measured pitfalls handled here:
-- A plain local ``ray.init()`` listens on every interface (GCS, raylets, agents, every
-  worker's gRPC port), and a cluster without token authentication runs anyone's code. A
-  local session makes Ray's node address the loopback address (Ray then binds its gRPC
-  servers and agents to 127.0.0.1) and turns token authentication on with a token of its
-  own, kept in a 0600 file that its workers find through ``RAY_AUTH_TOKEN_PATH``.
-- Ray keeps its auth mode and token in process-wide caches; they are refreshed whenever a
-  session changes them and restored when it ends, so sessions of different kinds can follow
-  each other in one kernel.
-- A killed cluster leaves ``ray_current_cluster`` behind, and a bare ``ray.init()`` then
-  tries to join the dead cluster: local sessions always pass ``address="local"``.
-- A client pointed at a missing cluster, at a port that is not Ray's, or at a Ray of another
-  version retries for many minutes: every connect first asks the GCS (or the Ray Client
-  server) a question over gRPC with a deadline, and stops with a ConnectError that says
-  what answered.
-- Unless a session forwards worker output (``log_to_driver``), Ray's chatter stays out of
-  notebook cells: ``import ray.serve`` gives the driver's ``ray.serve`` logger an INFO handler
-  of its own ("Started Serve", "Application ... is ready"), and every task that fails but will
-  be retried (``ServeController.graceful_shutdown`` at each ``serve.shutdown()``) is printed as
-  a ``(raylet)`` line. See :func:`quiet_serve_logs` and :data:`RETRY_NOTICES_ENV`; warnings,
-  errors and failures that are not retried still show.
+- A plain local ``ray.init()`` listens on every interface and runs anyone's code without token
+  auth: a local session binds Ray to 127.0.0.1 and turns token authentication on with a token
+  of its own (a 0600 file its workers find through ``RAY_AUTH_TOKEN_PATH``). Ray's process-wide
+  auth caches are refreshed when a session changes them and restored when it ends.
+- A killed cluster leaves ``ray_current_cluster`` behind: local sessions pass ``address="local"``.
+- A client pointed at no cluster, a non-Ray port or another Ray version retries for minutes:
+  every connect first asks over gRPC with a deadline and stops with a ConnectError.
+- Ray's Serve chatter and retried-task notices stay out of notebook cells unless a session
+  forwards worker output (:func:`quiet_serve_logs`, :data:`RETRY_NOTICES_ENV`).
 """
 
 from __future__ import annotations

@@ -1,22 +1,16 @@
 """Calibrate the simulator to this machine: a measured CPU profile and the real envs' token shapes.
 
-The sim prices work with :mod:`rollart_nb.sim.roofline` from a
-:class:`~rollart_nb.resources.profiles.HardwareProfile`, a :class:`~rollart_nb.models.ModelSpec`
-and a :class:`~rollart_nb.sim.workloads.Workload` per task. For a sim-to-real check
-(``benchmarks/sim_to_real.py``) all three must describe what ``Session.local()`` really runs:
+For a sim-to-real check (``benchmarks/sim_to_real.py``) the profile, model spec and workloads
+must describe what ``Session.local()`` really runs:
 
-* :func:`measure_cpu`: peak matmul FLOP/s, memory bandwidth and the fixed cost of one forward
-  pass of the tiny model, measured with torch on this CPU. The tiny model runs in **float32**
-  here (:meth:`~rollart_nb.models.tiny.ModelRef.load_model`'s default, used by the ``hf``
-  generator and the ``torch`` trainer), so float32 is what is measured; the profile's
-  ``bf16_tflops`` field holds that float32 figure (the field is named for GPUs' usual dtype).
-  Every measurement uses ``threads`` torch threads, 1 by default: ``Session.local()`` starts its
-  workers as Ray actors with ``num_cpus=0``, and Ray then sets ``OMP_NUM_THREADS=1`` in them.
-* :func:`~rollart_nb.models.spec.hf_spec`: the tiny model's :class:`ModelSpec` from its ``config.json``.
-* :func:`sample_episodes` and :func:`workload_from_stats`: prompt, observation, response and
-  turn statistics of real episodes of the real envs played by the real model, as Workloads.
-* :func:`calibrate` does all of the above, with :mod:`rollart_nb.bench.real_costs`' engine and
-  trainer costs; :func:`register_profile` makes the profile a pool name a SimSession accepts.
+* :func:`measure_cpu`: matmul FLOP/s, memory bandwidth and the tiny model's fixed cost per pass,
+  in float32 (the dtype the ``hf`` and ``torch`` backends run here; the profile's ``bf16_tflops``
+  holds it), on ``threads`` torch threads (1: Ray sets ``OMP_NUM_THREADS=1`` in ``num_cpus=0``
+  actors).
+* :func:`sample_episodes` and :func:`workload_from_stats`: real episodes' token and turn
+  statistics as Workloads.
+* :func:`calibrate` does all of it with :mod:`rollart_nb.bench.real_costs`' costs;
+  :func:`register_profile` makes the profile a pool name a SimSession accepts.
 
 Nothing here is tuned to a result: each number is a measurement or follows from one by a formula.
 

@@ -1,33 +1,19 @@
 """Virtual time for the simulator: an event loop whose clock jumps to the next timer.
 
-A :class:`~rollart_nb.sim_session.SimSession` runs its workers on one event loop. With a real
-clock, every modelled second is slept (scaled by ``time_scale``), and whatever CPU the control
-plane itself burns stretches those sleeps: ratios measured that way drift with machine load.
-:class:`VirtualEventLoop` instead keeps its own ``time()``. When nothing is ready to run, no
-thread is working for the loop, and somebody is waiting for a result, it advances its clock
-straight to the earliest timer (a discrete-event simulation). Python's CPU time costs no
-simulated time, so the same run gives the same numbers on a laptop and on a loaded CI box.
+A :class:`~rollart_nb.sim_session.SimSession` runs its workers on one event loop whose
+``time()`` jumps to the earliest timer when nothing is ready, no thread works for the loop, and
+somebody waits for a result (a discrete-event simulation): Python's CPU time costs no simulated
+time, so a run gives the same numbers on a laptop and on a loaded CI box. The jump is safe because:
 
-The three rules that make the jump safe:
+- **Threads hold time**: work handed to threads counts as busy until the loop has seen its
+  result; a thread passes modelled time with :func:`sleep`.
+- **Time passes only for a waiter** (:meth:`SimClock.wait`); between two driver calls it stands
+  still, so a session left alone in a notebook does not run ahead.
+- **All counters change on the loop thread**, so a jump never races a result.
+- **Other threads act between instants**: what they post waits until nothing is left to run at
+  the current instant, so a driver's ``take_batch`` sees everything that finished at it.
 
-- **Threads hold time.** Work the loop hands to threads (``run_in_executor``, hence
-  ``asyncio.to_thread`` and the simulated trainer's own thread) counts as *busy* from
-  submission until the loop has seen its result; time stands still meanwhile. A thread that
-  wants to pass modelled time calls :func:`sleep` (virtual, releases its hold).
-- **Time passes only for a waiter.** A driver thread (a notebook cell, ``pipe.run``) waiting on
-  the loop through :meth:`SimClock.wait` lets time pass; between two calls of the driver,
-  time stands still. So the simulated time between ``take_batch`` and ``suspend`` is zero,
-  whatever Python did in between, and a session left alone in a notebook does not run ahead.
-- **All counters change on the loop thread**, so a decision to jump never races a result.
-- **Other threads act between instants.** What another thread posts (``call_soon_threadsafe``:
-  a driver's call, a thread's result) waits in an inbox until the loop has nothing left to
-  run at the current simulated instant. So a driver's ``take_batch`` sees every trajectory
-  that finished at that instant, however fast or slow Python ran, and a run with one driver
-  thread and loop-only workers is deterministic.
-
-Real I/O (an HTTP reward endpoint) still works but takes no simulated time, and a timer
-(e.g. a reward timeout) can fire before a reply that is still in flight: give a SimSession
-local reward functions.
+Real I/O works but takes no simulated time: give a SimSession local reward functions.
 
 Example:
     >>> import asyncio

@@ -1,19 +1,12 @@
 """A host's CPU cores shared by what runs on them: processor sharing on the simulation's loop.
 
-A :class:`~rollart_nb.sim_session.SimSession` normally gives every device its own time: a
-generator's forward passes and a trainer's step never slow each other. On one CPU machine
-(``Session.local()`` on a laptop or a CI box) they do: the generator, the trainer and the
-control plane's Python all run on the same few cores. :class:`SharedCores` models that: each
-job (one thread's burst of work) starts on the core with the least work left on it and shares
-that core's time equally with the jobs already there (processor sharing per core). A job of
-``w`` core-seconds on an idle core takes ``w`` seconds; on a core busy with one other job
-throughout, ``2 w``.
-
-:class:`Host` bundles what a SimSession knows about its host: the shared cores (``None``: every
-device has its own) and the control plane's CPU seconds per turn, which are spent one turn at a
-time (a rollout worker is one event loop on one thread), on the shared cores when there are some.
-Sim workers find the host through their clock (:attr:`SimClock.host
-<rollart_nb.clock.SimClock>`): work priced on a device of kind ``"cpu"`` runs on its cores.
+A :class:`~rollart_nb.sim_session.SimSession` normally gives every device its own time; on one
+CPU machine the generator, the trainer and the control plane share a few cores.
+:class:`SharedCores` models that: each job (one thread's burst of work) starts on the core with
+the least work left and shares its time equally with the jobs there (``w`` core-seconds take
+``2 w`` beside one other job). :class:`Host` bundles the shared cores (``None``: own time) and
+the control plane's CPU seconds per turn (spent one turn at a time). Sim workers find it through
+their clock: work priced on a ``"cpu"`` device runs on its cores.
 
 Example:
     >>> import asyncio

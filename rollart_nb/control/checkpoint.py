@@ -8,24 +8,13 @@ Layout of a checkpoint directory::
       pipeline.json     step count, policy version, tasks, reward sources, scheduler seed, config,
                         and a manifest: size and SHA-256 of every other file
 
-A checkpoint is written into a hidden sibling directory and renamed into place when complete,
-so a crash mid-write never leaves a half checkpoint under ``path`` (replacing one keeps the old
-until the new is whole). Reading one checks every file against the manifest: a truncated or
-corrupted file is a :class:`~rollart_nb.errors.CheckpointError` naming it.
-
-A run folder (``sess.pipeline(..., run_dir=..., autosave_every=N)``) holds::
-
-    run_dir/
-      steps.jsonl       one StepReport per line, appended as each step ends
-      checkpoints/step-000010/, step-000020/, ...   autosaves (the newest ``keep`` are kept)
-
-``resume_from=run_dir`` resumes from its newest complete checkpoint.
-
-The trainer writes ``trainer/`` from its own process, so ``path`` must be on a filesystem the
-trainer worker and this process share (always true for :meth:`rollart_nb.Session.local`).
-What is not saved: trajectories in flight or buffered (a resumed pipeline starts its rollout
-afresh, serving the saved version) and reward functions themselves (set them again with
-``sess.reward``; their sources are recorded so a resume can warn when they differ).
+A checkpoint is written into a hidden sibling directory and renamed into place when complete
+(no half checkpoint under ``path``); reading one checks every file against the manifest
+(:class:`~rollart_nb.errors.CheckpointError` names a damaged file). A run folder
+(``run_dir=..., autosave_every=N``) holds ``steps.jsonl`` and ``checkpoints/step-NNNNNN/``
+autosaves (the newest ``keep``); ``resume_from=run_dir`` resumes from the newest complete one.
+``path`` must be on a filesystem the trainer worker shares. Not saved: trajectories in flight or
+buffered, and reward functions (their sources are recorded, so a resume warns when they differ).
 """
 
 from __future__ import annotations

@@ -9,16 +9,12 @@ env methods run on the scheduler's :class:`~rollart_nb.envs.base.BlockingPool`, 
 here blocks another EnvManager or the control plane.
 
 Token bookkeeping: turn ``k``'s prompt is turn ``k-1``'s prompt + its response + the new
-observation, so prompts are exact prefixes of each other (no re-tokenization drift). The
-conversation is one growing :class:`~rollart_nb.tokens.TokenSeq` per trajectory, and each
-turn's ``prompt_ids`` / ``response_ids`` are views into it. A request carries only the tokens
-the generator does not hold yet (``prefix_len``); one that lost them answers
-:class:`~rollart_nb.errors.HistoryMiss` and the turn is resent once with the whole history.
+observation (no re-tokenization drift), stored once in a :class:`~rollart_nb.tokens.TokenSeq`.
+A request carries only the tokens the generator lacks (``prefix_len``); on
+:class:`~rollart_nb.errors.HistoryMiss` the turn is resent once with the whole history.
 
-Preemption: a turn stopped by a weight update (``finish_reason`` "preempted") is continued
-after the update from the whole history plus its tokens so far, within the same budget; the
-turn records the oldest version that wrote part of it and how often it was preempted
-(``timings["preempted"]``).
+Preemption: a turn stopped by a weight update is continued from the history plus its tokens so
+far, within the same budget, recording the oldest version that wrote it (``timings["preempted"]``).
 """
 
 from __future__ import annotations

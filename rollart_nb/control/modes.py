@@ -12,14 +12,12 @@ areal     trajectory       overlapped    windowed        yes             checked
 rollart   trajectory       overlapped    windowed        yes             at start and every version, α
 ========  ===============  ============  ==============  ==============  =============================
 
-"windowed": continuous, but a group starts only while the groups started (less those given up)
-stay within (batches taken + α + 1) batches. Under the paper's rule (a trajectory begun more than
-α versions ago is aborted), a group opened beyond that window would wait for a batch until it is
-too stale to train on: launching it could only produce aborted work. RollArt then also aborts,
-at every version bump, any trajectory (running or buffered) begun more than α versions ago;
-AReaL keeps those and trains on them. Both preempt the turns in flight at a weight update
-(``preempt``): they continue under the new weights after a KV recompute, so an update never
-waits for the longest generation; the other modes' updates wait for every turn in flight.
+"windowed": a group starts only while the groups started (less those given up) stay within
+(batches taken + α + 1) batches; one opened beyond that could only go stale
+(:class:`~rollart_nb.control.staleness.Staleness`). RollArt also aborts, at every version bump,
+whatever began more than α versions ago; AReaL trains on it. Both preempt the turns in flight
+at a weight update (``preempt``) and continue them after a KV recompute; the other modes'
+updates wait for every turn in flight.
 """
 
 from __future__ import annotations

@@ -1,26 +1,19 @@
 """LLMProxy: the gateway between EnvManagers and generation workers.
 
-The proxy is a *client-side router*: it lives in the process that runs the EnvManagers and
-sends each request straight to a generation worker actor (one actor hop per turn). Several
-rollout processes each hold their own proxy; suspend/resume/abort are broadcast.
+A *client-side router* in the process that runs the EnvManagers: one actor hop per turn. Each
+rollout process holds its own proxy; suspend/resume/abort are broadcast.
 
 Routing (:class:`~rollart_nb.control.router.Router`): sticky per trajectory, first by task
 hardware affinity, least loaded. With ``pd=True`` the prefill runs on a compute-optimized worker
 and the decode on a bandwidth-optimized one (backends that implement ``prefill``/``decode``).
 
-Dispatch: ``"direct"`` makes one actor call per turn; ``"batched"`` streams turns (see
-:mod:`rollart_nb.workers.streaming`): one ``exchange`` call at a time per worker carries every
-turn queued for it and returns every result finished since the last call (waiting only for
-the first), so one slow sequence never holds back the others; turns queued while that call
-waits on long generations go in a separate ``submit``. Either way each worker holds up to its
-engine's capacity (:meth:`GeneratorWorker.capacity`) of this proxy's turns.
+Dispatch: ``"direct"`` makes one actor call per turn; ``"batched"`` streams turns
+(:mod:`rollart_nb.workers.streaming`). Each worker holds up to its engine's capacity
+(:meth:`GeneratorWorker.capacity`) of this proxy's turns. Histories cross the wire once (see
+:mod:`rollart_nb.control.env_manager`).
 
-Histories: a request carries only the tokens its worker has not seen (``prefix_len``); a
-worker that does not hold it answers :class:`~rollart_nb.errors.HistoryMiss`, passed to the
-sender, which resends the whole history once. Ended trajectories are forgotten in batches.
-
-Failover: a call that fails because its worker died (a Ray actor error) marks the worker dead;
-the turn goes again to a live worker, which recomputes the KV from the history. While every
+Failover: a call that fails because its worker died marks the worker dead; the turn goes again
+to a live worker, which recomputes the KV from the history. While every
 worker is dead, turns wait up to ``failover_wait_s`` for :meth:`LLMProxy.replace_target`.
 """
 

@@ -9,17 +9,14 @@ scheduler works; :class:`~rollart_nb.sim.backend.SimBackend` answers requests wi
   shares its pass (the interference that PD disaggregation and affinity routing remove). Runs
   of pure decode iterations are priced in closed form (:func:`~rollart_nb.sim.roofline.decode_time`)
   until the next sequence ends or a request arrives, so the cost is per event, not per token.
-* **KV capacity.** Device memory left after the weights (``KV_MEMORY_FRACTION`` of it) holds
-  ``kv_capacity_tokens`` of KV. A request is admitted only when its whole sequence (prompt plus
-  the response it will produce) fits beside the running ones and ``max_num_seqs`` allows; it
-  waits in FCFS order otherwise. Approximation: vLLM admits optimistically and preempts when it
-  runs out; reserving the final length up front never preempts but may admit a little later.
-* **Prefix cache** keyed by trajectory (cached length and the policy version it was computed
-  under), in the same memory, least recently used evicted first when admissions need room. A
-  trajectory's cached prefix is not prefilled again; after a weight change the whole prompt is
-  (step 5 of the protocol, KV recompute), counted in ``recomputed_tokens``.
-* A job's ``prefill_s`` runs from its arrival (queueing included) to the end of its prefill,
-  ``decode_s`` from there to its last token: *modelled* seconds, slept times ``time_scale``.
+* **KV capacity.** ``KV_MEMORY_FRACTION`` of the memory left after the weights holds
+  ``kv_capacity_tokens``; a request is admitted (FCFS, within ``max_num_seqs``) only when its
+  whole final sequence fits. vLLM admits optimistically and preempts instead: this never
+  preempts but may admit a little later.
+* **Prefix cache** per trajectory (length and policy version) in the same memory, LRU-evicted;
+  after a weight change the whole prompt is prefilled again (``recomputed_tokens``).
+* ``prefill_s`` runs from arrival to the end of prefill, ``decode_s`` to the last token
+  (modelled seconds, slept times ``time_scale``).
 """
 
 from __future__ import annotations
