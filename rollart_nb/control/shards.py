@@ -34,6 +34,7 @@ from rollart_nb.control.modes import Mode
 from rollart_nb.control.modes import mode as get_mode
 from rollart_nb.control.rollout_worker import RolloutWorker
 from rollart_nb.errors import ConfigError
+from rollart_nb.runtime.base import ClusterSpec
 from rollart_nb.trajectory import Trajectory
 
 if TYPE_CHECKING:
@@ -302,14 +303,7 @@ class ShardedRollout:
         try:
             for shard, plan in zip(self.names, sent, strict=True):
                 self.clusters.append(
-                    runtime.cluster(
-                        shard,
-                        RolloutWorker,
-                        pool="cpu",
-                        fallback=None,
-                        plan=plan,
-                        **worker_kwargs,
-                    )
+                    runtime.cluster(ClusterSpec.of(shard, RolloutWorker, pool="cpu", plan=plan, **worker_kwargs))
                 )
         except BaseException:
             self.close()

@@ -129,10 +129,9 @@ class Runtime(Protocol):
         """Seconds for step timing: wall time, or a simulation's virtual time."""
         ...
 
-    def cluster(self, spec: ClusterSpec | str, worker_cls: type[Worker] | None = None, **options: Any) -> ClusterBase:
+    def cluster(self, spec: ClusterSpec) -> ClusterBase:
         """Start ``spec``'s workers as the cluster ``spec.name`` (closing one of that name first) and
-        register it; a name, worker class and ``sess.cluster``'s keywords stand for
-        ``ClusterSpec.of(name, worker_cls, **options)``."""
+        register it."""
         ...
 
     def close_cluster(self, name: str) -> None:
@@ -155,16 +154,10 @@ class Runtime(Protocol):
 
 def register_cluster(
     runtime: Runtime,
-    spec: ClusterSpec | str,
-    worker_cls: type[Worker] | None,
-    options: dict[str, Any],
+    spec: ClusterSpec,
     build: Callable[[ClusterSpec], C],
 ) -> C:
     """Close the cluster ``spec.name`` if there is one, then build the new one and register it."""
-    if isinstance(spec, str):
-        if worker_cls is None:
-            raise ConfigError(f"runtime.cluster({spec!r}, ...) needs a worker class")
-        spec = ClusterSpec.of(spec, worker_cls, **options)
     if spec.name in runtime.clusters:
         log.info("replacing cluster %s", spec.name)
         runtime.close_cluster(spec.name)

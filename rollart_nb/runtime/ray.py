@@ -22,7 +22,7 @@ from rollart_nb.resources.manager import Binding, ResourceManager
 from rollart_nb.runtime.base import Closers, ClusterSpec, close_all, register_cluster
 from rollart_nb.serverless.client import Endpoint
 from rollart_nb.workers.cluster import ClusterBase
-from rollart_nb.workers.worker import Worker, actor_class_for
+from rollart_nb.workers.worker import actor_class_for
 
 if TYPE_CHECKING:
     from rollart_nb.protocols import WeightTransport
@@ -246,13 +246,13 @@ class RayRuntime:
     def clock(self) -> float:
         return time.monotonic()
 
-    def cluster(self, spec: ClusterSpec | str, worker_cls: type[Worker] | None = None, **options: Any) -> Cluster:
+    def cluster(self, spec: ClusterSpec) -> Cluster:
         def build(s: ClusterSpec) -> Cluster:
             if s.threaded is not None:
                 raise ConfigError(f"sess.cluster({s.name!r}, threaded=...): Ray workers are processes; drop it")
             return Cluster(self.resources, s, registry=self.endpoints, log_dir=self.log_dir)
 
-        return register_cluster(self, spec, worker_cls, options, build)
+        return register_cluster(self, spec, build)
 
     def close_cluster(self, name: str) -> None:
         c = self.clusters.pop(name, None)

@@ -17,7 +17,6 @@ from rollart_nb.runtime.base import Closers, ClusterSpec, close_all, register_cl
 from rollart_nb.runtime.local import LocalCluster
 from rollart_nb.serverless.client import Endpoint
 from rollart_nb.workers.cluster import ClusterBase
-from rollart_nb.workers.worker import Worker
 
 if TYPE_CHECKING:
     from rollart_nb.protocols import WeightTransport
@@ -63,13 +62,13 @@ class SimRuntime:
     def clock(self) -> float:
         return self.sim_clock.now()
 
-    def cluster(self, spec: ClusterSpec | str, worker_cls: type[Worker] | None = None, **options: Any) -> LocalCluster:
+    def cluster(self, spec: ClusterSpec) -> LocalCluster:
         def build(s: ClusterSpec) -> LocalCluster:
             return LocalCluster(
                 self.resources, s, registry=self.endpoints, clock=self.sim_clock, call_latency_s=self.call_latency_s
             )
 
-        return register_cluster(self, spec, worker_cls, options, build)
+        return register_cluster(self, spec, build)
 
     def close_cluster(self, name: str) -> None:
         c = self.clusters.pop(name, None)

@@ -41,12 +41,12 @@ def test_of_splits_spec_fields_from_init_kwargs():
     assert s.init_kwargs == {"envs": [1], "config": "c"}
 
 
-def test_a_runtime_builds_a_cluster_from_a_spec_or_keywords():
+def test_a_runtime_builds_a_cluster_from_a_spec_and_replaces_one_of_its_name():
     with SimSession({"H20": 2, "cpu": 2}) as sess:
         m = rn.models.spec("qwen3-0.6b")
         gen = sess.runtime.cluster(ClusterSpec("g", SimGenerator, replicas=2, init_kwargs={"model": m}))
         assert gen.spec.pool == "H20" and len(gen) == 2 and sess.clusters["g"] is gen
-        again = sess.runtime.cluster("g", SimGenerator, pool="H20", model=m)  # replaces the first
+        again = sess.runtime.cluster(ClusterSpec.of("g", SimGenerator, pool="H20", model=m))  # replaces the first
         assert gen.closed and sess.clusters["g"] is again and len(again) == 1 and again.model is m
 
 
