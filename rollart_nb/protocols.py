@@ -114,6 +114,8 @@ class GenerationResult:
         worker: name of the worker that served it.
         prefill_s / decode_s: time spent (modelled time for the sim backend).
         recomputed_tokens: tokens re-prefilled because the weights changed mid-trajectory.
+        entropy: the entropy (nats) of each generated token's distribution, shape [R]: over the
+            whole vocabulary (hf), over the top-k the engine returns (vllm), or empty (sim).
     """
 
     traj_id: str
@@ -126,6 +128,7 @@ class GenerationResult:
     prefill_s: float = 0.0
     decode_s: float = 0.0
     recomputed_tokens: int = 0
+    entropy: list[float] = field(default_factory=list)
 
 
 @runtime_checkable
@@ -147,7 +150,7 @@ class TrainBackend(Protocol):
 
     version: int
 
-    def train_step(self, batch: list[Trajectory]) -> dict[str, float]: ...
+    def train_step(self, batch: list[Trajectory]) -> dict[str, Any]: ...
 
     def state_dict(self) -> dict[str, Any]: ...
 

@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rollart_nb.errors import ConfigError
@@ -35,10 +37,12 @@ __all__ = [
     "TokenDecoder",
     "TokenizerRef",
     "frame",
+    "importance_ratio",
     "rows",
     "sequence_tokens",
     "to_dataframe",
     "tokenizer_of",
+    "write_tokens",
 ]
 
 log = logging.getLogger(__name__)
@@ -59,7 +63,9 @@ COLUMNS: dict[str, tuple[str, ...]] = {
         "mean_logprob", "started_s", "generate_s", "env_s",
     ),
     "token": (
-        "trajectory_id", "row", "position", "token_id", "text", "side", "mask", "logprob", "turn", "version",
+        "trajectory_id", "task", "status", "row", "turn", "position", "token_id", "text", "side", "loss_mask",
+        "sampler_logprob", "trainer_logprob", "importance_ratio", "advantage", "loss_weight", "entropy",
+        "trainer_entropy", "version", "cross_version", "replay_logprob", "replay_version",
     ),
 }  # fmt: skip
 """The columns of each level, in order (an empty list still gives a frame with them)."""
@@ -169,7 +175,9 @@ class SequenceToken:
             ``"response"``.
         mask: 1 if the trainer trains on it, else 0 (every prompt-side token is 0).
         logprob: behaviour logprob for a response token where recorded, else NaN.
-        version: policy version of the turn.
+        version: the policy version that generated the token; on the prompt side, the one that
+            first read it (the first version of the turn whose prompt added it).
+        entropy: the sampler's entropy at a response token where recorded, else NaN.
     """
 
     row: int
@@ -180,6 +188,7 @@ class SequenceToken:
     mask: int
     logprob: float
     version: int
+    entropy: float = math.nan
 
 
 def _response(turn: Turn) -> tuple[list[int], list[float]]:
@@ -189,6 +198,15 @@ def _response(turn: Turn) -> tuple[list[int], list[float]]:
     mask = [int(m) for m in turn.loss_mask] if len(turn.loss_mask) == n else [1] * n
     logprobs = [float(x) for x in turn.logprobs] if len(turn.logprobs) == n else [math.nan] * n
     return mask, logprobs
+
+
+def _per_token(turn: Turn) -> tuple[list[int], list[float]]:
+    """A turn's response: the version that wrote each token, and the sampler's entropy (NaN
+    where not recorded)."""
+    n = len(turn.response_ids)
+    versions = [v for lo, hi, v in turn.segments() for _ in range(lo, hi)]
+    entropy = [float(x) for x in turn.entropy] if len(turn.entropy) == n else [math.nan] * n
+    return versions, entropy
 
 
 def _extends(turns: Sequence[Turn]) -> bool:
@@ -203,18 +221,21 @@ def sequence_tokens(t: Trajectory) -> list[SequenceToken]:
     end = 0
     for k, turn in enumerate(t.turns):
         row, start = (0, end) if one else (k, 0)
-        for pos in range(start, len(turn.prompt_ids)):
-            out.append(SequenceToken(row, pos, int(turn.prompt_ids[pos]), k, "prompt", 0, math.nan, turn.version))
         mask, logprobs = _response(turn)
+        versions, entropy = _per_token(turn)
+        read_by = versions[0] if versions else turn.version
+        for pos in range(start, len(turn.prompt_ids)):
+            out.append(SequenceToken(row, pos, int(turn.prompt_ids[pos]), k, "prompt", 0, math.nan, read_by))
         base = len(turn.prompt_ids)
         for j, tid in enumerate(turn.response_ids):
-            out.append(SequenceToken(row, base + j, int(tid), k, "response", mask[j], logprobs[j], turn.version))
+            tok = SequenceToken(row, base + j, int(tid), k, "response", mask[j], logprobs[j], versions[j], entropy[j])
+            out.append(tok)
         end = base + len(turn.response_ids)
     return out
 
 
 def _version_changes(t: Trajectory) -> int:
-    versions = t.versions
+    versions = [s.version for s in t.versions]
     return sum(1 for a, b in zip([t.start_version, *versions], versions, strict=False) if a != b)
 
 
@@ -287,24 +308,57 @@ def turn_rows(t: Trajectory, decode: TokenDecoder) -> list[dict[str, Any]]:
     return out
 
 
+def importance_ratio(trainer_logprob: float, sampler_logprob: float) -> float:
+    """``exp(trainer - sampler)``: the trainer's probability of a token over the sampler's; NaN
+    when either is unknown."""
+    d = trainer_logprob - sampler_logprob
+    return math.exp(min(d, 80.0)) if math.isfinite(d) else math.nan
+
+
+def _at(rows: list[Any], row: int, pos: int, key: str | None = None) -> float:
+    """``rows[row][key][pos]`` (or ``rows[row][pos]`` without ``key``), NaN where there is none."""
+    r = rows[row] if row < len(rows) else None
+    if r is not None and key is not None:
+        r = r.get(key)
+    return float(r[pos]) if r is not None and pos < len(r) else math.nan
+
+
 def token_rows(t: Trajectory, decode: TokenDecoder) -> list[dict[str, Any]]:
-    """One row per token of the whole sequence (``COLUMNS["token"]``); ``text`` is None
-    without a tokenizer."""
-    return [
-        {
-            "trajectory_id": t.id,
-            "row": s.row,
-            "position": s.position,
-            "token_id": s.token_id,
-            "text": decode.token(s.token_id),
-            "side": s.side,
-            "mask": s.mask,
-            "logprob": s.logprob,
-            "turn": s.turn,
-            "version": s.version,
-        }
-        for s in sequence_tokens(t)
-    ]
+    """One row per token of the sequence(s) the trainer sees (``COLUMNS["token"]``): the sampler's
+    figures, the trainer's from ``t.train`` and the replay's from ``t.replay`` (NaN where not
+    known); ``text`` is None without a tokenizer."""
+    train, replay = t.train or {}, t.replay or {}
+    trows, rrows = train.get("rows") or [], replay.get("rows") or []
+    adv, oldest = float(train.get("advantage", math.nan)), t.min_version
+    out = []
+    for s in sequence_tokens(t):
+        trainer = _at(trows, s.row, s.position, "logprob")
+        out.append(
+            {
+                "trajectory_id": t.id,
+                "task": t.task,
+                "status": t.status.value,
+                "row": s.row,
+                "turn": s.turn,
+                "position": s.position,
+                "token_id": s.token_id,
+                "text": decode.token(s.token_id),
+                "side": s.side,
+                "loss_mask": s.mask,
+                "sampler_logprob": s.logprob,
+                "trainer_logprob": trainer,
+                "importance_ratio": importance_ratio(trainer, s.logprob),
+                "advantage": adv if s.mask else math.nan,
+                "loss_weight": _at(trows, s.row, s.position, "loss_weight"),
+                "entropy": s.entropy,
+                "trainer_entropy": _at(trows, s.row, s.position, "entropy"),
+                "version": s.version,
+                "cross_version": s.side == "response" and s.version != oldest,
+                "replay_logprob": _at(rrows, s.row, s.position),
+                "replay_version": replay.get("version"),
+            }
+        )
+    return out
 
 
 def check_level(level: str) -> str:
@@ -354,3 +408,24 @@ def frame(records: list[dict[str, Any]], columns: Sequence[str]) -> Any:
 def to_dataframe(trajectories: Iterable[Trajectory], level: str = "trajectory", tokenizer: Any = None) -> Any:
     """``rows(...)`` as a DataFrame with the level's columns (see :data:`COLUMNS`)."""
     return frame(rows(trajectories, level, tokenizer), COLUMNS[check_level(level)])
+
+
+def write_tokens(trajectories: Iterable[Trajectory], path: str | os.PathLike[str], tokenizer: Any = None) -> Path:
+    """Write the token frame of ``trajectories`` to ``path``: Parquet for ``.parquet``, JSON
+    Lines (one token a line) for ``.jsonl``; returns the path.
+
+    Raises:
+        ConfigError: another suffix, or a missing library (pandas, pyarrow: the ``nb`` extra).
+    """
+    out = Path(path)
+    if out.suffix not in (".parquet", ".jsonl"):
+        raise ConfigError(f"write the token frame to a .parquet or .jsonl file, not {out.name!r}")
+    df = to_dataframe(trajectories, "token", tokenizer)
+    if out.suffix == ".jsonl":
+        df.to_json(out, orient="records", lines=True)
+        return out
+    try:
+        df.to_parquet(out, index=False)
+    except ImportError as e:
+        raise ConfigError(f"Parquet needs pyarrow, from the notebook extra: pip install 'rollart_nb[nb]' ({e})") from e
+    return out

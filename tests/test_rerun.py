@@ -68,7 +68,7 @@ def test_a_pipeline_rebuilt_on_trained_clusters_starts_at_the_trainers_version(s
     assert len(done) >= 8
     for t in done:
         assert t.start_version == trained
-        assert t.turns and all(t.start_version <= v <= pipe.version for v in t.versions)
+        assert t.turns and all(t.start_version <= v <= pipe.version for v in (s.version for s in t.versions))
     pipe.close()
     sess.close_cluster("actor_gen")
     sess.close_cluster("actor_train")

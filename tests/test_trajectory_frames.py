@@ -115,14 +115,14 @@ def test_the_token_level_covers_the_whole_sequence_with_the_trainers_mask(rolled
         (row,) = build_rows(t)  # what the trainer trains on
         assert list(mine["token_id"]) == list(last.prompt_ids) + list(last.response_ids) == row.ids
         assert list(mine["position"]) == list(range(len(row.ids))) and set(mine["row"]) == {0}
-        assert list(mine["mask"]) == [int(m) for m in row.mask]
+        assert list(mine["loss_mask"]) == [int(m) for m in row.mask]
         assert (mine["side"] == "response").sum() == sum(len(u.response_ids) for u in t.turns)
         resp = mine[mine["side"] == "response"]
-        assert list(resp["logprob"]) == pytest.approx([lp for u in t.turns for lp in u.logprobs])
+        assert list(resp["sampler_logprob"]) == pytest.approx([lp for u in t.turns for lp in u.logprobs])
         assert list(resp["turn"]) == [k for k, u in enumerate(t.turns) for _ in u.response_ids]
         assert (
-            mine[mine["side"] == "prompt"]["logprob"].isna().all()
-            and (mine[mine["side"] == "prompt"]["mask"] == 0).all()
+            mine[mine["side"] == "prompt"]["sampler_logprob"].isna().all()
+            and (mine[mine["side"] == "prompt"]["loss_mask"] == 0).all()
         )
         assert list(mine["text"]) == [tok.decode([i]) for i in row.ids]
         assert set(mine["version"]) == {t.turns[0].version}

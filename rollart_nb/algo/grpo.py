@@ -30,11 +30,17 @@ __all__ = [
 
 LOSS_AGGS = ("token-mean", "seq-mean", "task-token-mean")
 
-TRAIN_METRICS = ("loss", "kl", "entropy", "grad_norm", "clip_frac", "response_length")
-"""Metrics every GRPO train step reports under these names (see :func:`step_metrics`); the
-dashboard's and the report's "training" plot draws them."""
+TRAIN_METRICS = (
+    "loss", "kl", "entropy", "grad_norm", "clip_frac", "response_length",
+    "mismatch_kl", "mismatch_ratio_out", "cross_version_frac",
+)  # fmt: skip
+"""Metrics every GRPO train step reports under these names (see :func:`step_metrics`; the last
+three are :data:`~rollart_nb.algo.provenance.MISMATCH_METRICS`); the dashboard's and the report's
+"training" plot draws them."""
 
-TASK_METRICS = ("kl", "entropy", "clip_frac", "response_length")
+TASK_METRICS = (
+    "kl", "entropy", "clip_frac", "response_length", "mismatch_kl", "mismatch_ratio_out", "cross_version_frac",
+)  # fmt: skip
 """Metrics a train step also reports per task, as ``"<metric>/<task>"`` (e.g. ``"kl/math"``),
 each a mean over that task's trained tokens (``response_length``: over its trajectories). The
 dashboard's and the report's "per task" plot draws them (:func:`per_task` reads them back)."""
@@ -167,6 +173,8 @@ def step_metrics(
     ``sums`` as ``"<metric>/<task>"`` and ``task_response_length``.
     """
     sums.setdefault("entropy", math.nan)
+    for key in TRAIN_METRICS[-3:]:  # the mismatch figures: NaN where the backend measured none
+        sums.setdefault(key, math.nan)
     sums.setdefault("kl", sums.get("kl_ref", sums.get("approx_kl_old", math.nan)))
     for task in {k.partition("/")[2] for k in sums if k.startswith(("kl_ref/", "approx_kl_old/"))}:
         # per task, "kl" means what it means for the whole batch

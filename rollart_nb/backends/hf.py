@@ -65,6 +65,7 @@ class _Slot:
     aborted: bool = False
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    entropy: list[float] = field(default_factory=list)
 
 
 def cache_kwarg(lm: torch.nn.Module) -> str:
@@ -327,7 +328,8 @@ class HFBackend:
                     rows = torch.tensor(draw)
                     nxt[rows] = sample_rows(logits[rows], temps[rows], [gens[i] for i in draw])
                 toks, lps = nxt.tolist(), logp.gather(-1, nxt[:, None])[:, 0].tolist()
-                self._append_tokens(slots, reasons, budgets, toks, lps)
+                ents = (-(logp.exp() * logp).sum(-1)).tolist()  # of the same temperature-1 distribution
+                self._append_tokens(slots, reasons, budgets, toks, (lps, ents))
                 nxt = torch.tensor(toks, dtype=torch.long)
                 if all(r is not None for r in reasons):
                     break
@@ -366,10 +368,17 @@ class HFBackend:
         return ids, attn, pos
 
     def _append_tokens(
-        self, slots: list[_Slot], reasons: list[str | None], budgets: list[int], toks: list[int], lps: list[float]
+        self,
+        slots: list[_Slot],
+        reasons: list[str | None],
+        budgets: list[int],
+        toks: list[int],
+        stats: tuple[list[float], list[float]],
     ) -> None:
-        """One decode step's token and logprob onto each running row, setting ``reasons[i]`` when
-        the row stops, hits its budget or was aborted; finished rows' ``toks`` become pads."""
+        """One decode step's token, logprob and entropy (``stats``) onto each running row, setting
+        ``reasons[i]`` when the row stops, hits its budget or was aborted; finished rows' ``toks``
+        become pads."""
+        lps, ents = stats
         for i, s in enumerate(slots):
             if reasons[i] is not None:
                 toks[i] = self.pad_id
@@ -380,6 +389,7 @@ class HFBackend:
                 continue
             s.tokens.append(toks[i])
             s.logprobs.append(lps[i])
+            s.entropy.append(ents[i])
             if toks[i] == self.eos_id or self._hit_stop(s):
                 reasons[i] = "stop"
             elif len(s.tokens) >= budgets[i]:
@@ -494,6 +504,7 @@ class HFBackend:
             traj_id=slot.request.traj_id,
             token_ids=list(slot.tokens),
             logprobs=list(slot.logprobs),
+            entropy=list(slot.entropy),
             version=version,
             finish_reason=reason,
             text=self.tokenizer.decode(slot.tokens, skip_special_tokens=True),

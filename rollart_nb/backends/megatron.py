@@ -30,6 +30,7 @@ from rollart_nb.algo.grpo import (
     mean_response_length,
     step_metrics,
 )
+from rollart_nb.algo.provenance import TokenRecorder
 from rollart_nb.backends.torch_train import Row, batch_rows, micro_batches, row_tensors
 from rollart_nb.errors import ConfigError, StateError
 from rollart_nb.models.tiny import ModelRef, from_pretrained
@@ -210,8 +211,9 @@ class MegatronTrainBackend:
         self.version = 0
 
     # -- TrainBackend -------------------------------------------------------------------
-    def train_step(self, batch: list[Trajectory]) -> dict[str, float]:
+    def train_step(self, batch: list[Trajectory]) -> dict[str, Any]:
         """One optimizer step on scored trajectories (same on every TP rank); bumps :attr:`version`.
+        Returns the same metrics and ``token_records`` as the torch backend's.
 
         Raises:
             ConfigError: empty batch, unscored trajectories, or no trainable tokens.
@@ -226,6 +228,7 @@ class MegatronTrainBackend:
         rows = sorted(batch_rows(batch), key=lambda r: len(r.ids))  # similar lengths share a micro-batch
         rewards, adv = batch_advantages(self.algo, batch)
         mask, weights, by_task, row_adv = row_tensors(rows, adv, [t.task for t in batch], self.algo.loss_agg)
+        recorder = TokenRecorder(batch, rows)
 
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
@@ -243,6 +246,7 @@ class MegatronTrainBackend:
                 row_adv[sl].to(self.device),
                 weights[sl, :w].to(self.device),
                 {t: x[sl, :w] for t, x in by_task.items()},
+                recorder,
             )
             loss.backward()  # weights sum to 1 over the batch: accumulation is exact
             sums["loss"] = sums.get("loss", 0.0) + float(loss.detach())
@@ -252,7 +256,8 @@ class MegatronTrainBackend:
         self.optimizer.step()
         self.model.eval()
         self.version += 1
-        return step_metrics(
+        sums.update(recorder.metrics())
+        out: dict[str, Any] = step_metrics(
             sums,
             grad_norm=grad_norm,
             rewards=rewards,
@@ -265,6 +270,8 @@ class MegatronTrainBackend:
             response_length=mean_response_length(batch),
             task_response_length=mean_response_length(batch, by_task=True),
         )
+        out["token_records"] = recorder.records(adv, self.version - 1)
+        return out
 
     def _micro_loss(
         self,
@@ -274,13 +281,16 @@ class MegatronTrainBackend:
         adv: torch.Tensor,
         weights: torch.Tensor,
         task_w: dict[str, torch.Tensor],
+        recorder: TokenRecorder,
     ) -> tuple[torch.Tensor, dict[str, float]]:
         """The GRPO loss of the micro-batch ``part`` (``ids`` [b, L]); ``m``, ``adv``, ``weights``
-        and ``task_w`` are its rows' trained-token mask [b, L-1], advantages [b] and loss weights."""
+        and ``task_w`` are its rows' trained-token mask [b, L-1], advantages [b] and loss weights;
+        ``recorder`` takes the per-token figures."""
         import torch
 
         # The entropy is always measured; with no bonus, without grad (the update is unchanged).
         new_lp, entropy = self._token_logprobs(self.model, ids, with_entropy=self.algo.entropy_coef > 0, entropy_mask=m)
+        recorder.add(part, new_lp, entropy, weights)
         old = torch.full((len(part), ids.shape[1]), math.nan)
         for i, r in enumerate(part):
             old[i, : len(r.ids)] = torch.tensor(r.old_logprobs)

@@ -37,6 +37,7 @@ from rollart_nb.algo.grpo import (
     step_metrics,
     task_weights,
 )
+from rollart_nb.algo.provenance import TokenRecorder
 from rollart_nb.errors import ConfigError, StateError
 from rollart_nb.models.tiny import ModelRef, from_pretrained
 from rollart_nb.tokens import starts_with
@@ -60,6 +61,8 @@ class Row:
         traj: index of the trajectory in the batch.
         ref_logprobs: reference-policy logprobs from the turns' ``ref_logprobs``, NaN where
             unknown, shape [L].
+        seq: which of the trajectory's training sequences this is.
+        versions: the policy version that wrote each token, -1 on the prompt side, shape [L].
     """
 
     ids: list[int]
@@ -67,6 +70,8 @@ class Row:
     old_logprobs: list[float]
     traj: int
     ref_logprobs: list[float] = field(default_factory=list)
+    seq: int = 0
+    versions: list[int] = field(default_factory=list)
 
 
 def row_groups(traj: Trajectory) -> list[tuple[list[int], list[Turn]]]:
@@ -89,8 +94,9 @@ def row_groups(traj: Trajectory) -> list[tuple[list[int], list[Turn]]]:
 def build_rows(traj: Trajectory, index: int = 0) -> list[Row]:
     """Turn a trajectory into training rows (see the module docstring for the rule)."""
     rows = []
-    for ids, members in row_groups(traj):
+    for seq, (ids, members) in enumerate(row_groups(traj)):
         mask, old, ref = [0.0] * len(ids), [math.nan] * len(ids), [math.nan] * len(ids)
+        versions = [-1] * len(ids)
         for t in members:
             start, n = len(t.prompt_ids), len(t.response_ids)
             tmask = t.loss_mask if len(t.loss_mask) == n else [1] * n
@@ -100,9 +106,11 @@ def build_rows(traj: Trajectory, index: int = 0) -> list[Row]:
                 mask[start + j] = float(tmask[j])
                 old[start + j] = float(tlp[j])
                 ref[start + j] = float(tref[j])
+            for lo, hi, v in t.segments():
+                versions[start + lo : start + hi] = [v] * (hi - lo)
         if mask[0]:
             raise ConfigError(f"trajectory {traj.id}: a turn has an empty prompt; the first token has no context")
-        rows.append(Row(ids, mask, old, index, ref))
+        rows.append(Row(ids, mask, old, index, ref, seq, versions))
     return rows
 
 
@@ -260,13 +268,15 @@ class TorchTrainBackend:
         self.version = 0
 
     # -- TrainBackend -------------------------------------------------------------------
-    def train_step(self, batch: list[Trajectory]) -> dict[str, float]:
+    def train_step(self, batch: list[Trajectory]) -> dict[str, Any]:
         """One optimizer step on scored trajectories; bumps :attr:`version` by one.
 
         Returns:
             The step's metrics (:func:`~rollart_nb.algo.grpo.step_metrics`), among them ``loss``,
-            ``kl``, ``entropy``, ``grad_norm``, ``clip_frac`` and ``response_length``; with several
-            ``epochs``, the loss terms are the last epoch's.
+            ``kl``, ``entropy``, ``grad_norm``, ``clip_frac``, ``response_length`` and the
+            :data:`~rollart_nb.algo.provenance.MISMATCH_METRICS`; with several ``epochs``, the
+            loss terms are the last epoch's. ``token_records``: per trajectory id, what the step
+            computed for each token (:meth:`~rollart_nb.algo.provenance.TokenRecorder.records`).
 
         Raises:
             ConfigError: empty batch, unscored trajectories, or no trainable tokens.
@@ -279,6 +289,7 @@ class TorchTrainBackend:
         if self.algo.skip_zero_advantage and not regularized:
             # A row whose advantage is 0 adds nothing to the policy gradient; skip its forward/backward.
             rows = [r for r in rows if float(adv[r.traj]) != 0.0]
+        recorder = TokenRecorder(batch, rows)
         sums: dict[str, float] = {
             "loss": 0.0,
             "pg_loss": 0.0,
@@ -291,14 +302,16 @@ class TorchTrainBackend:
         grad_norm = 0.0
         if rows:
             ref_cache: dict[tuple[int, int], torch.Tensor] = {}  # the reference pass, once per batch
-            for _ in range(self.algo.epochs):
-                sums, grad_norm = self._optimize(rows, adv, [t.task for t in batch], ref_cache)
+            for epoch in range(self.algo.epochs):
+                rec = recorder if epoch == 0 else None  # the policy before the update scores the tokens
+                sums, grad_norm = self._optimize(rows, adv, [t.task for t in batch], ref_cache, rec)
         # else: no group had a reward spread, so there is no gradient, and no optimizer step either:
         # AdamW would keep moving the weights along its momentum on a zero gradient.
         self.version += 1
         sums["trained_rows"] = float(len(rows))
         sums["epochs"] = float(self.algo.epochs if rows else 0)
-        return step_metrics(
+        sums.update(recorder.metrics())
+        out: dict[str, Any] = step_metrics(
             sums,
             grad_norm=grad_norm,
             rewards=rewards,
@@ -311,13 +324,21 @@ class TorchTrainBackend:
             response_length=mean_response_length(batch),
             task_response_length=mean_response_length(batch, by_task=True),
         )
+        out["token_records"] = recorder.records(adv, self.version - 1)
+        return out
 
     def _optimize(
-        self, rows: list[Row], adv: torch.Tensor, tasks: list[str], ref_cache: dict[tuple[int, int], torch.Tensor]
+        self,
+        rows: list[Row],
+        adv: torch.Tensor,
+        tasks: list[str],
+        ref_cache: dict[tuple[int, int], torch.Tensor],
+        recorder: TokenRecorder | None = None,
     ) -> tuple[dict[str, float], float]:
         """Forward/backward over ``rows`` in micro-batches, then one optimizer step (``tasks``: per
         trajectory of the batch, for ``loss_agg="task-token-mean"``; ``ref_cache``: the reference
-        logprobs per micro-batch, filled on the first call for a batch and reused by later epochs)."""
+        logprobs per micro-batch, filled on the first call for a batch and reused by later epochs;
+        ``recorder``: takes each micro-batch's per-token figures)."""
         # Similar lengths share a micro-batch: less padding when tasks of very different lengths mix.
         rows = sorted(rows, key=lambda r: len(r.ids))
         mask, weights, by_task, row_adv = row_tensors(rows, adv, tasks, self.algo.loss_agg)
@@ -333,6 +354,9 @@ class TorchTrainBackend:
             m = mask[sl, : max(len(r.ids) for r in part) - 1].to(self.device)
             # The entropy is always measured; with no bonus, without grad (the update is unchanged).
             new_lp, entropy, ids, attn = self._forward(part, with_entropy=self.algo.entropy_coef > 0, entropy_mask=m)
+            w = weights[sl, : new_lp.shape[1]].to(self.device)
+            if recorder is not None:
+                recorder.add(part, new_lp, entropy, w)
             old = self._padded([r.old_logprobs for r in part], new_lp.shape[1] + 1, math.nan)[:, 1:]
             old = torch.where(torch.isnan(old), new_lp.detach(), old)
             ref_lp = None
@@ -353,7 +377,7 @@ class TorchTrainBackend:
                 m,
                 clip_eps=self.algo.clip_eps,
                 clip_eps_high=self.algo.clip_eps_high,
-                weights=weights[sl, : new_lp.shape[1]].to(self.device),
+                weights=w,
                 ref_logprobs=ref_lp,
                 kl_coef=self.algo.kl_coef,
                 entropy=entropy,

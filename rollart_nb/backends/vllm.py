@@ -44,6 +44,9 @@ __all__ = ["VLLMBackend"]
 
 log = logging.getLogger(__name__)
 
+ENTROPY_TOP_K = 20
+"""Candidates per generated token the engine returns logprobs for; the entropy sums over them."""
+
 T = TypeVar("T")
 
 _INSTALL = (
@@ -312,6 +315,7 @@ class VLLMBackend:
         self._inflight.setdefault(request.traj_id, set()).add(task)
         tokens: list[int] = []
         logprobs: list[float] = []
+        entropy: list[float] = []
         first: list[float] = []  # time of the first output (end of prefill), set by _stream
         reason, version, t0 = "length", self.version, time.perf_counter()
         try:
@@ -319,7 +323,7 @@ class VLLMBackend:
                 t0 = time.perf_counter()
                 budget = min(request.max_new_tokens, self.max_len - len(prompt))
                 if budget > 0:
-                    reason = await self._stream(request, prompt, budget, tokens, logprobs, first)
+                    reason = await self._stream(request, prompt, budget, tokens, (logprobs, entropy), first)
         except asyncio.CancelledError:
             reason = "abort"  # abort() cancels us; vLLM aborts the engine request on cancel
         except Exception as e:
@@ -337,6 +341,7 @@ class VLLMBackend:
             traj_id=request.traj_id,
             token_ids=tokens,
             logprobs=logprobs,
+            entropy=entropy,
             version=version,
             finish_reason=reason,
             text=self.tokenizer.decode(tokens, skip_special_tokens=True),
@@ -352,11 +357,13 @@ class VLLMBackend:
         prompt_ids: list[int],
         budget: int,
         tokens: list[int],
-        logprobs: list[float],
+        stats: tuple[list[float], list[float]],
         first: list[float],
     ) -> str:
-        """Run one engine request for the whole prompt ``prompt_ids``, appending to
-        ``tokens``/``logprobs``; returns the finish reason."""
+        """Run one engine request for the whole prompt ``prompt_ids``, appending to ``tokens`` and
+        to ``stats``' logprobs and entropies (over the top :data:`ENTROPY_TOP_K` tokens the
+        engine returns, a lower bound of the whole distribution's); returns the finish reason."""
+        logprobs, entropy = stats
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
@@ -370,7 +377,7 @@ class VLLMBackend:
             temperature=max(float(request.temperature), 0.0),
             max_tokens=budget,
             seed=int(seed),
-            logprobs=0,  # the sampled token's logprob only
+            logprobs=ENTROPY_TOP_K,  # the sampled token's logprob, and the top-k's for the entropy
             # No tokenizer in the engine: it cannot know EOS or match stop strings itself.
             stop_token_ids=[self.eos_id] if self.eos_id is not None else None,
             detokenize=False,
@@ -385,6 +392,7 @@ class VLLMBackend:
             for tok, lp in zip(o.token_ids, o.logprobs or [], strict=True):
                 tokens.append(int(tok))
                 logprobs.append(float(lp[tok].logprob))
+                entropy.append(-sum(math.exp(x.logprob) * x.logprob for x in lp.values() if math.isfinite(x.logprob)))
                 if request.stop and self._hit_stop(tokens, request.stop):
                     await self.engine.abort(rid)
                     return "stop"

@@ -304,6 +304,10 @@ class EnvManager:
             logprobs=_logprobs(parts),
             loss_mask=[1] * len(response),
             version=min(p.version for p in parts),  # the oldest weights that wrote part of it
+            entropy=[e for p in parts for e in p.entropy]
+            if all(len(p.entropy) == len(p.token_ids) for p in parts)
+            else [],
+            spans=_spans(parts),
             timings={
                 "t": wall,
                 "generate": t2 - t1,
@@ -374,6 +378,18 @@ def request_seed(traj: Trajectory, turn: int) -> int:
 
 def _jsonable(d: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in d.items() if isinstance(v, int | float | str | bool | type(None))}
+
+
+def _spans(parts: list[Any]) -> list[tuple[int, int]]:
+    """``(offset, version)`` where each version's stretch of a continued turn starts; empty
+    when one version wrote it all."""
+    spans: list[tuple[int, int]] = []
+    offset = 0
+    for p in parts:
+        if p.token_ids and (not spans or spans[-1][1] != p.version):
+            spans.append((offset, p.version))
+        offset += len(p.token_ids)
+    return spans if len(spans) > 1 else []
 
 
 def _logprobs(parts: list[Any]) -> list[float]:

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import collections
 import re
-from collections.abc import Iterator
+from array import array
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from rollart_nb.logs import TRACEBACK_HEAD
 from rollart_nb.trajectory import Status, Trajectory
 
-__all__ = ["EndedLog", "Ledger"]
+__all__ = ["EndedLog", "Ledger", "TrainRecords"]
 
 # Failure reasons name the env manager and trajectory; the stall message groups reasons without them.
 _ENV_INDEX = re.compile(r"env #\d+")
@@ -64,6 +65,34 @@ class EndedLog:
 
     def __len__(self) -> int:
         return len(self._items)
+
+
+class TrainRecords:
+    """What the train steps computed per token (``token_records`` of their metrics), by
+    trajectory id, for the newest trajectories within ``max_tokens`` positions (stored as
+    float32 arrays); :meth:`attach` sets ``Trajectory.train`` on the ones it knows."""
+
+    def __init__(self, max_tokens: int = 1 << 21) -> None:
+        self.max_tokens, self.tokens = max_tokens, 0
+        self._items: collections.OrderedDict[str, tuple[dict[str, Any], int]] = collections.OrderedDict()
+
+    def add(self, records: dict[str, dict[str, Any]] | None, step: int) -> None:
+        for tid, rec in (records or {}).items():
+            rows = [None if r is None else {k: array("f", v) for k, v in r.items()} for r in rec["rows"]]
+            size = sum(len(r["logprob"]) for r in rows if r is not None)
+            if tid in self._items:
+                self.tokens -= self._items.pop(tid)[1]
+            self._items[tid] = ({**rec, "step": step, "rows": rows}, size)
+            self.tokens += size
+        while self._items and self.tokens > self.max_tokens:
+            self.tokens -= self._items.popitem(last=False)[1][1]
+
+    def attach(self, trajectories: Iterable[Trajectory]) -> None:
+        for t in trajectories:
+            if t.id in self._items:
+                rec = self._items[t.id][0]
+                rows = [None if r is None else {k: list(v) for k, v in r.items()} for r in rec["rows"]]
+                t.train = {**rec, "rows": rows}
 
 
 class Ledger:

@@ -37,6 +37,7 @@ from rollart_nb._checks import is_whole
 from rollart_nb.config import PipelineConfig, portable
 from rollart_nb.control.checkpoint import PipelineCheckpoint, RunFolder, latest_reward_sources, write_checkpoint
 from rollart_nb.control.failover import Failover, RestartsExhausted
+from rollart_nb.control.ledger import TrainRecords
 from rollart_nb.control.modes import mode as get_mode
 from rollart_nb.control.pipeline_setup import build_rollout
 from rollart_nb.control.report import ENGINE_REPORTS, StepReport, StepTally, TrackerFanout, run_config
@@ -112,6 +113,7 @@ class Pipeline:
         self.reports: list[StepReport] = []
         self.error: BaseException | None = None
         self._tally = StepTally()
+        self.train_records = TrainRecords()  # what each train step computed per token
         self._train_fut: Any = None
         self._thread: threading.Thread | None = None
         self._pause = threading.Event()
@@ -280,11 +282,12 @@ class Pipeline:
         return self.failover.events
 
     def _finish_report(
-        self, rep: StepReport, batch: list[Trajectory], metrics: dict[str, float], t0: float
+        self, rep: StepReport, batch: list[Trajectory], metrics: dict[str, Any], t0: float
     ) -> StepReport:
         rep.version = self.version
         rep.step_s = self._clock() - t0
         rep.train = {k: float(v) for k, v in metrics.items() if isinstance(v, int | float)}
+        self.train_records.add(metrics.get("token_records"), rep.step)
         self._tally.fill(rep, batch, self.rollout.stats())
         self.validation.after_step(rep, self._clock)
         rep.events = self.failover.take_events()
@@ -507,6 +510,7 @@ class Pipeline:
         if task is not None:
             self.tasks.check(task)
         items = self.rollout.trajectories(task, status, last, include_running)
+        self.train_records.attach(items)
         return TrajectoryList(
             items,
             source=self,

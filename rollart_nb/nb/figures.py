@@ -127,12 +127,16 @@ _TRAIN_TITLES = {
     "grad_norm": "grad norm",
     "clip_frac": "clip fraction",
     "response_length": "response length (tokens)",
+    "mismatch_kl": "sampler/trainer KL (k3)",
+    "mismatch_ratio_out": "tokens with ratio outside [0.5, 2]",
+    "cross_version_frac": "cross-version token share",
 }
 
 
 def training_figure(reports: Sequence[StepReport]) -> Any:
     """The trainer's metrics over steps (``StepReport.train``), one small plot each: loss, KL,
-    entropy, grad norm, clip fraction, response length (:data:`~rollart_nb.algo.grpo.TRAIN_METRICS`).
+    entropy, grad norm, clip fraction, response length, and the sampler/trainer mismatch and
+    cross-version share (:data:`~rollart_nb.algo.grpo.TRAIN_METRICS`).
 
     An unreported metric leaves no point, NaN a gap. KL is to the reference policy when the steps
     report ``kl_ref``, else from the behaviour policy. New steps only extend traces.
@@ -143,7 +147,11 @@ def training_figure(reports: Sequence[StepReport]) -> Any:
     kl_ref = any("kl_ref" in r.train for r in reports)
     titles = dict(_TRAIN_TITLES, kl="KL to reference (k3)" if kl_ref else "KL from behaviour policy (approx.)")
     fig = make_subplots(
-        rows=2, cols=3, subplot_titles=[titles[k] for k in TRAIN_METRICS], horizontal_spacing=0.08, vertical_spacing=0.2
+        rows=3,
+        cols=3,
+        subplot_titles=[titles[k] for k in TRAIN_METRICS],
+        horizontal_spacing=0.08,
+        vertical_spacing=0.12,
     )
     for i, key in enumerate(TRAIN_METRICS):
         pts = [(r.step, r.train[key]) for r in reports if key in r.train]
@@ -159,7 +167,7 @@ def training_figure(reports: Sequence[StepReport]) -> Any:
             row=i // 3 + 1,
             col=i % 3 + 1,
         )
-    fig.update_layout(title="Training", showlegend=False, height=420, margin={"l": 40, "r": 10, "t": 60, "b": 40})
+    fig.update_layout(title="Training", showlegend=False, height=600, margin={"l": 40, "r": 10, "t": 60, "b": 40})
     return fig
 
 
@@ -171,6 +179,9 @@ _TASK_PANELS = (
     ("kl", "KL"),
     ("response_length", "response length (tokens)"),
     ("clip_frac", "clip fraction"),
+    ("mismatch_kl", "sampler/trainer KL (k3)"),
+    ("mismatch_ratio_out", "ratio outside [0.5, 2]"),
+    ("cross_version_frac", "cross-version token share"),
 )
 
 
@@ -193,11 +204,11 @@ def task_figure(reports: Sequence[StepReport]) -> Any:
     titles["kl"] = "KL to reference (k3)" if kl_ref else "KL from behaviour policy"
     titles["pass_k"] = f"held-out {k_name} (dotted: pass@1)"
     fig = make_subplots(
-        rows=2,
+        rows=3,
         cols=4,
         subplot_titles=[titles[k] for k, _ in _TASK_PANELS],
         horizontal_spacing=0.06,
-        vertical_spacing=0.2,
+        vertical_spacing=0.12,
     )
     tasks = sorted({t for r in reports for t in (*r.reward, *r.validation, *r.pass_k, *per_task(r.train))})
     trained = [(r.step, per_task(r.train)) for r in reports]
@@ -233,7 +244,7 @@ def task_figure(reports: Sequence[StepReport]) -> Any:
             )
     fig.update_layout(
         title="Per task",
-        height=460,
+        height=640,
         legend={"orientation": "h", "x": 0.78, "y": 0.2},
         margin={"l": 40, "r": 10, "t": 60, "b": 40},
     )

@@ -161,7 +161,13 @@ def trajectory_html(t: Trajectory, tokenizer: Any = None, *, max_turns: int = 50
     r = "not scored" if math.isnan(t.reward) else f"{t.reward:.4g}"
     rv = "-" if t.reward_version is None else f"v{t.reward_version}"
     reason = f' &middot; reason: <code class="rn-reason">{html.escape(t.reason)}</code>' if t.reason else ""
-    changes = sum(1 for a, b in zip([t.start_version, *t.versions], t.versions, strict=False) if a != b)
+    changes = sum(
+        1
+        for a, b in zip(
+            [t.start_version, *(s.version for s in t.versions)], [s.version for s in t.versions], strict=False
+        )
+        if a != b
+    )
     head = (
         f'<div class="rn-trajectory"><b>{html.escape(t.id)}</b> &middot; task <b>{html.escape(t.task)}</b> '
         f'&middot; <span class="rn-status" style="color:{color};font-weight:bold">{t.status.value}</span>'
@@ -296,7 +302,7 @@ class TrajectoryViewer(widgets.VBox):
                 continue
             if low is not None and (math.isnan(t.reward) or t.reward < low):
                 continue
-            if version not in (None, _ANY) and int(version) not in {t.start_version, *t.versions}:
+            if version not in (None, _ANY) and int(version) not in {t.start_version, *(s.version for s in t.versions)}:
                 continue
             out.append(t)
         return out
@@ -389,7 +395,7 @@ class TrajectoryViewer(widgets.VBox):
 
     def _set_options(self) -> None:
         tasks = sorted({t.task for t in self.items})
-        versions = sorted({v for t in self.items for v in (t.start_version, *t.versions)})
+        versions = sorted({v for t in self.items for v in (t.start_version, *(s.version for s in t.versions))})
         keep_task, keep_version = self.task.value, self.version.value
         self.task.options = [_ANY, *tasks]
         self.version.options = [_ANY, *map(str, versions)]

@@ -225,7 +225,7 @@ class TrainerWorker(Worker):
         transport.publish(self.backend.version, self.backend.state_dict())
 
     @register("one")
-    def train_step(self, batch: list[Trajectory]) -> dict[str, float]:
+    def train_step(self, batch: list[Trajectory]) -> dict[str, Any]:
         """One optimizer step on ``batch``; returns metrics including the new ``version``.
 
         With a transport set, the new weights are published right away (bucketed, versioned),
@@ -233,7 +233,7 @@ class TrainerWorker(Worker):
         """
         return self._stepped(self.backend.train_step(batch))
 
-    def _stepped(self, metrics: dict[str, float]) -> dict[str, float]:
+    def _stepped(self, metrics: dict[str, Any]) -> dict[str, Any]:
         """After a backend step: add the version, publish through the transport if one is set."""
         metrics = dict(metrics)
         metrics["version"] = self.backend.version
@@ -367,7 +367,7 @@ class SimTrainer(TrainerWorker):
     # Async where TrainerWorker's is sync: callers go through the cluster, which awaits a
     # coroutine method as a Ray actor does, so both return the metrics dict to them.
     @register("one")
-    async def train_step(self, batch: list[Trajectory]) -> dict[str, float]:  # type: ignore[override]
+    async def train_step(self, batch: list[Trajectory]) -> dict[str, Any]:  # type: ignore[override]
         """One modelled optimizer step on ``batch`` (an asyncio sleep of the modelled time)."""
         return self._stepped(await self.backend.atrain_step(batch))
 

@@ -10,6 +10,7 @@ pytest.importorskip("plotly")
 pytest.importorskip("ipywidgets")
 pytest.importorskip("anywidget")
 
+from rollart_nb.algo.grpo import TRAIN_METRICS  # noqa: E402
 from rollart_nb.nb import figures  # noqa: E402
 from rollart_nb.nb.dashboard import Dashboard  # noqa: E402
 from rollart_nb.nb.live import spec_of  # noqa: E402
@@ -79,23 +80,24 @@ def test_an_update_sends_only_the_new_points(pipe, synth):
 
 
 def _train(step):
-    return {"loss": 0.5, "kl": 0.01, "entropy": 2.0, "grad_norm": 1.0, "clip_frac": 0.1, "response_length": 9.0 + step}
+    m = {"loss": 0.5, "kl": 0.01, "entropy": 2.0, "grad_norm": 1.0, "clip_frac": 0.1, "response_length": 9.0 + step}
+    return {**m, "mismatch_kl": 0.002, "mismatch_ratio_out": 0.0, "cross_version_frac": 0.25}
 
 
 def test_the_training_plot_shows_each_metric_and_takes_new_steps_as_points(synth, trajectories):
     pipe = synth["fake_pipeline"](trajectories, [synth["report"](i, train=_train(i)) for i in range(2)])
     d = Dashboard(pipe, throttle_s=0.0, watch=False)
     traces = d.plots.sent["training"]["data"]
-    assert [t["name"] for t in traces] == ["loss", "kl", "entropy", "grad_norm", "clip_frac", "response_length"]
-    assert all(t["x"] == [0, 1] for t in traces) and traces[-1]["y"] == [9.0, 10.0]
+    assert [t["name"] for t in traces] == list(TRAIN_METRICS)
+    assert all(t["x"] == [0, 1] for t in traces) and traces[5]["y"] == [9.0, 10.0]
     sent = _capture(d)
     pipe.reports.append(synth["report"](2, train=_train(2)))
     d.update(force=True)
     (msg,) = sent
     ops = [op for op in msg["ops"] if op["fig"] == "training"]
     # one extend per metric, carrying the new step only
-    assert [(op["op"], op["index"]) for op in ops] == [("extend", i) for i in range(6)]
-    assert ops[-1]["points"] == {"x": [2], "y": [11.0]} and ops[0]["points"] == {"x": [2], "y": [0.5]}
+    assert [(op["op"], op["index"]) for op in ops] == [("extend", i) for i in range(len(TRAIN_METRICS))]
+    assert ops[5]["points"] == {"x": [2], "y": [11.0]} and ops[0]["points"] == {"x": [2], "y": [0.5]}
     assert d.plots.sent["training"] == spec_of(figures.training_figure(pipe.reports))
 
 
@@ -267,7 +269,7 @@ def test_the_watcher_follows_a_background_run_while_this_thread_is_busy(sim_pipe
     assert dash.plots.sent["reward"]["data"] == spec_of(figures.reward_figure(reports))["data"]
     # the sim trainer reports the response length (and no loss: it has none), drawn step by step
     assert dash.plots.sent["training"] == spec_of(figures.training_figure(reports))
-    lengths = dash.plots.sent["training"]["data"][-1]
+    lengths = dash.plots.sent["training"]["data"][TRAIN_METRICS.index("response_length")]
     assert lengths["name"] == "response_length" and len(lengths["x"]) >= 55 and all(y > 0 for y in lengths["y"])
     assert dash.plots.messages[0][0] == 0 and len(dash.plots.messages) == len(sent) + 1
     dash.close()

@@ -65,6 +65,7 @@ def test_empty_inputs_make_empty_figures():
 def _train(step, **kw):
     m = {"loss": 0.5 - 0.1 * step, "kl": 0.01 * step, "entropy": 2.0 - 0.1 * step, "grad_norm": 1.0 + step}
     m.update(clip_frac=0.1 * step, response_length=10.0 + step, pg_loss=0.0)
+    m.update(mismatch_kl=0.001 * step, mismatch_ratio_out=0.01 * step, cross_version_frac=0.1 + 0.01 * step)
     return {**m, **kw}
 
 
@@ -87,7 +88,7 @@ def test_training_figure_plots_each_metric_over_steps():
     assert "KL to reference (k3)" in [a.text for a in ref.layout.annotations]
     # a trainer that reports only some metrics (the sim trainer: response length) draws those
     sim = figures.training_figure([make_report(i, train={"response_length": 7.0}) for i in range(2)])
-    assert [len(t.x) for t in sim.data] == [0, 0, 0, 0, 0, 2]
+    assert [len(t.x) for t in sim.data] == [0, 0, 0, 0, 0, 2, 0, 0, 0]
 
 
 def test_task_figure_draws_each_tasks_curves_in_its_own_color():

@@ -36,7 +36,7 @@ def test_selection_follows_filters_and_renders_the_trajectory(trajectories):
     assert "EnvError: injected failure" in v.detail.value and "failed" in v.detail.value
     v.set_filters()
     t = v.select("traj001")
-    assert v.selector.value == "traj001" and t.versions == [0, 1, 1]
+    assert v.selector.value == "traj001" and [s.version for s in t.versions] == [0, 1, 1]
     assert v.detail.value.count("rn-version-change") == 1  # the v0 -> v1 switch, once
     assert "w10" in v.detail.value  # decoded with the tokenizer
     v.set_filters(task="nope", status="cancelled")
@@ -153,7 +153,9 @@ def test_viewer_dataframes_at_every_level(trajectories):
     tokens = v.to_dataframe(which="selected", level="token")
     assert set(tokens["trajectory_id"]) == {"traj004"} and len(tokens) == 12
     assert list(tokens["text"][:6]) == ["w1", "w2", "w3", "w10", "w11", "w12"]
-    assert list(tokens["mask"][:6]) == [0, 0, 0, 1, 1, 0] and list(tokens["side"][:4]) == ["prompt"] * 3 + ["response"]
+    assert list(tokens["loss_mask"][:6]) == [0, 0, 0, 1, 1, 0] and list(tokens["side"][:4]) == ["prompt"] * 3 + [
+        "response"
+    ]
 
 
 def test_trajectory_list_displays_the_viewer(monkeypatch, trajectories):

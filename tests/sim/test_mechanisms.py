@@ -163,6 +163,11 @@ def test_a_preempted_turn_is_continued_whole_and_counts_its_oldest_version():
     for u in split:
         assert u.timings["preempted"] >= 1
         assert len(u.logprobs) == len(u.response_ids) == len(u.loss_mask) > 0
+        # each version's stretch is recorded, oldest first; the turn counts its oldest
+        offsets, versions = [o for o, _ in u.spans], [v for _, v in u.spans]
+        assert offsets == sorted(set(offsets)) and versions == sorted(set(versions))
+        assert not u.spans or (offsets[0] == 0 and versions[0] == u.version)
+    assert any(len(u.spans) >= 2 for u in split), "no preempted turn was continued under newer weights"
     assert all(r.phases["suspend"] < 1.0 for r in reps[1:])  # no waiting for long decodes
 
 
