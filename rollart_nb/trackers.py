@@ -9,6 +9,7 @@ built-in adapters need the ``trackers`` extra. See ``docs/trackers.md``.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import time
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from rollart_nb.errors import ConfigError, StateError
 from rollart_nb.redact import MASK, redact
+from rollart_nb.trajectory_frames import rows
 
 if TYPE_CHECKING:
     from rollart_nb.control.report import StepReport
@@ -71,9 +73,47 @@ SAMPLE_COLUMNS = (
     "tokens",
     "prompt",
     "response",
+    "advantage",
+    "mismatch_kl",
+    "token_ids",
+    "versions",
+    "sampler_logprobs",
+    "trainer_logprobs",
+    "entropies",
 )
 """The columns of a trajectory sample: ``prompt`` is the first observation, ``response`` the last
-turn's decoded response."""
+turn's decoded response; ``advantage`` and ``mismatch_kl`` (the mean k3 KL from the sampler to
+the trainer over its trained tokens) come from the train step that consumed it (None before),
+and the last five are its first :data:`SAMPLE_TOKENS` trained tokens' figures from the token
+frame, as JSON lists (rounded; null where unknown)."""
+
+SAMPLE_TOKENS = 256
+"""Trained tokens per sampled trajectory whose per-token figures a tracker gets."""
+
+
+def _token_columns(t: Any) -> dict[str, Any]:
+    """A sample's per-token columns (see :data:`SAMPLE_COLUMNS`)."""
+    toks = [r for r in rows([t], "token") if r["loss_mask"]]
+    k3 = [r["importance_ratio"] - 1 - math.log(r["importance_ratio"]) for r in toks if r["importance_ratio"] > 0]
+    train = getattr(t, "train", None) or {}
+
+    def col(key: str) -> str:
+        vals = [r[key] for r in toks[:SAMPLE_TOKENS]]
+        return json.dumps([v if isinstance(v, int) else _num(v, 4) for v in vals], separators=(",", ":"))
+
+    return {
+        "advantage": _num(train.get("advantage", math.nan), 4),
+        "mismatch_kl": _num(sum(k3) / len(k3), 6) if k3 else None,
+        "token_ids": col("token_id"),
+        "versions": col("version"),
+        "sampler_logprobs": col("sampler_logprob"),
+        "trainer_logprobs": col("trainer_logprob"),
+        "entropies": col("entropy"),
+    }
+
+
+def _num(v: float, digits: int) -> float | None:
+    return round(float(v), digits) if math.isfinite(v) else None
 
 
 def sample_rows(trajectories: list[Any], k: int) -> list[dict[str, Any]]:
@@ -82,10 +122,10 @@ def sample_rows(trajectories: list[Any], k: int) -> list[dict[str, Any]]:
     if k <= 0 or not trajectories:
         return []
     stride = max(1, len(trajectories) // k)
-    rows = []
+    out = []
     for t in trajectories[::stride][:k]:
         turns = list(getattr(t, "turns", []))
-        rows.append(
+        out.append(
             {
                 "id": str(t.id),
                 "task": str(t.task),
@@ -97,9 +137,10 @@ def sample_rows(trajectories: list[Any], k: int) -> list[dict[str, Any]]:
                 "tokens": int(t.num_tokens),
                 "prompt": redact(str(turns[0].observation))[:2000] if turns else "",
                 "response": redact(str(turns[-1].action))[:2000] if turns else "",
+                **_token_columns(t),
             }
         )
-    return rows
+    return out
 
 
 def _markdown_table(rows: list[dict[str, Any]]) -> str:

@@ -114,6 +114,22 @@ def test_sample_rows_spread_over_the_batch_and_redact_text():
         "completed",
     )
     assert sample_rows([], 4) == [] and sample_rows(list(range(3)), 0) == []
+    assert rows[0]["advantage"] is None and json.loads(rows[0]["trainer_logprobs"]) == [None]
+
+
+def test_sample_rows_carry_the_train_steps_per_token_figures():
+    turn = Turn(
+        "obs", "a b", [1, 2], [3, 4], logprobs=[-1.0, -2.0], loss_mask=[1, 1], version=2, spans=[(0, 2), (1, 3)]
+    )
+    turn.entropy = [0.5, 0.25]
+    t = Trajectory("math", id="x", turns=[turn], reward=1.0, start_version=2)
+    lp = [math.nan, -0.9, -1.5, -2.0]
+    t.train = {"step": 0, "version": 3, "advantage": 0.5, "rows": [{"logprob": lp, "entropy": lp, "loss_weight": lp}]}
+    (row,) = sample_rows([t], 1)
+    assert row["advantage"] == 0.5 and json.loads(row["versions"]) == [2, 3] and json.loads(row["token_ids"]) == [3, 4]
+    assert json.loads(row["trainer_logprobs"]) == [-1.5, -2.0] and json.loads(row["entropies"]) == [0.5, 0.25]
+    r = math.exp(-0.5)  # the first token's importance ratio; the second's is 1
+    assert row["mismatch_kl"] == pytest.approx((r - 1 - math.log(r)) / 2, abs=1e-6)
 
 
 def _expected(reports: list[StepReport], key: str) -> list[tuple[int, float]]:

@@ -115,6 +115,7 @@ class Pipeline:
         self._tally = StepTally()
         self.train_records = TrainRecords()  # what each train step computed per token
         self._train_fut: Any = None
+        self._in_training: list[Trajectory] = []  # the batch behind _train_fut
         self._thread: threading.Thread | None = None
         self._pause = threading.Event()
         self._lock = threading.Lock()
@@ -225,9 +226,10 @@ class Pipeline:
             self.rollout.resume()
             if not m.continuous:
                 self.rollout.start_iteration()
+        trained = self._in_training if m.overlap_train else batch  # what ``metrics`` are of
         if m.overlap_train:  # ⑥ train_step, overlapped with the resumed rollout
-            self._train_fut = self.train.train_step(batch, blocking=False)
-        return self._finish_report(rep, batch, metrics, t0)
+            self._train_fut, self._in_training = self.train.train_step(batch, blocking=False), batch
+        return self._finish_report(rep, batch, metrics, t0, trained)
 
     @contextlib.contextmanager
     def _phase(self, rep: StepReport, phase: str) -> Iterator[None]:
@@ -273,7 +275,7 @@ class Pipeline:
 
     def _roll_back(self, version: int) -> None:
         """Serve ``version`` of a restored trainer; the batch it was training on is lost with it."""
-        self._train_fut = None
+        self._train_fut, self._in_training = None, []
         self._update_weights(version, rollback=True)
 
     @property
@@ -282,12 +284,15 @@ class Pipeline:
         return self.failover.events
 
     def _finish_report(
-        self, rep: StepReport, batch: list[Trajectory], metrics: dict[str, Any], t0: float
+        self, rep: StepReport, batch: list[Trajectory], metrics: dict[str, Any], t0: float, trained: list[Trajectory]
     ) -> StepReport:
+        """Fill and keep ``rep`` for ``batch``; ``trained``: the batch ``metrics`` are of (the
+        previous one when training overlaps), which trackers sample with its per-token records."""
         rep.version = self.version
         rep.step_s = self._clock() - t0
         rep.train = {k: float(v) for k, v in metrics.items() if isinstance(v, int | float)}
         self.train_records.add(metrics.get("token_records"), rep.step)
+        self.train_records.attach(trained)
         self._tally.fill(rep, batch, self.rollout.stats())
         self.validation.after_step(rep, self._clock)
         rep.events = self.failover.take_events()
@@ -298,7 +303,7 @@ class Pipeline:
             self.folder.record(rep.to_dict())
             if self.folder.due(rep.step):
                 self._autosave()
-        self.trackers.send(rep, batch)
+        self.trackers.send(rep, trained if metrics else batch)
         return rep
 
     def run_config(self) -> dict[str, Any]:
