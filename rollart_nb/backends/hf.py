@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rollart_nb.backends.history import DEFAULT_HISTORY_TOKENS, HistoryStore
-from rollart_nb.errors import GenerationError, WeightSyncError
+from rollart_nb.errors import ConfigError, GenerationError, WeightSyncError
 from rollart_nb.models.tiny import ModelRef, from_pretrained
 from rollart_nb.protocols import GenerationRequest, GenerationResult
 
@@ -41,6 +41,9 @@ if TYPE_CHECKING:
 __all__ = ["BATCH_WAIT_S", "HFBackend", "sample_rows"]
 
 log = logging.getLogger(__name__)
+
+SERVE_DTYPES = ("float32", "bfloat16", "float16")
+"""The dtypes :class:`HFBackend` serves in; the trainers train in float32."""
 
 BATCH_WAIT_S = 0.005
 """Default seconds a batch waits for requests to join before it runs (a few ms: concurrent turns
@@ -97,7 +100,7 @@ def sample_rows(logits: torch.Tensor, temperatures: torch.Tensor, generators: li
 
 
 class HFBackend:
-    """A :class:`~rollart_nb.protocols.GenerationBackend` on ``transformers``, float32.
+    """A :class:`~rollart_nb.protocols.GenerationBackend` on ``transformers``.
 
     Args:
         model: a :class:`ModelRef` or a path to a Hugging Face model directory.
@@ -109,6 +112,9 @@ class HFBackend:
         kv_reuse: keep each trajectory's KV between requests and prefill only new tokens.
         kv_cache_tokens: most tokens held in that cache over all trajectories.
         history_tokens: most tokens of trajectory histories held (ids, 4 bytes a token).
+        dtype: the weights' dtype, one of :data:`SERVE_DTYPES` (default float32, as the trainer);
+            a half-precision server samples from a distribution the trainer does not compute,
+            which the token frame's importance ratio and the step's ``mismatch_kl`` show.
 
     Attributes:
         version: policy version of the weights being served.
@@ -133,13 +139,17 @@ class HFBackend:
         kv_reuse: bool = True,
         kv_cache_tokens: int = 1 << 16,
         history_tokens: int = DEFAULT_HISTORY_TOKENS,
+        dtype: str = "float32",
     ) -> None:
         import torch
 
+        if dtype not in SERVE_DTYPES:
+            raise ConfigError(f"dtype must be one of {SERVE_DTYPES}, got {dtype!r}", where=f"HFBackend {name}")
         self.ref = model if isinstance(model, ModelRef) else from_pretrained(model)
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.tokenizer = self.ref.load_tokenizer()
-        self.model = self.ref.load_model(dtype=torch.float32, device=self.device)
+        self.dtype = dtype
+        self.model = self.ref.load_model(dtype=getattr(torch, dtype), device=self.device)
         self.name, self.max_batch_size, self.batch_wait_s = name, max_batch_size, batch_wait_s
         self.version = 0
         self.eos_id = self.tokenizer.eos_token_id

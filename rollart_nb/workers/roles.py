@@ -188,7 +188,7 @@ class SimGenerator(GeneratorWorker):
 
 
 class HFGenerator(GeneratorWorker):
-    """Generation with ``transformers`` (float32 on CPU, batches concurrent requests)."""
+    """Generation with ``transformers`` (float32 by default, batches concurrent requests)."""
 
     def make_backend(self, model: Any, **kwargs: Any) -> Any:
         from rollart_nb.backends.hf import HFBackend
