@@ -65,7 +65,7 @@ COLUMNS: dict[str, tuple[str, ...]] = {
     "token": (
         "trajectory_id", "task", "status", "row", "turn", "position", "token_id", "text", "side", "loss_mask",
         "sampler_logprob", "trainer_logprob", "importance_ratio", "advantage", "loss_weight", "entropy",
-        "trainer_entropy", "version", "cross_version", "replay_logprob", "replay_version",
+        "trainer_entropy", "trainer_version", "version", "cross_version", "replay_logprob", "replay_version",
     ),
 }  # fmt: skip
 """The columns of each level, in order (an empty list still gives a frame with them)."""
@@ -352,6 +352,7 @@ def token_rows(t: Trajectory, decode: TokenDecoder) -> list[dict[str, Any]]:
                 "loss_weight": _at(trows, s.row, s.position, "loss_weight"),
                 "entropy": s.entropy,
                 "trainer_entropy": _at(trows, s.row, s.position, "entropy"),
+                "trainer_version": train.get("version"),
                 "version": s.version,
                 "cross_version": s.side == "response" and s.version != oldest,
                 "replay_logprob": _at(rrows, s.row, s.position),
