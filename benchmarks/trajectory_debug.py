@@ -5,8 +5,9 @@ mode at α=1 on FrozenLake and Arithmetic: turns in flight at a weight update ar
 continued under the new weights, so some trajectories are written by two versions. Then:
 
 * ``token_columns_missing``: the debugger's columns absent from ``token_frame()`` (must be empty);
-* ``replay_same_version_max_abs_logprob_diff``: with the pipeline paused, every trajectory written
-  wholly by the version the generators serve is replayed; the largest |replayed - sampler| logprob;
+* ``replay_same_version_max_abs_logprob_diff``: with the pipeline paused, up to 16 trajectories
+  with tokens written by the version the generators serve are replayed under it; the largest
+  |replayed - sampler| logprob over those tokens;
 * ``provenance_matches_events``: every version segment agrees with what the run recorded: its
   versions are ones the run served, rise within a turn and along the trajectory, start no earlier
   than the trajectory, and a turn has at most one more segment than the weight updates that
@@ -137,16 +138,20 @@ def main() -> None:
         cross = sum(1 for t in trajs if len({s.version for s in t.versions}) > 1)
         print(f"{len(trajs)} trajectories, {len(trained)} trained, {cross} written by two or more versions")
 
-        current = [t for t in trajs if t.turns and {s.version for s in t.versions} == {pipe.version}]
-        diffs = []
-        for t in current[:16]:
-            r = pipe.replay(t)
-            df = r.token_frame()
-            resp = df[df.side == "response"]
-            diffs.append(float((resp.replay_logprob - resp.sampler_logprob).abs().max()))
-        print(f"replayed {len(diffs)} trajectories written wholly by version {pipe.version}")
+        live = pipe.trajectories(last=None, include_running=True)
+        current = [t for t in live if any(s.version == pipe.version for s in t.versions)]
+        diffs, replayed_tokens = [], 0
+        for t in current[-16:]:
+            df = pipe.replay(t).token_frame()
+            same = df[(df.side == "response") & (df.version == df.replay_version)]
+            replayed_tokens += len(same)
+            if len(same):
+                diffs.append(float((same.replay_logprob - same.sampler_logprob).abs().max()))
+        print(f"replayed {len(diffs)} trajectories, {replayed_tokens} tokens written by version {pipe.version}")
 
-        preemptions = int(pipe.stats().get("proxy", {}).get("preemptions", 0))
+        proxy = pipe.stats().get("proxy", {})
+        proxies = proxy if isinstance(proxy, list) else [proxy]
+        preemptions = sum(int(p.get("preemptions", 0)) for p in proxies)
         ok, problems = provenance_matches(trajs, pipe.version, preemptions)
         for p in problems[:10]:
             print("provenance:", p)
@@ -169,6 +174,7 @@ def main() -> None:
         "token_columns_missing": missing,
         "replay_same_version_max_abs_logprob_diff": max(diffs) if diffs else None,
         "replayed_trajectories": len(diffs),
+        "replayed_tokens": replayed_tokens,
         "provenance_matches_events": ok,
         "cross_version_trajectories": cross,
         "mismatch_kl_reported_steps": len(kl_steps),
