@@ -21,15 +21,17 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import logging
 import time
 import zlib
 from array import array
+from collections.abc import Sequence
 from typing import Any
 
 from rollart_nb.config import RolloutConfig
 from rollart_nb.envs.base import BlockingPool, env_name, env_reset, env_step
-from rollart_nb.errors import EnvError, GenerationError, HistoryMiss, RollartError
+from rollart_nb.errors import EnvError, GenerationError, HistoryMiss, RollartError, StateError
 from rollart_nb.logs import user_traceback
 from rollart_nb.protocols import GenerationRequest, Tokenizer
 from rollart_nb.tokens import Tokens, TokenSeq
@@ -195,16 +197,18 @@ class EnvManager:
         barrier: TurnBarrier | None = None,
         temperature: float | None = None,
         clock: Any = time.monotonic,
+        prefix: Sequence[Turn] = (),
     ) -> Trajectory:
         """Roll out ``traj`` (RUNNING on return if the episode ended normally, else FAILED with a
         reason). Cancelling it is allowed (the caller records the status); an env call it
-        interrupts on a thread gets the env replaced."""
+        interrupts on a thread gets the env replaced. ``prefix``: recorded turns played first,
+        their actions stepped through the env instead of generated (see :meth:`_replayed`)."""
         self.busy = True
         self.trajectories += 1
         self._call, self._abandoned_now = "setup", False
         temp = self.cfg.temperature if temperature is None else temperature
         try:
-            await self._run(traj, barrier, temp, clock)
+            await self._run(traj, barrier, temp, clock, prefix)
         except EnvError as e:
             if isinstance(e.__cause__, TimeoutError):
                 self.timeouts += 1
@@ -236,7 +240,9 @@ class EnvManager:
                 await barrier.leave()
         return traj
 
-    async def _run(self, traj: Trajectory, barrier: TurnBarrier | None, temp: float, clock: Any) -> None:
+    async def _run(
+        self, traj: Trajectory, barrier: TurnBarrier | None, temp: float, clock: Any, prefix: Sequence[Turn] = ()
+    ) -> None:
         if self.env is None:
             self._replace_env()
             if self.env is None:
@@ -251,7 +257,10 @@ class EnvManager:
         seq = TokenSeq(self._encode_obs(obs))  # the whole conversation, stored once
         held = 0  # tokens of it the generator holds (sent before, plus its responses)
         for k in range(self.max_turns):
-            turn, held = await self._turn(traj, k, seq, held, temp, obs, clock)
+            if k < len(prefix):
+                turn, held = self._replayed(traj, k, seq, prefix[k]), 0
+            else:
+                turn, held = await self._turn(traj, k, seq, held, temp, obs, clock)
             if k == 0:
                 turn.timings["reset"] = reset_s
             t2 = clock()
@@ -276,6 +285,27 @@ class EnvManager:
                 return
             seq.extend(new)
         traj.info["truncated"] = "max_turns"
+
+    def _replayed(self, traj: Trajectory, k: int, seq: TokenSeq, recorded: Turn) -> Turn:
+        """Turn ``k`` as ``recorded`` (a regeneration's prefix), its response appended to ``seq``.
+
+        Raises:
+            StateError: ``seq`` is not the recorded prompt: the env answered otherwise than when
+                the turn was recorded (``traj.info["replay_mismatch"]`` is set to ``k``).
+        """
+        if list(seq.tail()) != list(recorded.prompt_ids):
+            traj.info["replay_mismatch"] = k
+            raise StateError(
+                f"turn {k}: the env's observations differ from the recorded ones, so it is not "
+                f"deterministic for seed {traj.seed}; regenerate from turn {k} or an earlier one"
+            )
+        start = len(seq)
+        seq.extend(recorded.response_ids)
+        turn = dataclasses.replace(
+            recorded, prompt_ids=seq.view(0, start), response_ids=seq.view(start, len(seq)), timings={}
+        )
+        traj.turns.append(turn)
+        return turn
 
     async def _turn(
         self, traj: Trajectory, k: int, seq: TokenSeq, held: int, temp: float, obs: Any, clock: Any

@@ -370,3 +370,12 @@ class TrackerFanout:
                 t.close()
             except Exception as e:
                 log.warning("tracker %r failed to close: %s", t, e)
+
+
+def progress_bar(total: int, desc: str) -> Any:
+    """A ``tqdm.auto`` bar for ``total`` steps (a notebook widget or a terminal line)."""
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:  # pragma: no cover - tqdm is a core dependency
+        return None
+    return tqdm(total=total, desc=desc, leave=False)

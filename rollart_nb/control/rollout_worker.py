@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
+import time
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
@@ -202,6 +203,37 @@ class RolloutWorker(Worker):
         ones are copies: the result is serialized off this loop while they keep growing."""
         out = self._s().trajectories(task, status, last, include_running)
         return [copy.deepcopy(t) if t.status is Status.RUNNING else t for t in out]
+
+    @register("one")
+    async def regenerate(self, traj: Trajectory, from_turn: int) -> Trajectory:
+        """A new trajectory: ``traj``'s turns before ``from_turn`` played through a fresh copy of
+        its task's env from the same seed (their recorded actions), then continued by the policy
+        served now and scored by the task's reward; never buffered, counted or trained on.
+
+        Raises:
+            StateError: the env answered a replayed action otherwise than when it was recorded.
+        """
+        s = self._s()
+        template = next(m.template for m in s.managers if m.task == traj.task)
+        m = EnvManager(-1, traj.task, copy.deepcopy(template), s.tok, s.proxy, s.config.rollout, pool=s.env_pool)
+        info = {"regenerated_from": traj.id, "from_turn": from_turn}
+        t = Trajectory(traj.task, seed=traj.seed, group_id=f"{traj.group_id}/regenerated", start_version=s.version)
+        t.info.update(info)
+        s.proxy.exempt.add(t.id)  # goes ahead of a hold, as validation does
+        try:
+            await m.run(t, prefix=traj.turns[:from_turn])
+        finally:
+            s.proxy.exempt.discard(t.id)
+            s.proxy.forget(t.id)
+        if "replay_mismatch" in t.info:
+            raise StateError(f"cannot regenerate trajectory {traj.id}: {t.reason.split(': ', 2)[-1]}")
+        if not t.status.terminal:
+            try:
+                await self.rewards.score(t)
+                t.finish(Status.COMPLETED, now=time.time())
+            except Exception as e:
+                t.finish(Status.FAILED, f"reward: {e}", now=time.time())
+        return t
 
     @register("one")
     async def evaluate(

@@ -439,6 +439,12 @@ class ShardedRollout:
         i = next((i for i, p in enumerate(self.plans) if task in p.envs), 0)
         return self.clusters[i].evaluate(task, seeds, **kwargs)
 
+    def regenerate(self, traj: Trajectory, from_turn: int) -> Trajectory:
+        """``traj`` regenerated from ``from_turn`` (see :meth:`RolloutWorker.regenerate`) on a
+        shard that has its task's envs."""
+        i = next((i for i, p in enumerate(self.plans) if traj.task in p.envs), 0)
+        return self.clusters[i].regenerate(traj, from_turn)
+
     # -- views -----------------------------------------------------------------------------
     def trajectories(
         self, task: str | None = None, status: str | None = None, last: int | None = None, include_running: bool = False

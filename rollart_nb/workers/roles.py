@@ -19,6 +19,7 @@ versioned ``load_weights``; a trainer serves ``train_step`` and ``state_dict``.
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -135,6 +136,13 @@ class GeneratorWorker(StreamedGeneration, Worker):
         if not hasattr(self.backend, "recompute"):
             raise ConfigError(f"{type(self.backend).__name__} cannot score tokens")
         return self.backend.recompute(ids)
+
+    @register("one")
+    def score(self, rows: list[list[int]]) -> dict[str, Any]:
+        """Each token sequence of ``rows`` scored under the served weights: ``{"version", "rows"}``,
+        a row's logprob per position (NaN at 0): what ``pipe.replay`` shows."""
+        version = self.backend.version
+        return {"version": version, "rows": [[math.nan, *self.score_tokens(ids)] for ids in rows]}
 
     @register()
     def stats(self) -> dict[str, Any]:

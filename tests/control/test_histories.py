@@ -269,3 +269,31 @@ def test_tokens_pickle_compactly_and_an_env_check_accepts_them():
 
     report = check(Env(), seeds=2)
     assert report.episodes == 2 and report.steps == 2 and not report.skipped, report
+
+
+class Drifting(Talk):
+    """Talk whose first observation changes at every reset: not deterministic for a seed."""
+
+    async def areset(self, seed=None):
+        obs, info = await super().areset(seed)
+        self.resets = getattr(self, "resets", 0) + 1
+        return f"{obs} reset{self.resets}", info
+
+
+def test_a_recorded_prefix_is_replayed_through_the_env_and_the_rest_generated():
+    proxy = Recording(sim())
+    _, first = rollout(proxy, turns=4)
+    sent_before = len(proxy.sent)
+    cfg = RolloutConfig(max_turns=4, max_new_tokens=16, env_timeout_s=None)
+    again = Trajectory(task="talk", seed=7, id="t1")
+    asyncio.run(EnvManager(0, "talk", Talk(4, 12), SimTokenizer(), proxy, cfg).run(again, prefix=first.turns[:2]))
+    assert [u.action for u in again.turns[:2]] == [u.action for u in first.turns[:2]]
+    assert ids_of(again)[:2] == ids_of(first)[:2] and len(again.turns) == 4
+    # only turns 2 and 3 were generated, the first of them with the whole history
+    assert len(proxy.sent) == sent_before + 2 and proxy.sent[sent_before][0] == 0
+    assert list(again.turns[2].prompt_ids[: len(first.turns[2].prompt_ids)]) == list(first.turns[2].prompt_ids)
+
+    drifted = Trajectory(task="talk", seed=7, id="t2")  # the env now answers the same seed otherwise
+    asyncio.run(EnvManager(0, "talk", Drifting(4, 12), SimTokenizer(), proxy, cfg).run(drifted, prefix=first.turns[:2]))
+    assert drifted.status.value == "failed" and drifted.info["replay_mismatch"] == 0
+    assert "not deterministic for seed 7" in drifted.reason and len(proxy.sent) == sent_before + 2
