@@ -111,7 +111,7 @@ def _full(t: Trajectory, what: str) -> list[float]:
 
 
 def render_s(traj: Trajectory) -> float:
-    from rollart_nb.nb.viewer import token_html
+    from rollart_nb.nb.overlay import token_html
 
     times = []
     for _ in range(3):

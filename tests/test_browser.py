@@ -1,4 +1,5 @@
-"""Browser check: JupyterLab runs 01_quickstart in headless Chromium and the widgets render.
+"""Browser checks: JupyterLab runs 01_quickstart in headless Chromium and the widgets render;
+the trajectory viewer's token overlay of 32k tokens draws in time, coloured as computed.
 
 JupyterLab is served on 127.0.0.1 (random port, a token, a temp root holding a copy of the
 notebook); Debian's Chromium is driven by Playwright's Python API (no Playwright browser
@@ -11,7 +12,9 @@ its own (a point per step), fails on any page error or traceback, and saves a sc
 from __future__ import annotations
 
 import logging
+import math
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -119,3 +122,54 @@ def test_quickstart_runs_and_renders_widgets(lab, tmp_path):
     assert bars > 0 and lines > 0, "dashboard plots rendered without data"
     assert "trajectories" in viewer_text and "turn 0" in viewer_text
     assert throughput_points == 4, f"the dashboard did not follow the background run: {throughput_points} step(s)"
+
+
+_DRAWN = """() => new Promise(done => requestAnimationFrame(() => requestAnimationFrame(() => done({
+  tokens: document.querySelectorAll('.rn-overlay .rn-t').length, height: document.body.offsetHeight }))))"""
+
+
+def test_token_overlays_draw_a_32k_token_trajectory_within_two_seconds(tmp_path):
+    """The viewer's token pane for 32k tokens coloured by the importance ratio: drawn by
+    Chromium in under 2 s, each token's colour and tooltip as the overlay computed them."""
+    skip_without_a_browser()
+    from playwright.sync_api import sync_playwright
+
+    from rollart_nb.nb.overlay import token_html
+    from rollart_nb.trajectory import Trajectory, Turn
+
+    t = Trajectory("math", id="long", start_version=0)
+    ids: list[int] = []
+    for k in range(32):  # 32 turns of 512 prompt-side and 512 response tokens
+        prompt = ids + [(k * 7 + i) % 1000 for i in range(512)]
+        resp = [(k * 13 + i) % 1000 for i in range(512)]
+        u = Turn(f"obs {k}", "act", prompt, resp, logprobs=[-1.0] * 512, loss_mask=[1] * 512, version=k // 8)
+        t.turns.append(u)
+        ids = prompt + resp
+    # the trainer's logprob: the sampler's everywhere, but twice as likely at the first response token
+    lp = [math.nan] + [-1.0] * (len(ids) - 1)
+    lp[512] = -1.0 + math.log(2.0)
+    t.train = {"step": 0, "version": 0, "advantage": 0.5, "rows": [{"logprob": lp, "entropy": lp, "loss_weight": lp}]}
+    page_html = "<html><body>" + token_html(t, "importance_ratio") + "</body></html>"
+    with sync_playwright() as pw:
+        ctx = chromium_context(pw, tmp_path / "profile")
+        try:
+            page = ctx.new_page()
+            errors: list[str] = []
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.set_content("<p>warm up</p>")
+            t0 = time.perf_counter()
+            page.set_content(page_html)
+            drawn = page.evaluate(_DRAWN)
+            render_s = time.perf_counter() - t0
+            tokens = page.locator(".rn-overlay .rn-t")
+            doubled, same = tokens.nth(512), tokens.nth(513)
+            red = doubled.evaluate("e => getComputedStyle(e).backgroundColor")
+            white = same.evaluate("e => getComputedStyle(e).backgroundColor")
+            title = doubled.get_attribute("title")
+        finally:
+            ctx.close()
+    log.info("32k-token overlay drawn in %.2f s", render_s)
+    assert drawn["tokens"] == 32 * 1024 and drawn["height"] > 1000 and not errors
+    assert render_s < 2.0, f"the overlay of 32k tokens took {render_s:.2f} s to draw"
+    assert red == "rgb(178, 24, 43)" and white == "rgb(255, 255, 255)"  # ratio 2: the scale's top; 1: its middle
+    assert "pos 512" in title and "sampler -1, trainer -0.3069, ratio 2" in title and "adv 0.5" in title

@@ -19,6 +19,8 @@ from typing import Any
 
 import ipywidgets as widgets
 
+from rollart_nb.errors import ConfigError
+from rollart_nb.nb.overlay import OVERLAYS, mismatch_of, token_html
 from rollart_nb.trajectory import Status, Trajectory, TrajectoryList, Turn
 from rollart_nb.trajectory_frames import SequenceToken, TokenDecoder, sequence_tokens, to_dataframe, tokenizer_of
 from rollart_nb.trajectory_groups import TrajectoryGroup, algo_of, group_html, group_key, groups_of
@@ -250,11 +252,25 @@ class TrajectoryViewer(widgets.VBox):
             layout=widgets.Layout(width="180px"),
         )
         self.version = widgets.Dropdown(description="version", layout=widgets.Layout(width="180px"))
+        self.min_mismatch = widgets.Text(
+            placeholder=_ANY, description="|log ratio| >", continuous_update=False, layout=widgets.Layout(width="190px")
+        )
+        self.cross_version = widgets.Checkbox(
+            description="cross-version", indent=False, layout=widgets.Layout(width="130px")
+        )
+        self.colour = widgets.Dropdown(
+            description="colour", options=list(OVERLAYS), value="mask", layout=widgets.Layout(width="240px")
+        )
+        self._mismatch: dict[str, float] = {}  # per trajectory id, its largest |log ratio|
         self.selector = widgets.Select(rows=8, layout=widgets.Layout(width="100%"))
         self.pane = widgets.ToggleButtons(
-            options=["trajectory", "group"],
+            options=["trajectory", "tokens", "group"],
             value="trajectory",
-            tooltips=["the selected trajectory, turn by turn", "its GRPO group side by side, with advantages"],
+            tooltips=[
+                "the selected trajectory, turn by turn",
+                "its tokens coloured by a column of the token frame (hover: the token's row)",
+                "its GRPO group side by side, with advantages",
+            ],
         )
         self.detail = widgets.HTML()
         self.count = widgets.HTML()
@@ -268,8 +284,9 @@ class TrajectoryViewer(widgets.VBox):
         )
         self.export_path = widgets.Text(value="trajectories.jsonl", layout=widgets.Layout(width="220px"))
         self.export_button = widgets.Button(description="Export JSONL", icon="download")
-        for w in (self.task, self.status, self.min_reward, self.version):
+        for w in (self.task, self.status, self.min_reward, self.version, self.min_mismatch, self.cross_version):
             w.observe(lambda _c: self._apply(), names="value")
+        self.colour.observe(lambda _c: self._show(), names="value")
         self.selector.observe(lambda _c: self._show(), names="value")
         self.pane.observe(lambda _c: self._show(), names="value")
         self.refresh_button.on_click(lambda _b: self.refresh())
@@ -278,6 +295,7 @@ class TrajectoryViewer(widgets.VBox):
         super().__init__(
             children=[
                 widgets.HBox([self.task, self.status, self.min_reward, self.version]),
+                widgets.HBox([self.min_mismatch, self.cross_version, self.colour]),
                 widgets.HBox([self.refresh_button, self.live, self.export_path, self.export_button, self.count]),
                 self.selector,
                 self.pane,
@@ -293,7 +311,7 @@ class TrajectoryViewer(widgets.VBox):
     def filtered(self) -> list[Trajectory]:
         """The trajectories that pass the current filters, in list order."""
         task, status, version = self.task.value, self.status.value, self.version.value
-        low = _parse_float(self.min_reward.value)
+        low, worst = _parse_float(self.min_reward.value), _parse_float(self.min_mismatch.value)
         out = []
         for t in self.items:
             if task not in (None, _ANY) and t.task != task:
@@ -303,6 +321,10 @@ class TrajectoryViewer(widgets.VBox):
             if low is not None and (math.isnan(t.reward) or t.reward < low):
                 continue
             if version not in (None, _ANY) and int(version) not in {t.start_version, *(s.version for s in t.versions)}:
+                continue
+            if self.cross_version.value and len({s.version for s in t.versions}) < 2:
+                continue
+            if worst is not None and not self._mismatch_of(t) > worst:
                 continue
             out.append(t)
         return out
@@ -318,13 +340,26 @@ class TrajectoryViewer(widgets.VBox):
         status: str | None = None,
         min_reward: float | None = None,
         version: int | None = None,
+        min_mismatch: float | None = None,
+        cross_version: bool = False,
     ) -> list[Trajectory]:
-        """Set the filters (None: any); returns :attr:`filtered`."""
+        """Set the filters (None: any); returns :attr:`filtered`. ``min_mismatch``: keep
+        trajectories with a trained token whose |log importance ratio| exceeds it;
+        ``cross_version``: keep those written by two or more policy versions."""
+        self.min_mismatch.value = "" if min_mismatch is None else repr(float(min_mismatch))
+        self.cross_version.value = bool(cross_version)
         self.task.value = task if task in self.task.options else _ANY
         self.status.value = status or _ANY
         self.min_reward.value = "" if min_reward is None else repr(float(min_reward))
         self.version.value = str(version) if version is not None and str(version) in self.version.options else _ANY
         return self.filtered
+
+    def colour_by(self, column: str) -> None:
+        """Show the selected trajectory's tokens coloured by ``column``, one of
+        :data:`~rollart_nb.nb.overlay.OVERLAYS` (e.g. "importance_ratio", "version")."""
+        if column not in OVERLAYS:
+            raise ConfigError(f"colour_by: one of {', '.join(OVERLAYS)}, not {column!r}")
+        self.colour.value, self.pane.value = column, "tokens"
 
     def select(self, index_or_id: int | str) -> Trajectory:
         """Show one trajectory: an index into :attr:`filtered`, or a trajectory id."""
@@ -415,10 +450,18 @@ class TrajectoryViewer(widgets.VBox):
         t = self.selected
         if t is None:
             self.detail.value = "<p>no trajectory matches</p>"
+        elif self.pane.value == "tokens":
+            self.detail.value = token_html(t, self.colour.value, self._decode())
         elif self.pane.value == "group" and (g := self.group) is not None:
             self.detail.value = group_html(g, self._decode())
         else:
             self.detail.value = trajectory_html(t, self._decode())
+
+    def _mismatch_of(self, t: Trajectory) -> float:
+        key = f"{t.id}@{(t.train or {}).get('step')}"  # a refresh may bring the train step's record
+        if key not in self._mismatch:
+            self._mismatch[key] = mismatch_of(t)
+        return self._mismatch[key]
 
     def _decode(self) -> TokenDecoder:
         if self._decoder is None:
