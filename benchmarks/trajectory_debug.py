@@ -47,7 +47,7 @@ def run(steps: int, seed: int) -> tuple[Any, Any, list[Any]]:
     gen = sess.cluster("actor_gen", rn.workers.HFGenerator, pool="H20", replicas=2, model=model)
     train = sess.cluster("actor_train", rn.workers.TorchTrainer, pool="H800", model=model)
     tasks = sess.tasks({"frozenlake": rn.envs.FrozenLake(), "math": rn.envs.Arithmetic()}, envs_per_task=8)
-    algo = rn.GRPO(group_size=4, skip_zero_advantage=False)
+    algo = rn.GRPO(group_size=4, skip_zero_advantage=False, entropy_coef=0.01)  # the weights move every step
     rollout = RolloutConfig(max_turns=4, max_new_tokens=24)
     pipe = sess.pipeline(
         train, gen, tasks, algo=algo, batch_size=16, alpha=1, mode="rollart", rollout=rollout, seed=seed
@@ -138,8 +138,12 @@ def main() -> None:
         cross = sum(1 for t in trajs if len({s.version for s in t.versions}) > 1)
         print(f"{len(trajs)} trajectories, {len(trained)} trained, {cross} written by two or more versions")
 
-        live = pipe.trajectories(last=None, include_running=True)
-        current = [t for t in live if any(s.version == pipe.version for s in t.versions)]
+        current: list[Trajectory] = []
+        deadline = time.monotonic() + 120  # the rollout goes on after the last step: its first tokens
+        while len(current) < 4 and time.monotonic() < deadline:
+            time.sleep(0.5)
+            live = pipe.trajectories(last=None, include_running=True)
+            current = [t for t in live if any(s.version == pipe.version for s in t.versions)]
         diffs, replayed_tokens = [], 0
         for t in current[-16:]:
             df = pipe.replay(t).token_frame()
