@@ -6,14 +6,14 @@
 - **Reward overlaps rollout**: each finished trajectory is scored at once (unless the mode
   scores after the batch), while its EnvManager already runs the next one.
 - **Staleness** (:class:`~rollart_nb.control.staleness.Staleness`): :meth:`set_version`
-  aborts in-flight trajectories the α rule excludes (rollart) and evicts stale ones from the
-  :class:`SampleBuffer`; a task opens a group only inside the rule's admission window.
+  aborts (``cancel``: renews) in-flight trajectories the α rule excludes and evicts stale ones
+  from the :class:`SampleBuffer`; a task opens a group only inside the rule's admission window;
+  ``wait`` holds :meth:`wait_ready` for what the next bump would abort.
 - **Accounting and stalls** (:class:`~rollart_nb.control.ledger.Ledger`): every trajectory
   ends in exactly one terminal status; a task whose recent trajectories all fail stops
   :meth:`wait_ready` with a :class:`~rollart_nb.errors.RolloutStalledError`.
-- **Env faults**: sync env calls run on one :class:`~rollart_nb.envs.base.BlockingPool` sized
-  for the envs, apart from the loop's default executor; hung calls are abandoned and their
-  threads replaced. ``stats()["env"]`` counts env restarts, timeouts and abandoned threads.
+- **Env faults**: sync env calls run on one :class:`~rollart_nb.envs.base.BlockingPool`; hung
+  calls are abandoned, their threads replaced (``stats()["env"]``).
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ class RolloutScheduler:
     ) -> None:
         self.plan, self.config, self.mode = plan, plan.config, plan.mode
         self.proxy, self.rewards, self.tok = proxy, rewards, tokenizer
-        self.staleness = Staleness(plan.config.alpha, plan.mode.abort_stale)
+        self.staleness = Staleness(plan.config.alpha, plan.mode.abort_stale, plan.config.staleness, plan.config.wait_s)
         self.ledger = Ledger(plan.group_size)
         self._start_envs(plan.envs)
         self.tasks = list(plan.envs)
@@ -323,9 +323,7 @@ class RolloutScheduler:
         finally:
             self.scoring.pop(traj.id, None)
         if traj.status.terminal:
-            if not self._penalize(traj, g):
-                self._end(traj, g)
-            return
+            return None if self._penalize(traj, g) else self._end(traj, g)
         if g.closed:
             traj.finish(Status.CANCELLED, f"group already closed ({g.close_reason})", now=time.time())
             self._end(traj, g)
@@ -442,7 +440,7 @@ class RolloutScheduler:
         aborted = await self._drop_newer(version) if rollback else 0
         self.version = version
         evicted = self.buffer.set_version(version)
-        stale = self._abort_stale(version, evicted) if self.staleness.abort_stale else []
+        stale = self._abort_stale(version, evicted) if self.staleness.enforced else []
         for _, task in stale:
             task.cancel()
         if stale:
@@ -473,6 +471,10 @@ class RolloutScheduler:
         with the in-flight ones) and a fresh group takes its place."""
         rule, now = self.staleness, time.time()
         stale = [(t, task) for t, task, _ in self.running.values() if rule.is_stale(t, version)]
+        if rule.policy == "cancel":  # renewed, not ended: the turn in flight starts again
+            for t, _ in stale:
+                self.ledger.renewed(t, rule.renew(t, version))
+            stale = []
         for t, _ in stale:
             t.finish(Status.ABORTED_STALE, rule.reason(t, version), now=now)
         gids = {t.group_id for t in evicted} | {t.group_id for t, _ in stale}
@@ -509,7 +511,8 @@ class RolloutScheduler:
                 msg = led.broken_message(broken)
                 led.same_failure.pop(broken)  # the next wait_ready (after a fix, e.g. a new reward) tries again
                 raise RolloutStalledError(msg)
-            if ready:
+            if ready:  # the wait policy holds it for what the next bump would abort
+                led.waited_s += await self.staleness.hold(self.version, self.running, self.scoring)
                 return
             stalled = next((t for t in needed if led.is_stalled(t, self._envs_of[t])), None)
             if stalled is not None:
@@ -535,8 +538,7 @@ class RolloutScheduler:
         return batch
 
     async def get_batch(self, n: int, timeout_s: float | None = None) -> list[Trajectory]:
-        await self.wait_ready(n, timeout_s)
-        return self.take_batch(n)
+        return await self.wait_ready(n, timeout_s) or self.take_batch(n)
 
     def _check_batch(self, n: int) -> None:
         if n % self.plan.group_size:
@@ -571,9 +573,7 @@ class RolloutScheduler:
         return self.ledger.accounting(flight)
 
     def stats(self) -> dict[str, Any]:
-        """Live rollout stats: the ledger's counts (:meth:`Ledger.stats`), ``accounting``
-        (:meth:`accounting`), ``env`` (:func:`~rollart_nb.control.env_manager.env_stats`),
-        ``rewards`` (the RewardDispatcher's calls, failures, timeouts and thread pool), and more."""
+        """Live rollout stats: :meth:`Ledger.stats`, :meth:`accounting`, ``env``, ``rewards`` and more."""
         return {
             "version": self.version,
             **self.ledger.stats(),
