@@ -192,9 +192,9 @@ class StepReport:
         frac = self.waste.get("aborted_frac")
         if isinstance(frac, int | float) and not math.isnan(frac):
             r["aborted_frac"] = round(float(frac), 3)
-        for key, v in (("renewed", self.counts.get("renewed", 0)), ("waited_s", self.waste.get("waited_s", 0.0))):
-            if v:
-                r[key] = round(v, 3)
+        for key, n in (("renewed", self.counts.get("renewed", 0)), ("waited_s", self.waste.get("waited_s", 0.0))):
+            if n:
+                r[key] = round(n, 3)
         for key in ("corrected_frac", "tis_clip_frac"):  # the correct staleness policy's weights
             if isinstance(self.train.get(key), float) and not math.isnan(self.train[key]):
                 r[key] = round(self.train[key], 3)
