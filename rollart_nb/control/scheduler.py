@@ -470,10 +470,10 @@ class RolloutScheduler:
         with the in-flight ones) and a fresh group takes its place."""
         rule, now = self.staleness, time.time()
         stale = [(t, task) for t, task, _ in self.running.values() if rule.is_stale(t, version)]
-        if rule.policy == "cancel":  # renewed, not ended: the turn in flight starts again
+        if rule.policy == "cancel":  # renewed, not ended; an evicted member is replaced, its group goes on
             for t, _ in stale:
                 self.ledger.renewed(t, rule.renew(t, version))
-            stale = []
+            return []
         for t, _ in stale:
             t.finish(Status.ABORTED_STALE, rule.reason(t, version), now=now)
         gids = {t.group_id for t in evicted} | {t.group_id for t, _ in stale}

@@ -15,9 +15,10 @@ wait     as drop, but a batch is taken only once the in-flight trajectories the 
          it, trained instead of wasted
 pace     as drop; a task opens a group only for the next batch (the admission        held
          window of α = 0), so few groups ever pass α
-cancel   only its turn in flight is cancelled and generated again under the new     held on
-         weights; its finished turns from before the bound stay as context, out of   trained
-         the loss (loss mask 0); the trajectory goes on                              tokens
+cancel   in flight: only its turn in flight is cancelled and generated again     held on
+         under the new weights; its finished turns from before the bound stay as     trained
+         context, out of the loss (loss mask 0); the trajectory goes on. Buffered:   tokens
+         evicted and replaced in its group, whose other members go on
 correct  kept and trained; the trainer weights each token by a truncated importance  not held
          ratio (``GRPO.tis``); only the admission window limits how stale it gets    (window)
 =======  ==========================================================================  ============
