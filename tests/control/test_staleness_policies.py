@@ -176,3 +176,18 @@ def test_the_alpha_bound_per_policy(policy):
     if policy != "correct":
         assert max(lags) <= 1
     assert min(lags) >= 0
+
+
+def test_a_step_reports_renewed_tokens_and_the_wait_and_trackers_get_them():
+    from rollart_nb.control.report import StepReport, waste
+    from rollart_nb.trackers import step_scalars
+
+    w = waste({"ended": 1000, "aborted_stale": 100, "renewed": 50, "cancelled": 10}, aborted=2, waited_s=1.5)
+    assert w["renewed_tokens"] == 50 and w["aborted_frac"] == pytest.approx(0.15) and w["waited_s"] == 1.5
+    assert waste({"ended": 1000, "aborted_stale": 100}, aborted=2)["aborted_frac"] == pytest.approx(0.1)  # drop
+    rep = StepReport(step=3, version=4, mode="rollart", counts={"renewed": 2}, waste=w, train={"corrected_frac": 0.25})
+    row = rep.row()
+    assert row["renewed"] == 2 and row["waited_s"] == 1.5 and row["corrected_frac"] == 0.25
+    scalars = step_scalars(rep)
+    assert scalars["waste/renewed_tokens"] == 50 and scalars["waste/waited_s"] == 1.5
+    assert scalars["count/renewed"] == 2 and scalars["train/corrected_frac"] == 0.25
