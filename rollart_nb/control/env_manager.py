@@ -290,12 +290,12 @@ class EnvManager:
         res = await self._generate(traj, k, seq, held, temp)
         parts = [res]
         seq.extend(res.token_ids)
-        while res.finish_reason == "preempted" or _renewed(traj, parts):
+        while True:
             if _renewed(traj, parts):  # the cancel staleness policy: this turn starts again, new weights
                 traj.info[DISCARDED] = traj.info.get(DISCARDED, 0) + len(seq) - prompt_len
                 seq.truncate(prompt_len)
                 parts = []
-            elif len(seq) - prompt_len >= self.cfg.max_new_tokens:
+            elif res.finish_reason != "preempted" or len(seq) - prompt_len >= self.cfg.max_new_tokens:
                 break
             # stopped by a weight update: continue from the history plus the tokens so far, under
             # the new weights (the generator dropped its copy, so the whole history goes again)

@@ -191,3 +191,37 @@ def test_a_step_reports_renewed_tokens_and_the_wait_and_trackers_get_them():
     scalars = step_scalars(rep)
     assert scalars["waste/renewed_tokens"] == 50 and scalars["waste/waited_s"] == 1.5
     assert scalars["count/renewed"] == 2 and scalars["train/corrected_frac"] == 0.25
+
+
+def test_cancel_generates_a_turn_in_flight_again_under_the_new_weights_end_to_end():
+    """On a simulated cluster at alpha=0, every trajectory in flight at a bump passes the bound:
+    under cancel its preempted turn is discarded and generated again from its prompt (no turn
+    then spans an old and a new version), its older turns leave the loss, and no trained token
+    of a batch is older than the bound."""
+    import rollart_nb as rn
+    from rollart_nb.control.env_manager import RolloutConfig
+    from rollart_nb.models.spec import spec
+    from rollart_nb.sim import SimEnv, response_tokens_fn, workload
+    from rollart_nb.workers.roles import SimGenerator, SimTrainer
+
+    q8, wl = spec("qwen3-8b"), {"lake": workload("frozenlake"), "math": workload("gem-math")}
+    with rn.Session.sim({"H800": 5, "H20": 2, "cpu": 2}) as sess:
+        gen = sess.cluster(
+            "actor_gen", SimGenerator, pool="H20", replicas=2, model=q8, response_tokens=response_tokens_fn(wl)
+        )
+        train = sess.cluster("actor_train", SimTrainer, pool="H800", model=q8, gpus=4)
+        tasks = sess.tasks({k: SimEnv(w) for k, w in wl.items()}, envs_per_task=16)
+        pipe = sess.pipeline(
+            train, gen, tasks, batch_size=32, group_size=8, alpha=0, staleness="cancel", name="cancel",
+            rollout=RolloutConfig(max_turns=32, max_new_tokens=4096, max_context=32768),
+        )  # fmt: skip
+        reps = pipe.run(4, progress=False)
+        ended = pipe.rollout.trajectories(last=None)
+        pipe.close()
+    assert sum(r.counts.get("renewed", 0) for r in reps) > 0
+    assert sum(r.waste.get("renewed_tokens", 0) for r in reps) > 0
+    renewed = [t for t in ended if t.info.get(DISCARDED)]
+    assert renewed, "no turn in flight was generated again"
+    for t in renewed:
+        assert all(len({v for _, _, v in u.segments()}) == 1 for u in t.turns if any(u.loss_mask))
+    assert all(gap <= 1 for r in reps for gap in r.staleness)  # alpha=0: the gap after the update is 1
