@@ -128,7 +128,8 @@ class Ledger:
         # per task: (reason without env/trajectory ids, failures in a row with it, the first one's reason)
         self.same_failure: dict[str, tuple[str, int, str]] = {}
         self.completed_by_task: collections.Counter[str] = collections.Counter()
-        self.waited_s = 0.0  # the "wait" staleness policy's holds of wait_ready
+        self.waited_s = 0.0  # the "wait" staleness policy's holds of wait_ready, and when its budget began
+        self.hold_began: tuple[int, float] | None = None  # (version, loop time)
 
     def count(self, task: str, kind: str) -> None:
         """One more ``kind`` ending (a status, "penalized" or "redundant_cancelled"), overall and for ``task``."""

@@ -511,7 +511,7 @@ class RolloutScheduler:
                 led.same_failure.pop(broken)  # the next wait_ready (after a fix, e.g. a new reward) tries again
                 raise RolloutStalledError(msg)
             if ready:  # the wait policy holds it for what the next bump would abort
-                led.waited_s += await self.staleness.hold(self.version, self.running, self.scoring)
+                await self.staleness.hold(self.version, self.running, self.scoring, led)
                 return
             stalled = next((t for t in needed if led.is_stalled(t, self._envs_of[t])), None)
             if stalled is not None:

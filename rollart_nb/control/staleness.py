@@ -116,20 +116,28 @@ class Staleness:
         bump after ``version`` would abort."""
         return self.policy == "wait" and self.is_stale(traj, version + 1)
 
-    async def hold(self, version: int, running: Mapping[str, tuple[Any, ...]], scoring: Container[str]) -> float:
+    async def hold(
+        self, version: int, running: Mapping[str, tuple[Any, ...]], scoring: Container[str], ledger: Any
+    ) -> None:
         """The ``wait`` policy, before a batch is taken at ``version``: wait until the in-flight
         trajectories that :meth:`holds` (``running``: id -> ``(trajectory, ...)``) have finished
-        and been scored (left ``running`` and ``scoring``), ``wait_s`` at most; the batch then
-        takes the oldest groups. Returns the seconds waited (0 for the other policies)."""
+        and been scored (left ``running`` and ``scoring``); the batch then takes the oldest groups.
+        One ``wait_s`` budget per version, across calls (a caller that polls with a timeout
+        cancels and calls again); the seconds waited add to ``ledger.waited_s`` and the budget's
+        start is ``ledger.hold_began``. No-op for the other policies."""
         if self.policy != "wait":
-            return 0.0
+            return
         loop = asyncio.get_running_loop()  # loop time: a SimSession's virtual clock, else monotonic
         t0 = loop.time()
+        if ledger.hold_began is None or ledger.hold_began[0] != version:
+            ledger.hold_began = (version, t0)
         held = {tid for tid, item in running.items() if self.holds(item[0], version)}
-        while held and loop.time() - t0 < self.wait_s:
-            await asyncio.sleep(0.02)
-            held = {tid for tid in held if tid in running or tid in scoring}
-        return loop.time() - t0
+        try:
+            while held and loop.time() - ledger.hold_began[1] < self.wait_s:
+                await asyncio.sleep(0.02)
+                held = {tid for tid in held if tid in running or tid in scoring}
+        finally:
+            ledger.waited_s += loop.time() - t0
 
     def reason(self, traj: Trajectory, version: int) -> str:
         return f"stale: began at version {self.oldest(traj)}, policy is at {version}, alpha={self.alpha}"

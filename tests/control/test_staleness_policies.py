@@ -68,8 +68,10 @@ def test_a_marked_turn_in_flight_is_generated_again_only_if_old_weights_wrote_pa
 
 
 def test_wait_holds_until_the_trajectories_the_next_bump_would_abort_have_finished():
+    from rollart_nb.control.ledger import Ledger
+
     async def go():
-        rule = Staleness(1, policy="wait", wait_s=5.0)
+        rule, led = Staleness(1, policy="wait", wait_s=5.0), Ledger(2)
         running = {"a": (traj(1, 1),), "b": (traj(2, 2),)}  # at version 2, "a" goes stale at 3
         scoring: set[str] = set()
 
@@ -81,11 +83,18 @@ def test_wait_holds_until_the_trajectories_the_next_bump_would_abort_have_finish
             scoring.discard("a")
 
         task = asyncio.create_task(finish())
-        waited = await rule.hold(2, running, scoring)
+        await rule.hold(2, running, scoring, led)
         await task
-        assert 0.15 < waited < 2.0 and "b" in running  # "b" is not waited for
-        assert await Staleness(1, policy="drop").hold(2, {"a": (traj(1, 1),)}, set()) == 0.0
-        assert await Staleness(1, policy="wait", wait_s=0.1).hold(2, {"a": (traj(1, 1),)}, set()) < 1.0  # bounded
+        assert 0.15 < led.waited_s < 2.0 and "b" in running  # "b" is not waited for
+        other = Ledger(2)
+        await Staleness(1, policy="drop").hold(2, {"a": (traj(1, 1),)}, set(), other)
+        assert other.waited_s == 0.0
+        # bounded: one wait_s budget per version, even when a polling caller cancels and calls again
+        short, slow = Staleness(1, policy="wait", wait_s=0.3), Ledger(2)
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(short.hold(2, {"a": (traj(1, 1),)}, set(), slow), 0.2)
+        await short.hold(2, {"a": (traj(1, 1),)}, set(), slow)
+        assert 0.25 < slow.waited_s < 0.6
 
     asyncio.run(go())
 
