@@ -234,3 +234,21 @@ def test_cancel_generates_a_turn_in_flight_again_under_the_new_weights_end_to_en
     for t in renewed:
         assert all(len({v for _, _, v in u.segments()}) == 1 for u in t.turns if any(u.loss_mask))
     assert all(gap <= 1 for r in reps for gap in r.staleness)  # alpha=0: the gap after the update is 1
+
+
+@pytest.mark.parametrize("policy,groups", [("drop", 6), ("pace", 2)])
+def test_pace_opens_groups_only_for_the_next_batch_in_the_scheduler(policy, groups):
+    """32 idle envs, batches of 2 groups, alpha=2: drop opens (0 + 2 + 1) x 2 groups at once,
+    pace only the next batch's 2, leaving the other envs idle until a batch is taken."""
+
+    async def go():
+        envs = {"math": [WithLatency(Arithmetic(max_turns=1), mean_s=0.5, std_s=0.0) for _ in range(32)]}
+        s, _ = make(envs, batch=8, group=4, alpha=2)
+        s.staleness = Staleness(2, True, policy)
+        s.schedule()
+        await asyncio.sleep(0.01)
+        out = s.started_groups, len(s.running)
+        await s.close()
+        return out
+
+    assert asyncio.run(go()) == (groups, groups * 4)
