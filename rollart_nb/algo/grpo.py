@@ -196,6 +196,8 @@ def step_metrics(
         sums.setdefault(f"kl/{task}", old if ref is None else ref)
     for task, n in (task_response_length or {}).items():
         sums[f"response_length/{task}"] = float(n)
+        for key in ("corrected_frac", "tis_clip_frac"):  # the importance weights' (NaN without GRPO.tis)
+            sums.setdefault(f"{key}/{task}", math.nan)
     sums.update(
         grad_norm=grad_norm,
         response_length=float(response_length),
