@@ -136,9 +136,10 @@ def alpha_sweep(
 def staleness_policies(
     out: str = "rollart_bench", quick: bool = False, printer: Callable[[str], None] | None = print
 ) -> dict[str, Any]:
-    """Throughput and wasted tokens of each staleness policy (:data:`POLICY_RUNS`) at cluster scale.
+    """Throughput and wasted tokens of each staleness policy at alpha=2 and of alpha=1 drop, at cluster scale.
 
-    The paper has no such comparison (it fixes the abort rule). Same cluster and tasks as the
+    The settings are :data:`POLICY_RUNS`; the paper has no such comparison (it fixes the abort
+    rule). Same cluster and tasks as the
     alpha sweep: Qwen3-8B, 8 H800 generation GPUs + 4 training, SWE-shaped and GEM-math-shaped
     tasks. Our ratios: tokens per modelled second of each policy over ``alpha1_drop``; the table
     also has each policy's share of generated tokens aborted (or renewed by ``cancel``) and the
