@@ -22,15 +22,11 @@ Example:
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import difflib
-import functools
-import inspect
 import math
 import os
 import sys
-import textwrap
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -39,6 +35,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from rollart_nb._checks import is_number, is_whole
+from rollart_nb.config_docs import field_docs
 from rollart_nb.envs.base import DEFAULT_MAX_REPLACEMENTS
 from rollart_nb.errors import ConfigError, brief
 
@@ -140,6 +137,12 @@ class PipelineConfig:
     alpha: int = 1
     """Per-trajectory staleness bound: a trajectory whose oldest turn is more than ``alpha``
     versions behind the trainer is aborted (0: fully on-policy)."""
+    staleness: str = "drop"
+    """What happens to a trajectory that passes ``alpha`` (:mod:`~rollart_nb.control.staleness`):
+    "drop" (aborted, the default), "wait" (a batch waits for it), "pace" (groups open only for the
+    next batch), "cancel" (only its turn in flight restarts) or "correct" (trained, importance-weighted)."""
+    wait_s: float = 10.0
+    """The "wait" staleness policy's longest hold of a step's batch, in seconds."""
     mode: str = "rollart"
     """Pipeline mode: "sync", "sync+", "one-off", "areal" or "rollart" (the six-step protocol)."""
     redundancy: int = 0
@@ -257,11 +260,13 @@ class PipelineConfig:
         whole("tracker_sample_size", 1)
         seconds("step_timeout_s", optional=True)
         seconds("health_every_s", optional=False)
+        seconds("wait_s", optional=False)
         return p + self._choice_problems()
 
     def _choice_problems(self) -> list[str]:
         """The invalid names, flags, objects and mappings (:meth:`problems` checks the numbers)."""
         from rollart_nb.control.modes import MODES, Mode
+        from rollart_nb.control.staleness import POLICIES
 
         p: list[str] = []
 
@@ -269,6 +274,8 @@ class PipelineConfig:
             close = difflib.get_close_matches(str(self.mode), list(MODES), n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             p.append(f"mode={self.mode!r} must be one of {', '.join(MODES)}{hint}")
+        if self.staleness not in POLICIES:
+            p.append(f"staleness={brief(self.staleness)} must be one of {', '.join(POLICIES)}")
         if self.seed is not None and not is_whole(self.seed):
             p.append(f"seed={self.seed!r} must be a whole number or None")
         if self.dispatch not in DISPATCH:
@@ -311,61 +318,6 @@ class PipelineConfig:
     def replace(self, **changes: Any) -> PipelineConfig:
         """A copy with ``changes`` applied (validated)."""
         return dataclasses.replace(self, **changes)
-
-
-# -- field docstrings ------------------------------------------------------------------------------
-@functools.cache
-def field_docs(cls: type) -> dict[str, str]:
-    """The docstring under each field of dataclass ``cls`` (``{}`` where the source is missing).
-
-    Example:
-        >>> field_docs(PipelineConfig)["alpha"].split(":")[0]
-        'Per-trajectory staleness bound'
-    """
-    docs: dict[str, str] = _attributes_section(cls.__doc__ or "")
-    for klass in reversed(cls.__mro__[:-1]):
-        try:
-            source = textwrap.dedent(inspect.getsource(klass))
-        except (OSError, TypeError):
-            continue
-        body = ast.parse(source).body[0]
-        if not isinstance(body, ast.ClassDef):
-            continue
-        stmts = body.body
-        for a, b in zip(stmts, stmts[1:], strict=False):
-            if (
-                isinstance(a, ast.AnnAssign)
-                and isinstance(a.target, ast.Name)
-                and isinstance(b, ast.Expr)
-                and isinstance(b.value, ast.Constant)
-                and isinstance(b.value.value, str)
-            ):
-                docs[a.target.id] = inspect.cleandoc(b.value.value)
-    return docs
-
-
-def _attributes_section(doc: str) -> dict[str, str]:
-    """The ``Attributes:`` section of a Google-style class docstring, per name (``a / b: text``
-    documents both)."""
-    out: dict[str, str] = {}
-    lines = inspect.cleandoc(doc).splitlines()
-    try:
-        start = next(i for i, line in enumerate(lines) if line.strip() == "Attributes:")
-    except StopIteration:
-        return out
-    names: list[str] = []
-    for line in lines[start + 1 :]:
-        if not line.strip() or not line.startswith(" "):
-            break
-        if not line.startswith("     ") and ":" in line:  # a new entry (one indent level)
-            head, text = line.strip().split(":", 1)
-            names = [n.strip() for n in head.split("/")]
-            for n in names:
-                out[n] = text.strip()
-        else:
-            for n in names:
-                out[n] += " " + line.strip()
-    return out
 
 
 def _is_config(tp: Any) -> bool:

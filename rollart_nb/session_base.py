@@ -32,6 +32,7 @@ from rollart_nb.session_checks import (
     pipeline_settings,
     place_on_launchers,
     reward_problems,
+    staleness_algo,
     stray_reward_problem,
 )
 from rollart_nb.workers.worker import Worker
@@ -406,6 +407,8 @@ class SessionBase(abc.ABC, Generic[R, C]):
         group_size: int | None = None,
         batch_size: int = UNSET,
         alpha: int = UNSET,
+        staleness: str = UNSET,
+        wait_s: float = UNSET,
         mode: str = UNSET,
         redundancy: int = UNSET,
         seed: int | None = UNSET,
@@ -494,6 +497,7 @@ class SessionBase(abc.ABC, Generic[R, C]):
             self.runtime.pipelines[name].close()
         if resume is not None:
             train.load_checkpoint(resume.trainer_dir)
+        algo = staleness_algo(cfg, algo, where)
         if algo is not None:
             train.configure(algo)
         pipe = Pipeline(

@@ -174,3 +174,17 @@ def place_on_launchers(envs: dict[str, Any], launchers: dict[str, Any]) -> tuple
     for task, lau in launchers.items():
         envs[task] = RemoteEnv(launcher=lau)
     return envs, launchers
+
+
+def staleness_algo(cfg: Any, algo: Any, where: str) -> Any:
+    """The algorithm to configure the trainer with: the "correct" staleness policy needs its
+    truncated importance sampling, so an ``algo`` with ``tis="off"`` gets ``tis="token"``."""
+    if cfg.staleness != "correct" or (algo is not None and algo.tis != "off"):
+        return algo
+    if algo is None:
+        raise ConfigError(
+            "staleness='correct' trains stale tokens under truncated importance weights set by the algorithm: "
+            "pass algo=rn.GRPO(..., tis='token') (or 'sequence')",
+            where=where,
+        )
+    return dataclasses.replace(algo, tis="token")

@@ -70,7 +70,8 @@ class Tokens:
 class TokenSeq:
     """An append-only sequence of token ids stored as ``array('i')``.
 
-    Appending never moves or changes ids already stored, so views taken earlier stay valid.
+    Appending never moves or changes ids already stored, so views taken earlier stay valid
+    (:meth:`truncate` drops a tail no view refers to: a turn generated again).
 
     Args:
         ids: initial ids.
@@ -96,6 +97,10 @@ class TokenSeq:
     def tail(self, start: int = 0) -> array:
         """A copy of the ids from ``start`` on, as ``array('i')`` (what a request ships)."""
         return self.buffer[start:]
+
+    def truncate(self, n: int) -> None:
+        """Drop the ids from position ``n`` on (views that end at or before ``n`` stay valid)."""
+        del self.buffer[n:]
 
     def view(self, start: int = 0, stop: int | None = None) -> TokenView:
         """A read-only view of ``[start, stop)`` (``stop`` defaults to the current end)."""

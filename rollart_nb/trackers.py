@@ -167,6 +167,7 @@ def step_scalars(report: StepReport) -> dict[str, float]:
     out.update({f"env/{k}": float(v) for k, v in report.env.items()})
     out.update({f"train/{k}": v for k, v in report.train.items()})
     out.update({f"weights/{k}": v for k, v in report.weights.items()})
+    out.update({f"waste/{k}": v for k, v in report.waste.items()})  # aborted, renewed tokens; waited seconds
     out["failover/events"] = float(len(report.events))
     n = sum(report.staleness.values())
     if n:  # version gaps of the trained batch (policy version - trajectory start version)

@@ -28,7 +28,7 @@ def _ids() -> list[str]:
 def test_there_are_notebooks_and_tutorials():
     names = _ids()
     assert sum(n.startswith("notebooks/") for n in names) >= 4
-    assert [n.split("/")[1][:2] for n in names if n.startswith("tutorials/")] == [f"{i:02d}" for i in range(1, 9)]
+    assert [n.split("/")[1][:2] for n in names if n.startswith("tutorials/")] == [f"{i:02d}" for i in range(1, 10)]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids())

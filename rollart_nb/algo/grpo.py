@@ -29,6 +29,7 @@ __all__ = [
 ]
 
 LOSS_AGGS = ("token-mean", "seq-mean", "task-token-mean")
+TIS_LEVELS = ("off", "token", "sequence")
 
 TRAIN_METRICS = (
     "loss", "kl", "entropy", "grad_norm", "clip_frac", "response_length",
@@ -40,6 +41,7 @@ three are :data:`~rollart_nb.algo.provenance.MISMATCH_METRICS`); the dashboard's
 
 TASK_METRICS = (
     "kl", "entropy", "clip_frac", "response_length", "mismatch_kl", "mismatch_ratio_out", "cross_version_frac",
+    "corrected_frac", "tis_clip_frac",
 )  # fmt: skip
 """Metrics a train step also reports per task, as ``"<metric>/<task>"`` (e.g. ``"kl/math"``),
 each a mean over that task's trained tokens (``response_length``: over its trajectories). The
@@ -106,6 +108,14 @@ class GRPO:
     """With ``kl_coef`` or ``entropy_coef`` > 0, still train the zero-advantage rows."""
     epochs: int = 1
     """Optimizer steps per ``train_step`` on the same batch (PPO epochs); one new version."""
+    tis: str = "off"
+    """Truncated importance sampling of off-policy tokens (the "correct" staleness policy turns
+    "token" on): "token" weighs each token by ``min(exp(trainer - sampler logprob), tis_cap)``,
+    "sequence" each version segment of a row by the product of its tokens' ratios, capped; the
+    PPO ratio is then taken against the trainer's own logprobs before the update
+    (:func:`~rollart_nb.algo.provenance.tis_weights`). "off": the PPO ratio is against the sampler's."""
+    tis_cap: float = 2.0
+    """The truncation of the importance weight (``tis``)."""
 
     def __post_init__(self) -> None:
         problems = []
@@ -133,6 +143,10 @@ class GRPO:
             problems.append(f"micro_batch_tokens must be an int >= 0, got {self.micro_batch_tokens!r}")
         if not (isinstance(self.epochs, int) and self.epochs >= 1):
             problems.append(f"epochs must be an int >= 1, got {self.epochs!r}")
+        if self.tis not in TIS_LEVELS:
+            problems.append(f"tis must be one of {TIS_LEVELS}, got {self.tis!r}")
+        if not (isinstance(self.tis_cap, int | float) and math.isfinite(self.tis_cap) and self.tis_cap >= 1):
+            problems.append(f"tis_cap must be a finite number >= 1, got {self.tis_cap!r}")
         if not (isinstance(self.micro_batch_size, int) and self.micro_batch_size >= 1):
             problems.append(f"micro_batch_size must be an int >= 1, got {self.micro_batch_size!r}")
         if problems:
@@ -182,6 +196,8 @@ def step_metrics(
         sums.setdefault(f"kl/{task}", old if ref is None else ref)
     for task, n in (task_response_length or {}).items():
         sums[f"response_length/{task}"] = float(n)
+        for key in ("corrected_frac", "tis_clip_frac"):  # the importance weights' (NaN without GRPO.tis)
+            sums.setdefault(f"{key}/{task}", math.nan)
     sums.update(
         grad_norm=grad_norm,
         response_length=float(response_length),
@@ -358,6 +374,7 @@ def grpo_loss(
     entropy: Any = None,
     entropy_coef: float = 0.0,
     task_weights: Mapping[str, Any] | None = None,
+    is_weights: Any = None,
 ) -> tuple[Any, dict[str, float]]:
     """Clipped surrogate loss of GRPO (to minimise).
 
@@ -375,6 +392,8 @@ def grpo_loss(
         entropy: shape [B, T] per-token entropy (needed when ``entropy_coef > 0``).
         task_weights: per task, weights [B, T] from :func:`task_weights`: the metrics are also
             reported per task as ``"<metric>/<task>"`` (clip_frac, approx_kl_old, kl_ref, entropy).
+        is_weights: shape [B, T], detached importance weights each token's surrogate is
+            multiplied by (:func:`~rollart_nb.algo.provenance.tis_weights`); None: 1.
 
     Returns:
         ``(loss, metrics)``; metrics are ``weights``-weighted sums, i.e. means over trained
@@ -392,6 +411,8 @@ def grpo_loss(
     ratio = torch.exp(log_ratio)
     high = clip_eps if clip_eps_high is None else clip_eps_high
     surr = torch.minimum(ratio * adv, torch.clamp(ratio, 1 - clip_eps, 1 + high) * adv)
+    if is_weights is not None:
+        surr = surr * is_weights.detach()
     per_token = -surr
     kl = None
     if kl_coef > 0:

@@ -12,6 +12,9 @@ tokens whose sampler logprob is known, with ``r = exp(logprob_trainer - logprob_
   version (a trajectory continued across a weight update; known without a forward pass).
 
 Each also comes per task as ``"<metric>/<task>"``.
+
+:func:`tis_weights` turns the same ratio, per token or per version segment, into the truncated
+importance weights of the "correct" staleness policy (``GRPO.tis``).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ if TYPE_CHECKING:
     from rollart_nb.backends.torch_train import Row
     from rollart_nb.trajectory import Trajectory
 
-__all__ = ["MISMATCH_METRICS", "RATIO_BAND", "TokenRecorder"]
+__all__ = ["MISMATCH_METRICS", "RATIO_BAND", "TokenRecorder", "tis_weights"]
 
 RATIO_BAND = (0.5, 2.0)
 """Importance ratios (trainer / sampler probability) outside this band count as mismatched."""
@@ -117,3 +120,69 @@ class TokenRecorder:
             }
             for i, t in enumerate(self.batch)
         }
+
+
+def tis_weights(
+    trainer_lp: torch.Tensor,
+    sampler_lp: torch.Tensor,
+    versions: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    cap: float,
+    level: str,
+    trainer_version: int,
+    weights: torch.Tensor,
+    task_weights: dict[str, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Truncated importance weights of trained tokens, provenance-aware, and their figures.
+
+    ``log r = trainer_lp - sampler_lp`` (0 where the sampler's logprob is unknown: give it
+    equal to ``trainer_lp``). ``level="token"``: each token's weight is ``min(r, cap)``;
+    ``"sequence"``: every token of a version segment (a row's stretch written by one version)
+    gets ``min(prod r, cap)`` over that segment's trained tokens, so a trajectory written by two
+    versions is corrected per segment.
+
+    Args:
+        trainer_lp / sampler_lp: shape [B, T], the trainer's logprobs before the update and the sampler's.
+        versions: shape [B, T], the version that wrote each token (-1 on the prompt side).
+        mask: shape [B, T], 1 on trained tokens.
+        weights / task_weights: the loss weights (and per task) the figures are weighted by.
+
+    Returns:
+        ``(w, metrics)``: ``w`` [B, T] detached (1 off the mask); ``corrected_frac`` (share of
+        trained tokens written by a version older than ``trainer_version``), ``tis_clip_frac``
+        (share whose ratio was cut at ``cap``) and ``tis_weight_mean``, each also per task.
+
+    Example:
+        >>> import torch
+        >>> w, m = tis_weights(torch.tensor([[0.0, 0.0]]), torch.tensor([[-1.0, 0.5]]), torch.tensor([[2, 3]]),
+        ...                    torch.ones(1, 2), cap=2.0, level="token", trainer_version=3,
+        ...                    weights=torch.full((1, 2), 0.5))
+        >>> [round(x, 3) for x in w[0].tolist()], m["tis_clip_frac"], m["corrected_frac"]
+        ([2.0, 0.607], 0.5, 0.5)
+    """
+    import torch
+
+    with torch.no_grad():
+        m = mask.float()
+        log_r = (trainer_lp - sampler_lp).float() * m
+        if level == "sequence":
+            change = torch.zeros_like(versions, dtype=torch.long)
+            change[:, 1:] = (versions[:, 1:] != versions[:, :-1]).long()
+            seg = torch.cumsum(change, dim=1) + torch.arange(versions.shape[0], device=versions.device)[:, None] * (
+                versions.shape[1] + 1
+            )
+            total = torch.zeros(int(seg.max()) + 1, device=log_r.device).index_add_(0, seg.flatten(), log_r.flatten())
+            log_r = total[seg]
+        log_cap = math.log(cap)
+        clipped = (log_r > log_cap).float() * m
+        w = torch.where(m > 0, torch.exp(torch.clamp(log_r, max=log_cap)), torch.ones_like(log_r))
+        stale = ((versions < trainer_version) & (versions >= 0)).float() * m
+        out: dict[str, float] = {}
+        for key, tw in [("", weights), *((f"/{t}", v) for t, v in (task_weights or {}).items())]:
+            tw = tw.to(m.device)
+            out["corrected_frac" + key] = float((stale * tw).sum())
+            out["tis_clip_frac" + key] = float((clipped * tw).sum())
+            if not key:
+                out["tis_weight_mean"] = float((w * m * tw).sum())
+    return w, out

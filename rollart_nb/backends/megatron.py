@@ -219,10 +219,11 @@ class MegatronTrainBackend:
             ConfigError: empty batch, unscored trajectories, or no trainable tokens.
         """
         t0 = time.perf_counter()
-        if self.algo.epochs != 1:
+        if self.algo.epochs != 1 or self.algo.tis != "off":
             raise ConfigError(
-                f"GRPO(epochs={self.algo.epochs}): this backend makes one optimizer step per batch; "
-                "use epochs=1, or the torch backend for several",
+                f"GRPO(epochs={self.algo.epochs}, tis={self.algo.tis!r}): this backend makes one optimizer step "
+                "per batch, without importance weights; use epochs=1 and tis='off' (no 'correct' staleness "
+                "policy), or the torch backend",
                 where="MegatronTrainBackend",
             )
         rows = sorted(batch_rows(batch), key=lambda r: len(r.ids))  # similar lengths share a micro-batch

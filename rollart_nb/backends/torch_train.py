@@ -37,7 +37,7 @@ from rollart_nb.algo.grpo import (
     step_metrics,
     task_weights,
 )
-from rollart_nb.algo.provenance import TokenRecorder
+from rollart_nb.algo.provenance import TokenRecorder, tis_weights
 from rollart_nb.errors import ConfigError, StateError
 from rollart_nb.models.tiny import ModelRef, from_pretrained
 from rollart_nb.tokens import starts_with
@@ -290,6 +290,7 @@ class TorchTrainBackend:
             # A row whose advantage is 0 adds nothing to the policy gradient; skip its forward/backward.
             rows = [r for r in rows if float(adv[r.traj]) != 0.0]
         recorder = TokenRecorder(batch, rows)
+        self._prox: dict[tuple[int, ...], torch.Tensor] = {}  # the tis reference, per micro-batch, this step
         sums: dict[str, float] = {
             "loss": 0.0,
             "pg_loss": 0.0,
@@ -359,6 +360,9 @@ class TorchTrainBackend:
                 recorder.add(part, new_lp, entropy, w)
             old = self._padded([r.old_logprobs for r in part], new_lp.shape[1] + 1, math.nan)[:, 1:]
             old = torch.where(torch.isnan(old), new_lp.detach(), old)
+            old, isw = self._tis(
+                part, new_lp, old, m, w, {t: v[sl, : new_lp.shape[1]] for t, v in by_task.items()}, sums
+            )
             ref_lp = None
             if self.reference is not None:
                 ref_lp = ref_cache.get((lo, hi))
@@ -383,6 +387,7 @@ class TorchTrainBackend:
                 entropy=entropy,
                 entropy_coef=self.algo.entropy_coef,
                 task_weights={t: w[sl, : new_lp.shape[1]] for t, w in by_task.items()},
+                is_weights=isw,
             )
             loss.backward()  # weights sum to 1 over the batch: accumulation is exact
             sums["loss"] = sums.get("loss", 0.0) + float(loss.detach())
@@ -469,6 +474,33 @@ class TorchTrainBackend:
             self.reference = copy.deepcopy(self.model).requires_grad_(False)
 
     # -- internals ----------------------------------------------------------------------
+    def _tis(
+        self,
+        part: list[Row],
+        new_lp: torch.Tensor,
+        sampler: torch.Tensor,
+        m: torch.Tensor,
+        w: torch.Tensor,
+        by_task: dict[str, torch.Tensor],
+        sums: dict[str, float],
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """With ``algo.tis`` on: the PPO ratio's reference (the trainer's logprobs before the
+        update, kept per micro-batch across epochs) and the truncated importance weights against
+        the sampler's (:func:`~rollart_nb.algo.provenance.tis_weights`), their figures summed
+        into ``sums``; off: ``(sampler, None)``."""
+        if self.algo.tis == "off":
+            return sampler, None
+        key = tuple(id(r) for r in part)
+        prox = self._prox.setdefault(key, new_lp.detach())
+        versions = self._padded([[float(v) for v in r.versions] for r in part], new_lp.shape[1] + 1, -1.0)[:, 1:]
+        isw, metrics = tis_weights(
+            prox, sampler, versions, m, cap=self.algo.tis_cap, level=self.algo.tis,
+            trainer_version=self.version, weights=w, task_weights=by_task,
+        )  # fmt: skip
+        for k, v in metrics.items():
+            sums[k] = sums.get(k, 0.0) + v
+        return prox, isw
+
     def _padded(self, seqs: list[list[float]], width: int, fill: float) -> torch.Tensor:
         out = torch.full((len(seqs), width), fill, dtype=torch.float32)
         for i, s in enumerate(seqs):

@@ -19,13 +19,13 @@ from typing import Any
 
 from rollart_nb.bench.hardware import pd_disaggregation, r1_affinity
 from rollart_nb.bench.modes import scaling, throughput_ladder
-from rollart_nb.bench.scheduling import alpha_sweep, redundant_rollouts
+from rollart_nb.bench.scheduling import alpha_sweep, redundant_rollouts, staleness_policies
 from rollart_nb.bench.sensitivity import sensitivity, sensitivity_report
 from rollart_nb.errors import ConfigError
 
 __all__ = [
     "EXPERIMENTS", "alpha_sweep", "script_main", "pd_disaggregation", "r1_affinity", "redundant_rollouts",
-    "run_experiments", "scaling", "sensitivity", "sensitivity_report", "throughput_ladder",
+    "run_experiments", "scaling", "sensitivity", "sensitivity_report", "staleness_policies", "throughput_ladder",
 ]  # fmt: skip
 
 EXPERIMENTS: dict[str, Callable[..., dict[str, Any]]] = {
@@ -33,6 +33,7 @@ EXPERIMENTS: dict[str, Callable[..., dict[str, Any]]] = {
     "pd_disaggregation": pd_disaggregation,
     "redundant_rollouts": redundant_rollouts,
     "alpha_sweep": alpha_sweep,
+    "staleness_policies": staleness_policies,
     "scaling": scaling,
     "throughput_ladder": throughput_ladder,
     "sensitivity": sensitivity_report,
@@ -46,6 +47,8 @@ _ALIASES = {
     "redundancy": "redundant_rollouts",
     "alpha": "alpha_sweep",
     "r4": "alpha_sweep",
+    "staleness": "staleness_policies",
+    "policies": "staleness_policies",
     "ladder": "throughput_ladder",
     "throughput": "throughput_ladder",
     "sweep": "sensitivity",

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from rollart_nb.algo.grpo import GRPO
 from rollart_nb.control.env_manager import RolloutConfig
 from rollart_nb.envs.wrappers import WithLatency
 from rollart_nb.models.spec import spec as model_spec
@@ -62,7 +63,8 @@ class RunSpec:
         tp: GPUs per generation worker (one TP group; its all-reduces go over NVLink).
         tasks: task name -> workload preset name or :class:`Workload`.
         batch / group: trajectories per step / GRPO group size.
-        mode / alpha / redundancy / pd / hw_affinity: pipeline settings.
+        mode / alpha / staleness / redundancy / pd / hw_affinity: pipeline settings (the
+            "correct" staleness policy trains with token-level importance weights).
         stragglers: long-tail env latency (None: the workloads' own latency only).
         steps / warmup: measured and discarded steps.
         virtual: simulated time (default) or scaled real time (see the module docstring).
@@ -81,6 +83,7 @@ class RunSpec:
     group: int = 8
     mode: str = "rollart"
     alpha: int = 1
+    staleness: str = "drop"
     redundancy: int = 0
     pd: bool = False
     hw_affinity: bool = True
@@ -188,6 +191,8 @@ def sim_pipeline(s: RunSpec) -> Iterator[tuple[SimSession, Any]]:
             batch_size=s.batch,
             group_size=s.group,
             alpha=s.alpha,
+            staleness=s.staleness,
+            algo=GRPO(group_size=s.group, tis="token") if s.staleness == "correct" else None,
             mode=s.mode,
             redundancy=s.redundancy,
             pd=s.pd,
@@ -212,8 +217,9 @@ def simulate(s: RunSpec) -> dict[str, float]:
         ``step_s`` (modelled seconds per step), ``rollout_s`` (waiting for the batch),
         ``tokens_per_s`` (modelled), ``aborted_per_step`` (staleness aborts),
         ``redundant_cancelled_per_step``, ``aborted_token_frac`` / ``wasted_token_frac`` (generated
-        tokens of the measured steps aborted as stale / aborted or cancelled, over all generated
-        tokens), ``cost_per_hour`` (all GPUs), ``gpus``,
+        tokens of the measured steps aborted as stale or renewed by the ``cancel`` policy / those
+        and cancelled ones, over all generated tokens), ``waited_s`` (per step, the ``wait``
+        policy's hold), ``cost_per_hour`` (all GPUs), ``gpus``,
         ``lag_frac`` (loop lag per probe period; see the module docstring), ``wall_s``.
     """
     ts = s.time_scale if s.time_scale is not None else (1.0 if s.virtual else 0.005)
@@ -239,8 +245,9 @@ def simulate(s: RunSpec) -> dict[str, float]:
         "tokens_per_s": tokens / sum(steps) if steps else math.nan,
         "aborted_per_step": statistics.mean(r.counts.get("aborted_stale", 0) for r in reps),
         "redundant_cancelled_per_step": statistics.mean(r.counts.get("redundant_cancelled", 0) for r in reps),
-        "aborted_token_frac": waste_share(reps, "aborted_tokens"),
-        "wasted_token_frac": waste_share(reps, "aborted_tokens", "cancelled_tokens"),
+        "aborted_token_frac": waste_share(reps, "aborted_tokens", "renewed_tokens"),
+        "wasted_token_frac": waste_share(reps, "aborted_tokens", "renewed_tokens", "cancelled_tokens"),
+        "waited_s": statistics.mean(r.waste.get("waited_s", 0.0) / ts for r in reps),
         "cost_per_hour": pool_cost({p: n for p, n in pools.items() if p != "cpu"}),
         "gpus": float(sum(n for p, n in pools.items() if p != "cpu")),
         "lag_frac": statistics.mean(lags) / probe_period if lags else 0.0,

@@ -14,7 +14,8 @@ A request carries only the tokens the generator lacks (``prefix_len``); on
 :class:`~rollart_nb.errors.HistoryMiss` the turn is resent once with the whole history.
 
 Preemption: a turn stopped by a weight update is continued from the history plus its tokens so
-far, within the same budget, recording the oldest version that wrote it (``timings["preempted"]``).
+far, within the same budget, recording the oldest version that wrote it (``timings["preempted"]``);
+one the ``cancel`` staleness policy marked is generated again from its prompt instead.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from rollart_nb.config import RolloutConfig
+from rollart_nb.control.staleness import DISCARDED, RENEW
 from rollart_nb.envs.base import BlockingPool, env_name, env_reset, env_step
 from rollart_nb.errors import EnvError, GenerationError, HistoryMiss, RollartError, StateError
 from rollart_nb.logs import user_traceback
@@ -318,7 +320,13 @@ class EnvManager:
         res = await self._generate(traj, k, seq, held, temp)
         parts = [res]
         seq.extend(res.token_ids)
-        while res.finish_reason == "preempted" and len(seq) - prompt_len < self.cfg.max_new_tokens:
+        while True:
+            if _renewed(traj, parts):  # the cancel staleness policy: this turn starts again, new weights
+                traj.info[DISCARDED] = traj.info.get(DISCARDED, 0) + len(seq) - prompt_len
+                seq.truncate(prompt_len)
+                parts = []
+            elif res.finish_reason != "preempted" or len(seq) - prompt_len >= self.cfg.max_new_tokens:
+                break
             # stopped by a weight update: continue from the history plus the tokens so far, under
             # the new weights (the generator dropped its copy, so the whole history goes again)
             res = await self._generate(traj, k, seq, 0, temp, max_new=self.cfg.max_new_tokens - (len(seq) - prompt_len))
@@ -408,6 +416,18 @@ def request_seed(traj: Trajectory, turn: int) -> int:
 
 def _jsonable(d: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in d.items() if isinstance(v, int | float | str | bool | type(None))}
+
+
+def _renewed(traj: Trajectory, parts: list[Any]) -> bool:
+    """Whether the ``cancel`` staleness policy marked ``traj`` (:data:`RENEW`) and a version
+    below its mark wrote part of the turn so far (then the mark is used up)."""
+    below = traj.info.get(RENEW)
+    if below is None or not parts:
+        return False
+    if any(p.version < below for p in parts):
+        del traj.info[RENEW]
+        return True
+    return False
 
 
 def _spans(parts: list[Any]) -> list[tuple[int, int]]:

@@ -12,6 +12,7 @@ from array import array
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from rollart_nb.control.staleness import DISCARDED
 from rollart_nb.logs import TRACEBACK_HEAD
 from rollart_nb.trajectory import Status, Trajectory
 
@@ -32,8 +33,9 @@ def _env_number(name: str) -> int:
 
 
 def _generated(traj: Trajectory) -> int:
-    """Response tokens generated for ``traj`` so far (every turn, trained on or not)."""
-    return sum(len(t.response_ids) for t in traj.turns)
+    """Response tokens generated for ``traj`` so far (every turn, trained on or not, and the
+    turns in flight the ``cancel`` staleness policy discarded)."""
+    return sum(len(t.response_ids) for t in traj.turns) + int(traj.info.get(DISCARDED, 0))
 
 
 class EndedLog:
@@ -126,6 +128,8 @@ class Ledger:
         # per task: (reason without env/trajectory ids, failures in a row with it, the first one's reason)
         self.same_failure: dict[str, tuple[str, int, str]] = {}
         self.completed_by_task: collections.Counter[str] = collections.Counter()
+        self.waited_s = 0.0  # the "wait" staleness policy's holds of wait_ready, and when its budget began
+        self.hold_began: tuple[int, float] | None = None  # (version, loop time)
 
     def count(self, task: str, kind: str) -> None:
         """One more ``kind`` ending (a status, "penalized" or "redundant_cancelled"), overall and for ``task``."""
@@ -155,10 +159,22 @@ class Ledger:
         self.token_events["ended"] += n
         if traj.status in (Status.ABORTED_STALE, Status.CANCELLED):
             self.token_events[traj.status.value] += n
+        else:
+            self._discarded(traj)
         self.count(traj.task, traj.status.value)
         self.ended.append(traj)
         if traj.status is Status.FAILED:
             self.note_failure(traj.task, traj.reason)
+
+    def renewed(self, traj: Trajectory, masked: int) -> None:
+        """The ``cancel`` staleness policy renewed in-flight ``traj``; ``masked``: finished tokens
+        it took out of the loss (waste, counted as ``renewed`` tokens at once)."""
+        self.count(traj.task, "renewed")
+        self.token_events["renewed"] += masked
+
+    def _discarded(self, traj: Trajectory) -> None:
+        """Tokens of turns the ``cancel`` policy discarded, waste once ``traj`` ends."""
+        self.token_events["renewed"] += int(traj.info.get(DISCARDED, 0))
 
     def buffered(self, traj: Trajectory, penalized: bool) -> None:
         """``traj`` entered the buffer (counted completed; a penalized one is a failure too)."""
@@ -166,6 +182,7 @@ class Ledger:
         self.counts["completed"] += 1
         self.generated["completed"] += _generated(traj)
         self.token_events["ended"] += _generated(traj)
+        self._discarded(traj)
         self.count(traj.task, "completed")
         if penalized:  # counted only once it is in: a stale or surplus one ends as such instead
             self.count(traj.task, "penalized")
@@ -209,13 +226,16 @@ class Ledger:
     def stats(self) -> dict[str, Any]:
         """``counts`` (by current status), ``generated_tokens`` (response tokens of ended
         trajectories, by the same statuses), ``token_events`` (``ended``, and ``aborted_stale`` /
-        ``cancelled`` once they became waste), ``events`` and ``task_events`` (endings, growing)."""
+        ``cancelled`` once they became waste, ``renewed``: what the ``cancel`` staleness policy
+        discarded or took out of the loss), ``events`` and ``task_events`` (endings, growing),
+        ``waited_s`` (the ``wait`` policy's holds, growing)."""
         return {
             "counts": dict(self.counts),
             "generated_tokens": dict(self.generated),
             "token_events": dict(self.token_events),
             "events": dict(self.events),
             "task_events": {t: dict(c) for t, c in self.task_events.items()},
+            "waited_s": self.waited_s,
         }
 
     # -- stalls ----------------------------------------------------------------------

@@ -45,9 +45,11 @@ def count_deltas(now: dict[str, int], before: dict[str, int]) -> dict[str, int]:
     return {k: n - before.get(k, 0) for k, n in now.items() if n - before.get(k, 0)}
 
 
-def waste(token_deltas: dict[str, int], aborted: int) -> dict[str, float]:
+def waste(token_deltas: dict[str, int], aborted: int, waited_s: float = 0.0) -> dict[str, float]:
     """A step's wasted work from its :func:`count_deltas` of the rollout's ``token_events``
-    (``ended``, ``aborted_stale``, ``cancelled``) and its number of stale aborts.
+    (``ended``, ``aborted_stale``, ``cancelled``, ``renewed``: what the ``cancel`` staleness
+    policy discarded or took out of the loss), its number of stale aborts and the seconds the
+    ``wait`` policy held its batch.
 
     Example:
         >>> waste({"ended": 1000, "aborted_stale": 250, "cancelled": 50}, aborted=3)["wasted_frac"]
@@ -55,13 +57,16 @@ def waste(token_deltas: dict[str, int], aborted: int) -> dict[str, float]:
     """
     gen = int(token_deltas.get("ended", 0))
     ab, ca = int(token_deltas.get("aborted_stale", 0)), int(token_deltas.get("cancelled", 0))
+    rn = int(token_deltas.get("renewed", 0))
     return {
         "generated_tokens": gen,
         "aborted_tokens": ab,
         "cancelled_tokens": ca,
+        "renewed_tokens": rn,
         "aborted": aborted,
-        "aborted_frac": ab / gen if gen else math.nan,
-        "wasted_frac": (ab + ca) / gen if gen else math.nan,
+        "aborted_frac": (ab + rn) / gen if gen else math.nan,
+        "wasted_frac": (ab + rn + ca) / gen if gen else math.nan,
+        "waited_s": waited_s,
     }
 
 
@@ -108,9 +113,11 @@ class StepReport:
         waste: generated work this step lost, as :func:`waste` returns it: ``generated_tokens``
             (response tokens of every trajectory that ended this step), ``aborted_tokens`` (of
             those aborted as stale, evictions from the buffer included), ``cancelled_tokens``
-            (redundant members and closed groups), ``aborted`` (trajectories aborted as stale)
-            and ``aborted_frac`` / ``wasted_frac`` (aborted, and aborted plus cancelled, tokens
-            over generated tokens; NaN when nothing ended).
+            (redundant members and closed groups), ``renewed_tokens`` (turns the ``cancel``
+            staleness policy discarded, finished turns it took out of the loss), ``aborted``
+            (trajectories aborted as stale), ``aborted_frac`` / ``wasted_frac`` (aborted and
+            renewed, and those plus cancelled, tokens over generated tokens; NaN when nothing
+            ended) and ``waited_s`` (seconds the ``wait`` policy held the batch).
         failures: a few failure reasons seen during the step (task -> reasons).
         env: env faults during the step (see :data:`ENV_FAULTS`): ``restarts`` (envs replaced by
             a fresh copy after a failure), ``timeouts`` (env calls past ``env_timeout_s``) and
@@ -185,6 +192,12 @@ class StepReport:
         frac = self.waste.get("aborted_frac")
         if isinstance(frac, int | float) and not math.isnan(frac):
             r["aborted_frac"] = round(float(frac), 3)
+        for key, n in (("renewed", self.counts.get("renewed", 0)), ("waited_s", self.waste.get("waited_s", 0.0))):
+            if n:
+                r[key] = round(n, 3)
+        for key in ("corrected_frac", "tis_clip_frac"):  # the correct staleness policy's weights
+            if isinstance(self.train.get(key), float) and not math.isnan(self.train[key]):
+                r[key] = round(self.train[key], 3)
         r["failed"] = self.counts.get("failed", 0)
         if self.counts.get("penalized"):
             r["penalized"] = self.counts["penalized"]
@@ -292,6 +305,7 @@ class StepTally:
     def __init__(self) -> None:
         self._counts: dict[str, int] = {}  # endings by kind
         self._tokens: dict[str, int] = {}  # generated / wasted tokens
+        self._waited = 0.0  # the wait staleness policy's holds
         self._tasks: dict[str, dict[str, int]] = {}  # task -> kind -> endings
         self._env: dict[str, int] = {}  # env fault counters
 
@@ -313,7 +327,8 @@ class StepTally:
         # endings during this step (events only grow; "counts" moves evicted samples between statuses)
         rep.counts, self._counts = count_deltas(stats["events"], self._counts), stats["events"]
         tokens = stats.get("token_events", {})
-        rep.waste = waste(count_deltas(tokens, self._tokens), rep.counts.get("aborted_stale", 0))
+        waited, self._waited = float(stats.get("waited_s", 0.0)) - self._waited, float(stats.get("waited_s", 0.0))
+        rep.waste = waste(count_deltas(tokens, self._tokens), rep.counts.get("aborted_stale", 0), waited)
         self._tokens = tokens
         per_task = stats.get("task_events", {})
         for task, kinds in per_task.items():

@@ -182,6 +182,8 @@ _TASK_PANELS = (
     ("mismatch_kl", "sampler/trainer KL (k3)"),
     ("mismatch_ratio_out", "ratio outside [0.5, 2]"),
     ("cross_version_frac", "cross-version token share"),
+    ("corrected_frac", "importance-weighted stale token share"),
+    ("tis_clip_frac", "importance weight at its cap"),
 )
 
 
@@ -292,7 +294,8 @@ def step_time_figure(reports: Sequence[StepReport]) -> Any:
 
 
 def staleness_figure(reports: Sequence[StepReport]) -> Any:
-    """Histogram of version gaps in the trained batches, plus aborted-stale counts per step."""
+    """Histogram of version gaps in the trained batches, plus aborted-stale counts per step (and,
+    under the ``cancel`` staleness policy, trajectories renewed instead of aborted)."""
     go = _go()
     from plotly.subplots import make_subplots
 
@@ -307,6 +310,13 @@ def staleness_figure(reports: Sequence[StepReport]) -> Any:
         row=1,
         col=2,
     )
+    if any(r.counts.get("renewed") for r in reports):  # the cancel staleness policy's renewals
+        fig.add_trace(
+            go.Bar(x=[r.step for r in reports], y=[r.counts.get("renewed", 0) for r in reports], name="renewed"),
+            row=1,
+            col=2,
+        )
+        fig.update_layout(barmode="stack")
     fig.update_layout(height=300, showlegend=False, margin={"l": 40, "r": 10, "t": 40, "b": 40})
     return fig
 

@@ -427,3 +427,29 @@ def test_measuring_entropy_leaves_the_update_unchanged(ref, tok, monkeypatch):
     # the bonus path (entropy_coef > 0) reports the same number, differentiably
     bonus = TorchTrainBackend(ref, GRPO(group_size=2, entropy_coef=0.01), seed=0).train_step(batch)
     assert bonus["entropy"] == pytest.approx(m["entropy"], rel=1e-6)
+
+
+def test_tis_weights_stale_tokens_and_is_a_no_op_when_sampler_and_trainer_agree(ref, tok):
+    """The correct staleness policy's truncated importance sampling in a real step: with the
+    sampler's logprobs equal to the trainer's, every weight is 1 and the step equals tis="off";
+    with a sampler far less likely than the trainer, weights hit the cap and stale tokens count."""
+    probe = TorchTrainBackend(ref, GRPO(group_size=2), seed=0)
+
+    def batch(shift):
+        out = [two_turn(tok, 1.0, resp=("left", "up")), two_turn(tok, 0.0, resp=("down", "right"))]
+        for t in out:
+            for turn in t.turns:
+                lp = probe.logprobs(list(turn.prompt_ids), list(turn.response_ids))
+                turn.logprobs, turn.version = [x - shift for x in lp], 0
+        return out
+
+    off = TorchTrainBackend(ref, GRPO(group_size=2), seed=0).train_step(batch(0.0))
+    on = TorchTrainBackend(ref, GRPO(group_size=2, tis="token"), seed=0)
+    on.version = 1  # the tokens are one version old
+    same = on.train_step(batch(0.0))
+    assert same["loss"] == pytest.approx(off["loss"], abs=1e-5)
+    assert same["tis_clip_frac"] == 0.0 and same["tis_weight_mean"] == pytest.approx(1.0, abs=1e-4)
+    assert same["corrected_frac"] == pytest.approx(1.0) and same["corrected_frac/lake"] == pytest.approx(1.0)
+    capped = TorchTrainBackend(ref, GRPO(group_size=2, tis="sequence", tis_cap=1.5), seed=0).train_step(batch(1.0))
+    assert capped["tis_clip_frac"] == pytest.approx(1.0) and capped["tis_weight_mean"] == pytest.approx(1.5)
+    assert capped["corrected_frac"] == 0.0  # the trainer is at version 0 too: nothing older than it

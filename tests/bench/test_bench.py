@@ -112,6 +112,7 @@ EXPECTED = {
     "pd_disaggregation": {"dense_1P3D", "dense_2P2D"},
     "redundant_rollouts": {"group4_r2", "max_speedup"},
     "alpha_sweep": {"alpha2_over_alpha1", "alpha4_over_alpha1", "best_over_alpha1"},
+    "staleness_policies": {"alpha2_drop_over_alpha1_drop", "alpha2_correct_over_alpha1_drop"},
     "scaling": {"rollart_over_syncplus@128"},
     "throughput_ladder": {"syncplus_over_sync", "rollart_over_sync"},
 }
@@ -136,6 +137,9 @@ def test_quick_directions(quick):
     assert res["redundant_rollouts"]["ours"]["max_speedup"] >= 1.0
     # overlapping training with rollout raises throughput over Sync
     assert res["throughput_ladder"]["ours"]["rollart_over_sync"] > 1.0
+    # the correct staleness policy aborts nothing; alpha=1 drop aborts at least as much as alpha=2 drop
+    aborted = res["staleness_policies"]["aborted_token_frac"]
+    assert aborted["alpha2_correct"] == 0 and aborted["alpha1_drop"] >= aborted["alpha2_drop"]
     # a larger cluster does not lower RollArt's throughput
     norm = res["scaling"]["normalised"]
     assert norm["rollart@128"] > norm["rollart@64"] * 0.9
