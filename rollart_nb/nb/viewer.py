@@ -240,27 +240,7 @@ class TrajectoryViewer(widgets.VBox):
         self._tokenizer = tokenizer
         self._decoder: TokenDecoder | None = None
         self._timer: threading.Timer | None = None
-        self.task = widgets.Dropdown(description="task", layout=widgets.Layout(width="200px"))
-        self.status = widgets.Dropdown(
-            description="status", options=[_ANY] + [s.value for s in Status], layout=widgets.Layout(width="220px")
-        )
-        self.min_reward = widgets.Text(
-            value="",
-            placeholder=_ANY,
-            description="min reward",
-            continuous_update=False,
-            layout=widgets.Layout(width="180px"),
-        )
-        self.version = widgets.Dropdown(description="version", layout=widgets.Layout(width="180px"))
-        self.min_mismatch = widgets.Text(
-            placeholder=_ANY, description="|log ratio| >", continuous_update=False, layout=widgets.Layout(width="190px")
-        )
-        self.cross_version = widgets.Checkbox(
-            description="cross-version", indent=False, layout=widgets.Layout(width="130px")
-        )
-        self.colour = widgets.Dropdown(
-            description="colour", options=list(OVERLAYS), value="mask", layout=widgets.Layout(width="240px")
-        )
+        self._filter_widgets()
         self._mismatch: dict[str, float] = {}  # per trajectory id, its largest |log ratio|
         self.selector = widgets.Select(rows=8, layout=widgets.Layout(width="100%"))
         self.pane = widgets.ToggleButtons(
@@ -305,6 +285,23 @@ class TrajectoryViewer(widgets.VBox):
         self.add_class("rollart-viewer")
         self._set_options()
         self._apply()
+
+    def _filter_widgets(self) -> None:
+        """The filters (task, status, reward, version, mismatch, cross-version) and the colour."""
+        self.task = widgets.Dropdown(description="task", layout=widgets.Layout(width="200px"))
+        self.status = widgets.Dropdown(
+            description="status", options=[_ANY] + [s.value for s in Status], layout=widgets.Layout(width="220px")
+        )
+        text = {"value": "", "placeholder": _ANY, "continuous_update": False}
+        self.min_reward = widgets.Text(description="min reward", layout=widgets.Layout(width="180px"), **text)
+        self.version = widgets.Dropdown(description="version", layout=widgets.Layout(width="180px"))
+        self.min_mismatch = widgets.Text(description="|log ratio| >", layout=widgets.Layout(width="190px"), **text)
+        self.cross_version = widgets.Checkbox(
+            description="cross-version", indent=False, layout=widgets.Layout(width="130px")
+        )
+        self.colour = widgets.Dropdown(
+            description="colour", options=list(OVERLAYS), value="mask", layout=widgets.Layout(width="240px")
+        )
 
     # -- public API ------------------------------------------------------------------------
     @property
