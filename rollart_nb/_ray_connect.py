@@ -298,7 +298,8 @@ def _current_cluster_address() -> str | None:
 
 
 def probe(address: str, timeout_s: float) -> None:
-    """Raise ConnectError unless ``address``'s TCP port answers within ``timeout_s``."""
+    """Raise ConnectError unless ``address``'s TCP port answers within ``timeout_s``; at once
+    when the connection is refused (the host is up, nothing listens there)."""
     hp = _host_port(address)
     if hp is None:
         raise ConnectError(f"cannot parse Ray address {address!r}; use 'auto', 'host:6379' or 'ray://host:10001'")
@@ -308,6 +309,13 @@ def probe(address: str, timeout_s: float) -> None:
         try:
             with socket.create_connection(hp, timeout=min(1.0, timeout_s)):
                 return
+        except ConnectionRefusedError:
+            # the host answered: nothing listens on that port, and waiting will not change it
+            raise ConnectError(
+                f"connection refused at {address}: the host is up but nothing listens on port {hp[1]}. "
+                "Check that the head node runs (`ray status` there), that the port is the GCS port "
+                "`ray start --head` printed (default 6379; 10001 for ray://), and that no firewall rejects it"
+            ) from None
         except OSError as e:
             last = e
             time.sleep(0.2)
