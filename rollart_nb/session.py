@@ -9,6 +9,7 @@ transports) is the session's :class:`~rollart_nb.runtime.ray.RayRuntime`.
 
 from __future__ import annotations
 
+import contextlib
 import html
 import logging
 import os
@@ -300,6 +301,9 @@ class Session(SessionBase[RayRuntime, Cluster]):
         )
 
     def _repr_html_(self) -> str:
+        if self._runtime is not None and self.state == "attached":
+            with contextlib.suppress(Exception):  # what other sessions of the cluster hold now
+                self._runtime.resources.refresh()
         rows = "".join(
             f"<tr><td><b>{html.escape(n)}</b></td><td>{p.hardware.name} ({p.hardware.optimized_for})</td>"
             f"<td>{len(p.nodes)}</td><td>{p.free:g} / {p.capacity:g}</td>"

@@ -27,7 +27,6 @@ class Probe(rn.Worker):
 _CHILD = textwrap.dedent("""
     import json, sys
     import rollart_nb as rn
-from rollart_nb import _ray
 
     class Probe(rn.Worker):
         @rn.register()
@@ -167,6 +166,21 @@ def test_a_killed_sessions_slots_are_released(ray_cluster):
             assert sess.store.get("pools/H20")["held_elsewhere"] == 0
     finally:
         holder.kill()
+
+
+def test_a_token_left_in_home_does_not_break_a_cluster_without_auth(ray_cluster):
+    cluster, nodes = ray_cluster
+    os.makedirs(os.path.expanduser("~/.ray"), exist_ok=True)
+    token = os.path.expanduser("~/.ray/auth_token")  # as a plain ray.init() elsewhere leaves it
+    with open(token, "w") as f:
+        f.write("0" * 64)
+    try:
+        with rn.Session.attach(cluster.address, timeout_s=60) as sess:
+            assert sess.token_path is None
+            gen = sess.cluster("actor_gen", Probe, pool="H20")
+            assert gen.where()[0]["node_id"] == nodes["h20"].node_id
+    finally:
+        os.unlink(token)
 
 
 def test_node_loss_fallback_names_the_dead_node_and_reattach_warns(ray_cluster):
