@@ -45,8 +45,46 @@ def nodes() -> list[dict[str, Any]]:
     return out
 
 
+def node_lost(node_id: str, timeout_s: float = 1.0) -> str | None:
+    """Why node ``node_id`` is lost, or None while it is alive.
+
+    The GCS notices a dead raylet only after its health checks fail (seconds to tens of
+    seconds); until then a raylet that takes no TCP connection counts as lost too.
+    """
+    import socket
+
+    for n in ray().nodes():
+        if n["NodeID"] != node_id:
+            continue
+        if not n.get("Alive", n.get("alive")):
+            return f"the GCS marks it dead: {n.get('DeathReasonMessage') or 'no reason given'}"
+        where = (n.get("NodeManagerAddress", ""), int(n.get("NodeManagerPort", 0)))
+        try:
+            socket.create_connection(where, timeout=timeout_s).close()
+            return None
+        except OSError as e:
+            return f"its raylet at {where[0]}:{where[1]} does not answer ({type(e).__name__})"
+    return "the GCS no longer lists it"
+
+
 def current_node_id() -> str:
     return ray().get_runtime_context().get_node_id()
+
+
+def job_id() -> str:
+    """This driver's Ray job id (hex); the GCS marks it dead when the driver exits or is killed."""
+    return ray().get_runtime_context().get_job_id()
+
+
+def dead_jobs() -> set[str] | None:
+    """Ids of the jobs the GCS marks dead, or None where the job table cannot be read (Ray Client)."""
+    try:
+        from ray._private.state import state
+
+        return {j["JobID"] for j in state.job_table() if j["IsDead"]}
+    except Exception as e:
+        log.debug("job table unreadable: %s", e)
+        return None
 
 
 def in_worker_process() -> bool:
@@ -62,10 +100,12 @@ def in_worker_process() -> bool:
 
 
 # -- metadata (GCS key-value store) -----------------------------------------------------
-def kv_put(key: str, value: bytes) -> None:
+def kv_put(key: str, value: bytes, overwrite: bool = True) -> bool:
+    """Write ``key``; without ``overwrite`` only if it is absent. True if the value was written."""
     from ray.experimental import internal_kv
 
-    internal_kv._internal_kv_put(key.encode(), value, overwrite=True, namespace=KV_NAMESPACE)
+    existed = internal_kv._internal_kv_put(key.encode(), value, overwrite=overwrite, namespace=KV_NAMESPACE)
+    return overwrite or not existed
 
 
 def kv_get(key: str) -> bytes | None:

@@ -298,7 +298,8 @@ def _current_cluster_address() -> str | None:
 
 
 def probe(address: str, timeout_s: float) -> None:
-    """Raise ConnectError unless ``address``'s TCP port answers within ``timeout_s``."""
+    """Raise ConnectError unless ``address``'s TCP port answers within ``timeout_s``; at once
+    when the connection is refused (the host is up, nothing listens there)."""
     hp = _host_port(address)
     if hp is None:
         raise ConnectError(f"cannot parse Ray address {address!r}; use 'auto', 'host:6379' or 'ray://host:10001'")
@@ -308,6 +309,13 @@ def probe(address: str, timeout_s: float) -> None:
         try:
             with socket.create_connection(hp, timeout=min(1.0, timeout_s)):
                 return
+        except ConnectionRefusedError:
+            # the host answered: nothing listens on that port, and waiting will not change it
+            raise ConnectError(
+                f"connection refused at {address}: the host is up but nothing listens on port {hp[1]}. "
+                "Check that the head node runs (`ray status` there), that the port is the GCS port "
+                "`ray start --head` printed (default 6379; 10001 for ray://), and that no firewall rejects it"
+            ) from None
         except OSError as e:
             last = e
             time.sleep(0.2)
@@ -401,11 +409,33 @@ def _ask_version(channel: Any, client: bool, token: str | None, timeout: float) 
         return None
 
 
+def _token_if_required(address: str, timeout_s: float) -> str | None:
+    """A token the user already gave Ray (:func:`_existing_token`), if the cluster asks for one;
+    ``""`` when one was found but the cluster runs without authentication, None when none was.
+
+    A token left in ``~/.ray/auth_token`` (Ray writes one there when a plain ``ray.init()`` turns
+    authentication on) would put this driver in token mode against a cluster without
+    authentication, where Ray cancels every actor it creates.
+    """
+    found = _existing_token()
+    if found is None:
+        return None
+    try:
+        preflight(address, token=None, timeout_s=timeout_s)
+    except ConnectError as e:
+        if "requires a token" in str(e):
+            return found
+        raise
+    log.info("the cluster at %s runs without authentication; the token found here is not used", address)
+    return ""
+
+
 def connect(address: str, *, namespace: str, timeout_s: float, log_to_driver: bool, token: str | None = None) -> str:
     """Join an existing cluster; returns the resolved address.
 
     ``token``: the cluster's Ray token (else the one in ``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH``
-    or ``~/.ray/auth_token``, else none). It goes to a private file, never to a log.
+    or ``~/.ray/auth_token`` when the cluster asks for one, else none). It goes to a private
+    file, never to a log.
     Without ``log_to_driver``, Ray Serve's INFO lines and Ray's retry notices stay quiet here.
     """
     if is_initialized():
@@ -423,16 +453,17 @@ def connect(address: str, *, namespace: str, timeout_s: float, log_to_driver: bo
             )
         resolved = found
     restore_env()
-    if token:
-        _use_token(token.strip(), log_to_driver)
-    else:
-        token = _existing_token()
-        mode = "token" if token else os.environ.get("RAY_AUTH_MODE", "disabled")
-        _set_env({"RAY_AUTH_MODE": mode, **_retry_notices_env(quiet=not log_to_driver)})
-        quiet_serve_logs(not log_to_driver)
     deadline = time.monotonic() + timeout_s
     try:
-        preflight(resolved, token=token, timeout_s=timeout_s)
+        if token:
+            _use_token(token.strip(), log_to_driver)
+        else:
+            token = _token_if_required(resolved, timeout_s)
+            mode = "token" if token else "disabled" if token == "" else os.environ.get("RAY_AUTH_MODE", "disabled")
+            token = token or None
+            _set_env({"RAY_AUTH_MODE": mode, **_retry_notices_env(quiet=not log_to_driver)})
+            quiet_serve_logs(not log_to_driver)
+        preflight(resolved, token=token, timeout_s=max(0.1, deadline - time.monotonic()))
         while True:
             try:
                 ray().init(

@@ -10,6 +10,7 @@ worker / env / trajectory, and what to do next. The tree::
     ├── ResourceError          pool/binding problems
     │   ├── UnknownPoolError   a pool name that does not exist in the session
     │   └── NoCapacityError    nothing compatible is free, even after fallback
+    │       └── PoolHeldError  another session on the cluster holds the slots (names it)
     ├── ClusterError           Worker/Cluster construction or invocation
     │   └── WorkerDiedError    a worker actor died (carries worker, pool, fix)
     ├── ConnectError           cannot reach a Ray cluster / store / service in time
@@ -43,6 +44,7 @@ __all__ = [
     "GenerationError",
     "HistoryMiss",
     "NoCapacityError",
+    "PoolHeldError",
     "ResourceError",
     "RewardError",
     "RollartError",
@@ -104,6 +106,25 @@ class UnknownPoolError(ResourceError, KeyError):
 
 class NoCapacityError(ResourceError):
     """No pool with free, compatible capacity exists for a worker."""
+
+
+class PoolHeldError(NoCapacityError):
+    """The slots a request needs are held by other sessions of the same Ray cluster.
+
+    ``holders`` names them ("session 3fa2b1c0 (pid 1234 on host-a, since 12:40:01 UTC)"); the
+    message says what to do: close that session, lower replicas, or add nodes to the pool.
+    """
+
+    def __init__(self, message: str, *, holders: list[str] | None = None) -> None:
+        self.holders = list(holders or [])
+        super().__init__(message)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _pool_held, (self.args[0] if self.args else "", self.holders)
+
+
+def _pool_held(message: str, holders: list[str]) -> PoolHeldError:
+    return PoolHeldError(message, holders=holders)
 
 
 class ClusterError(RollartError):

@@ -9,10 +9,13 @@ transports) is the session's :class:`~rollart_nb.runtime.ray.RayRuntime`.
 
 from __future__ import annotations
 
+import contextlib
 import html
 import logging
 import os
+import socket
 import tempfile
+import time
 import uuid
 import warnings
 from typing import TYPE_CHECKING, Any
@@ -21,7 +24,7 @@ import rollart_nb._ray as _ray
 import rollart_nb._ray_connect as _ray_connect
 from rollart_nb.errors import ConfigError, StateError
 from rollart_nb.redact import redact_url
-from rollart_nb.resources.manager import ResourceManager
+from rollart_nb.resources.manager import Holder, ResourceManager
 from rollart_nb.resources.pools import Pool, canonical_name, discover_pools, pool_map_problems, pool_problems
 from rollart_nb.resources.store import make_store
 from rollart_nb.runtime.ray import Cluster, RayRuntime
@@ -228,15 +231,30 @@ class Session(SessionBase[RayRuntime, Cluster]):
         return env
 
     def _finish_attach(self, *, pool_map: dict[str, str] | None, serverless: bool, store: str | None) -> None:
-        self.pools = discover_pools(
-            _ray.nodes(), pool_map=pool_map, serverless=serverless, head_node_id=_ray.current_node_id()
-        )
-        if self.mode == "local" and "serverless" in self.pools:
-            self.pools["serverless"].simulated = True
+        head = _ray.current_node_id()
+
+        def discover() -> dict[str, Pool]:
+            pools = discover_pools(_ray.nodes(), pool_map=pool_map, serverless=serverless, head_node_id=head)
+            if self.mode == "local" and "serverless" in pools:
+                pools["serverless"].simulated = True
+            return pools
+
+        self.pools = discover()
         self.store = make_store(store, prefix=f"sessions/{self.id}/")
-        self._runtime = RayRuntime(
-            ResourceManager(self.pools, self.store), seed=self.seed, log_dir=self.log_dir, session_id=self.id
+        # every session of the cluster reads the others' holdings here (see ResourceManager)
+        holder = Holder.of_session(
+            self.id, pid=os.getpid(), host=socket.gethostname(), created=time.time(), job=_ray.job_id()
         )
+        resources = ResourceManager(
+            self.pools,
+            self.store,
+            shared=make_store(store, prefix=""),
+            holder=holder,
+            discover=discover,
+            dead_jobs=_ray.dead_jobs,
+            node_lost=_ray.node_lost,
+        )
+        self._runtime = RayRuntime(resources, seed=self.seed, log_dir=self.log_dir, session_id=self.id)
         self.state = SessionState.ATTACHED
 
     def register_endpoint(
@@ -263,6 +281,8 @@ class Session(SessionBase[RayRuntime, Cluster]):
         else:
             self._close_own_parts()
         try:
+            if self._runtime is not None:
+                self._runtime.resources.close()
             if self.store is not None:
                 self.store.clear()
         except Exception as e:
@@ -281,6 +301,9 @@ class Session(SessionBase[RayRuntime, Cluster]):
         )
 
     def _repr_html_(self) -> str:
+        if self._runtime is not None and self.state == "attached":
+            with contextlib.suppress(Exception):  # what other sessions of the cluster hold now
+                self._runtime.resources.refresh()
         rows = "".join(
             f"<tr><td><b>{html.escape(n)}</b></td><td>{p.hardware.name} ({p.hardware.optimized_for})</td>"
             f"<td>{len(p.nodes)}</td><td>{p.free:g} / {p.capacity:g}</td>"

@@ -16,6 +16,7 @@ import enum
 import inspect
 import logging
 import os
+import warnings
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Self, TypeAlias, TypeVar, cast
 
@@ -183,7 +184,10 @@ class SessionBase(abc.ABC, Generic[R, C]):
             self._check_unused(name, f"rebuilding cluster {name!r} (sess.cluster({name!r}, ...))")
             log.info("replacing cluster %s", name)
             self.close_cluster(name)
-        return cast(C, self.runtime.cluster(spec))
+        c = cast(C, self.runtime.cluster(spec))
+        for message in self.runtime.resources.absent_pool_notes(c.bindings):
+            warnings.warn(message, stacklevel=2)  # a pool asked for is not in this cluster: say so in the cell
+        return c
 
     def close_cluster(self, name: str) -> None:
         """Drop a cluster's workers and free its slots.

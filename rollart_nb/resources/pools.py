@@ -45,7 +45,9 @@ class Pool:
         slots_per_node: node id -> number of worker slots there.
         resource: the Ray resource one slot consumes ("GPU", "CPU" or a custom one).
         simulated: True when the pool is declared (Session.local), not real hardware.
-        used: slots currently bound (filled in by the ResourceManager).
+        used: slots this session's workers hold (kept by the ResourceManager).
+        held_elsewhere: slots other sessions of the cluster hold (as the ResourceManager last
+            read them from the shared store).
     """
 
     name: str
@@ -54,6 +56,7 @@ class Pool:
     resource: str = "GPU"
     simulated: bool = False
     used: float = 0.0
+    held_elsewhere: float = 0.0
 
     @property
     def nodes(self) -> list[str]:
@@ -65,7 +68,7 @@ class Pool:
 
     @property
     def free(self) -> float:
-        return self.capacity - self.used
+        return self.capacity - self.used - self.held_elsewhere
 
     def __repr__(self) -> str:
         tag = "simulated" if self.simulated else "real"

@@ -5,8 +5,10 @@ Two implementations of :class:`rollart_nb.protocols.MetadataStore`:
 - :class:`GcsStore` (default): Ray's GCS key-value store; no extra service.
 - :class:`RedisStore`: a Redis server given by URL (``redis://127.0.0.1:6379/0``).
 
-Values are JSON objects. Keys are namespaced by a prefix (one per session), so several
-sessions can share a store without seeing each other's records.
+Values are JSON objects. Keys are namespaced by a prefix: one per session for its own records,
+and ``""`` for the records every session of a cluster reads (which session holds which pool
+slots, see :class:`~rollart_nb.resources.manager.ResourceManager`). :meth:`put_new` writes a key
+only if it is absent, which is what a cluster-wide lock needs.
 """
 
 from __future__ import annotations
@@ -31,6 +33,13 @@ class MemoryStore:
 
     def put(self, key: str, value: dict[str, Any]) -> None:
         self._d[self.prefix + key] = json.dumps(value)
+
+    def put_new(self, key: str, value: dict[str, Any]) -> bool:
+        """Write ``key`` only if it is absent; True if written."""
+        if self.prefix + key in self._d:
+            return False
+        self._d[self.prefix + key] = json.dumps(value)
+        return True
 
     def get(self, key: str) -> dict[str, Any] | None:
         raw = self._d.get(self.prefix + key)
@@ -64,6 +73,13 @@ class GcsStore:
     def put(self, key: str, value: dict[str, Any]) -> None:
         try:
             _ray.kv_put(self.prefix + key, json.dumps(value).encode())
+        except Exception as e:
+            raise StoreError(f"GCS store put {key!r} failed: {e}; is the Session still attached?") from e
+
+    def put_new(self, key: str, value: dict[str, Any]) -> bool:
+        """Write ``key`` only if it is absent (atomic in the GCS); True if written."""
+        try:
+            return _ray.kv_put(self.prefix + key, json.dumps(value).encode(), overwrite=False)
         except Exception as e:
             raise StoreError(f"GCS store put {key!r} failed: {e}; is the Session still attached?") from e
 
@@ -126,6 +142,13 @@ class RedisStore:
     def put(self, key: str, value: dict[str, Any]) -> None:
         try:
             self._r.set(self.prefix + key, json.dumps(value))
+        except Exception as e:
+            raise StoreError(f"Redis put {key!r} at {self.safe_url} failed: {type(e).__name__}") from None
+
+    def put_new(self, key: str, value: dict[str, Any]) -> bool:
+        """Write ``key`` only if it is absent (Redis ``SET NX``); True if written."""
+        try:
+            return bool(self._r.set(self.prefix + key, json.dumps(value), nx=True))
         except Exception as e:
             raise StoreError(f"Redis put {key!r} at {self.safe_url} failed: {type(e).__name__}") from None
 

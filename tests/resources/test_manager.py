@@ -1,7 +1,9 @@
+import time
+
 import pytest
 
-from rollart_nb.errors import NoCapacityError, UnknownPoolError
-from rollart_nb.resources.manager import ResourceManager
+from rollart_nb.errors import NoCapacityError, PoolHeldError, UnknownPoolError
+from rollart_nb.resources.manager import Holder, ResourceManager
 from rollart_nb.resources.pools import discover_pools
 from rollart_nb.resources.store import MemoryStore
 
@@ -67,3 +69,45 @@ def test_release_and_rebind_avoids_dead_node():
     assert b1.node != b0.node and rm.free("H800") == 1
     rm.release("t")
     assert rm.free("H800") == 2 and store.get("bindings/t/0") is None
+
+
+def shared_pair(dead_jobs=lambda: set()):
+    """Two managers (two sessions) over the same nodes and one shared store."""
+    nodes = [{"node_id": "h800a" + "0" * 51, "resources": {"GPU": 2, "accelerator_type:H800": 1}}]
+    shared = MemoryStore()
+    a_holder = Holder.of_session("aaaa1111", pid=11, host="hostA", created=0.0, job="01000000")
+    b_holder = Holder.of_session("bbbb2222", pid=22, host="hostB", created=0.0, job="02000000")
+    a = ResourceManager(discover_pools(nodes), MemoryStore(), shared=shared, holder=a_holder, dead_jobs=dead_jobs)
+    b = ResourceManager(discover_pools(nodes), MemoryStore(), shared=shared, holder=b_holder, dead_jobs=dead_jobs)
+    return a, b, shared
+
+
+def test_sessions_sharing_a_store_see_each_others_holdings_and_name_the_holder():
+    a, b, shared = shared_pair()
+    a.bind("train", 0, prefer="H800")
+    b.bind("train", 0, prefer="H800")  # the second slot
+    assert a.free("H800") == 1  # a's view as last read ...
+    a.refresh()  # ... and read again
+    assert a.free("H800") == 0 and a.held_elsewhere("H800") == {
+        "session bbbb2222 (pid 22 on hostB, since 00:00:00 UTC)": 1
+    }
+    with pytest.raises(PoolHeldError, match=r"H800 full \(2/2 slots used; 1 held by session bbbb2222") as ei:
+        a.bind("gen", 0, prefer="H800")
+    assert ei.value.holders == ["session bbbb2222 (pid 22 on hostB, since 00:00:00 UTC)"]
+    assert "close that session" in str(ei.value) and shared.get("holders.lock") is None
+    b.release("train")
+    assert a.bind("gen", 0, prefer="H800").pool == "H800"
+    b.close()
+    assert shared.keys("holders/") == ["holders/aaaa1111"]
+
+
+def test_a_dead_jobs_holdings_are_released_and_a_stale_lock_is_broken():
+    dead: set[str] = set()
+    a, b, shared = shared_pair(dead_jobs=lambda: dead)
+    b.bind("t", 0, prefer="H800", slots=2)
+    with pytest.raises(PoolHeldError):
+        a.bind("t", 0, prefer="H800")
+    dead.add("02000000")  # b's driver died without closing
+    shared.put("holders.lock", {"holder": "session cccc3333", "time": time.time() - 60})  # and left a lock
+    assert a.bind("t", 0, prefer="H800", slots=2).pool == "H800"
+    assert shared.get("holders/bbbb2222") is None and shared.get("holders.lock") is None
