@@ -82,6 +82,23 @@ def redundant_rollouts(
     return finish(res, out, printer, "Redundant rollouts: rollout speed-up over no redundancy", t0)
 
 
+def _swe_math(quick: bool) -> RunSpec:
+    """The alpha sweep's and the staleness policies' run: Qwen3-8B, 8 H800 generation GPUs + 4
+    training, SWE-shaped and GEM-math-shaped tasks."""
+    return RunSpec(
+        "qwen3-8b",
+        {"H800": 8},
+        train_gpus=4,
+        tasks={"swe": "swe", "math": "gem-math"},
+        envs_per_task=16 if quick else 32,
+        batch=32,
+        group=8,
+        mode="rollart",
+        steps=2 if quick else 6,
+        warmup=1,
+    )
+
+
 def alpha_sweep(
     out: str = "rollart_bench", quick: bool = False, printer: Callable[[str], None] | None = print
 ) -> dict[str, Any]:
@@ -94,18 +111,7 @@ def alpha_sweep(
     """
     t0 = time.monotonic()
     alphas = [1, 2, 4] if quick else [1, 2, 3, 4, 5, 6]
-    base = RunSpec(
-        "qwen3-8b",
-        {"H800": 8},
-        train_gpus=4,
-        tasks={"swe": "swe", "math": "gem-math"},
-        envs_per_task=16 if quick else 32,
-        batch=32,
-        group=8,
-        mode="rollart",
-        steps=2 if quick else 6,
-        warmup=1,
-    )
+    base = _swe_math(quick)
     raw = {f"alpha{a}": simulate(base.with_(alpha=a)) for a in alphas}
     one = raw["alpha1"]["step_s"]
     ours = {f"alpha{a}_over_alpha1": one / raw[f"alpha{a}"]["step_s"] for a in alphas[1:]}
@@ -148,18 +154,7 @@ def staleness_policies(
     """
     t0 = time.monotonic()
     names = ["alpha1_drop", "alpha2_drop", "alpha2_correct"] if quick else list(POLICY_RUNS)
-    base = RunSpec(
-        "qwen3-8b",
-        {"H800": 8},
-        train_gpus=4,
-        tasks={"swe": "swe", "math": "gem-math"},
-        envs_per_task=16 if quick else 32,
-        batch=32,
-        group=8,
-        mode="rollart",
-        steps=2 if quick else 6,
-        warmup=1,
-    )
+    base = _swe_math(quick)
     raw = {n: simulate(base.with_(**POLICY_RUNS[n])) for n in names}
     ref = raw["alpha1_drop"]["tokens_per_s"]
     ours = {f"{n}_over_alpha1_drop": raw[n]["tokens_per_s"] / ref for n in names[1:]}
