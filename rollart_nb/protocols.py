@@ -21,6 +21,7 @@ __all__ = [
     "GenerationResult",
     "MetadataStore",
     "RewardFn",
+    "ScoreResult",
     "Tokenizer",
     "TrainBackend",
     "WeightTransport",
@@ -131,13 +132,33 @@ class GenerationResult:
     entropy: list[float] = field(default_factory=list)
 
 
+@dataclass
+class ScoreResult:
+    """What a generation backend's ``score`` returns: given token sequences scored under one
+    policy version, as the sampler scores what it draws (``log_softmax`` of the logits at
+    temperature 1).
+
+    Attributes:
+        rows: per sequence ``ids`` [L], the logprob of ``ids[i]`` given ``ids[:i]`` for
+            i = 1..L-1, shape [L-1]; NaN where the backend does not compute logprobs (``sim``).
+        version: policy version of the weights that scored every row.
+        score_s: time spent (modelled time for the sim backend).
+    """
+
+    rows: list[list[float]]
+    version: int
+    score_s: float = 0.0
+
+
 @runtime_checkable
 class GenerationBackend(Protocol):
-    """Generates responses; the weights it serves carry a version."""
+    """Generates responses and scores given tokens; the weights it serves carry a version."""
 
     version: int
 
     async def generate(self, request: GenerationRequest) -> GenerationResult: ...
+
+    async def score(self, rows: Sequence[Sequence[int]]) -> ScoreResult: ...
 
     async def abort(self, traj_id: str) -> None: ...
 

@@ -27,13 +27,14 @@ import logging
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rollart_nb.backends.history import DEFAULT_HISTORY_TOKENS, HistoryStore
 from rollart_nb.errors import ConfigError, GenerationError, WeightSyncError
 from rollart_nb.models.tiny import ModelRef, from_pretrained
-from rollart_nb.protocols import GenerationRequest, GenerationResult
+from rollart_nb.protocols import GenerationRequest, GenerationResult, ScoreResult
 
 if TYPE_CHECKING:
     import torch
@@ -243,6 +244,31 @@ class HFBackend:
             self._kv_held = 0
         log.debug("%s loaded weights version %d", self.name, version)
 
+    async def score(self, rows: Sequence[Sequence[int]]) -> ScoreResult:
+        """Logprobs of each sequence's tokens 1.. under the weights served now, every row under
+        one version: the quantity the sampler records (``pipe.replay`` compares the two).
+
+        Runs in a thread between batches, like a batch, so the actor's loop keeps serving; it
+        neither reads nor fills the KV cache.
+
+        Raises:
+            GenerationError: a sequence longer than the model's positions.
+        """
+        for ids in rows:
+            if len(ids) > self.max_len:
+                raise GenerationError(
+                    f"{self.name}: a sequence of {len(ids)} tokens does not fit the model's {self.max_len} positions"
+                )
+        return await asyncio.to_thread(self._score, [list(ids) for ids in rows])
+
+    def _score(self, rows: list[list[int]]) -> ScoreResult:
+        import torch
+
+        with self._weights_lock, torch.no_grad():
+            t0 = time.perf_counter()
+            out = [self._logprobs(ids) for ids in rows]
+            return ScoreResult(out, self.version, time.perf_counter() - t0)
+
     def recompute(self, prompt_ids: list[int]) -> list[float]:
         """Prefill ``prompt_ids`` under the current weights; logprobs of tokens 1.., shape [P-1].
 
@@ -253,10 +279,17 @@ class HFBackend:
         import torch
 
         with self._weights_lock, torch.no_grad():
-            ids = torch.tensor([list(prompt_ids)], device=self.device)
-            logits = self.model(input_ids=ids).logits.float()
-            lp = torch.log_softmax(logits[0, :-1], -1).gather(-1, ids[0, 1:, None])[:, 0]
-        return lp.tolist()
+            return self._logprobs(list(prompt_ids))
+
+    def _logprobs(self, ids: list[int]) -> list[float]:
+        """``log_softmax`` of the logits at temperature 1, of tokens 1.. of ``ids`` (the weights lock held)."""
+        import torch
+
+        if len(ids) < 2:
+            return []
+        x = torch.tensor([ids], device=self.device)
+        logits = self.model(input_ids=x).logits.float()
+        return torch.log_softmax(logits[0, :-1], -1).gather(-1, x[0, 1:, None])[:, 0].tolist()
 
     # -- batching -----------------------------------------------------------------------
     async def _drain(self) -> None:

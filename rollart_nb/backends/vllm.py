@@ -29,13 +29,13 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from rollart_nb.backends.history import DEFAULT_HISTORY_TOKENS, HistoryStore
 from rollart_nb.errors import ConfigError, GenerationError, StateError, WeightSyncError
 from rollart_nb.models.tiny import ModelRef, from_pretrained
-from rollart_nb.protocols import GenerationRequest, GenerationResult
+from rollart_nb.protocols import GenerationRequest, GenerationResult, ScoreResult
 
 if TYPE_CHECKING:
     import torch
@@ -253,6 +253,23 @@ class VLLMBackend:
         blob = save({k: torch.as_tensor(v).detach().to("cpu").contiguous().clone() for k, v in state.items()})
         self._call(self._load(blob, int(version)))
 
+    async def score(self, rows: Sequence[Sequence[int]]) -> ScoreResult:
+        """vLLM's prompt logprobs (raw: temperature 1, the quantity it samples with) of each
+        sequence's tokens 1.., every row under one version; they bypass the prefix cache.
+
+        Raises:
+            GenerationError: a sequence longer than the model's positions.
+            StateError: the backend is closed.
+        """
+        self._check_open()
+        for ids in rows:
+            if len(ids) > self.max_len:
+                raise GenerationError(
+                    f"{self.name}: a sequence of {len(ids)} tokens does not fit the model's {self.max_len} positions"
+                )
+        fut = asyncio.run_coroutine_threadsafe(self._score_rows([list(ids) for ids in rows]), self._loop)
+        return await asyncio.wrap_future(fut)
+
     # -- probes and lifecycle -------------------------------------------------------------
     def recompute(self, prompt_ids: list[int]) -> list[float]:
         """Prefill ``prompt_ids`` under the current weights; logprobs of tokens 1.., shape [P-1].
@@ -430,16 +447,28 @@ class VLLMBackend:
             self._ready.set()
 
     async def _prompt_logprobs(self, prompt_ids: list[int]) -> list[float]:
+        async with self._admitted():
+            return await self._scored(prompt_ids)
+
+    async def _score_rows(self, rows: list[list[int]]) -> ScoreResult:
+        t0 = time.perf_counter()
+        async with self._admitted() as version:  # a weight load waits: every row has this version
+            out = await asyncio.gather(*(self._scored(ids) for ids in rows))
+        return ScoreResult(list(out), version, time.perf_counter() - t0)
+
+    async def _scored(self, prompt_ids: list[int]) -> list[float]:
+        """vLLM's prompt logprobs of tokens 1.. of ``prompt_ids`` (raw: temperature 1), admitted by the caller."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
+        if len(prompt_ids) < 2:
+            return []
         params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
         final = None
-        async with self._admitted():
-            async for out in self.engine.generate(
-                TokensPrompt(prompt_token_ids=prompt_ids), params, f"recompute#{next(self._ids)}"
-            ):
-                final = out
+        async for out in self.engine.generate(
+            TokensPrompt(prompt_token_ids=prompt_ids), params, f"recompute#{next(self._ids)}"
+        ):
+            final = out
         assert final is not None and final.prompt_logprobs is not None
         return [float(d[t].logprob) for t, d in zip(prompt_ids[1:], final.prompt_logprobs[1:], strict=True)]
 

@@ -524,7 +524,7 @@ class Pipeline:
         """``traj`` (or its id) re-scored by a generator under the policy served now, training
         untouched: a copy whose token frame has ``replay_logprob`` beside ``sampler_logprob``."""
         self._check_open()
-        return replay(self.gen, find(traj, self.trajectories))
+        return replay(self.rollout, find(traj, self.trajectories))
 
     def regenerate(self, traj: Trajectory | str, from_turn: int = 0) -> Trajectory:
         """A new trajectory: ``traj``'s turns before ``from_turn`` replayed in a fresh env from its

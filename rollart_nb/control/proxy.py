@@ -211,6 +211,33 @@ class LLMProxy:
                 self.history_misses += 1
                 raise
 
+    async def score(self, traj_id: str, task: str, rows: list[list[int]]) -> dict[str, Any]:
+        """``rows`` (trajectory ``traj_id``'s sequences) scored by a live generation worker
+        (:meth:`GeneratorWorker.score <rollart_nb.workers.roles.GeneratorWorker.score>`), placed
+        by ``task``'s affinity, least loaded. It waits out a weight update, not a hold, and
+        counts as in flight, so an update waits for it; a worker that dies under it is replaced
+        by another. Raises GenerationError if the worker fails, or none is alive."""
+        await self._admit.wait()
+        while True:
+            await self._wait_for_live()
+            idx = self.router.place(task, self.limits())
+            target = self.targets[idx]
+            self._inflight[idx] += 1
+            self._idle.clear()
+            try:
+                return await target.handle.score.remote(rows)
+            except Exception as e:
+                if not _is_death(e):
+                    raise GenerationError(
+                        f"{target.name} failed scoring trajectory {traj_id}: {type(e).__name__}: {str(e)[:200]}"
+                    ) from e
+                self._mark_dead(idx, target, e)
+                self.rerouted += 1
+            finally:
+                self._inflight[idx] -= 1
+                if not any(self._inflight):
+                    self._idle.set()
+
     async def _wait_for_live(self) -> None:
         """Return once some worker is alive; GenerationError after ``failover_wait_s``."""
         deadline = time.monotonic() + self.failover_wait_s

@@ -1,7 +1,7 @@
 """Replay and regeneration of stored trajectories, for debugging; training is never touched.
 
-:func:`replay` re-scores a trajectory's sequences (those the trainer sees) on one generation
-worker under the weights it serves now; :func:`regenerate` checks the turn a regeneration
+:func:`replay` re-scores a trajectory's sequences (those the trainer sees) on a live generation
+worker, through the rollout's LLM proxy, under the weights it serves now; :func:`regenerate` checks the turn a regeneration
 starts from (the rollout worker plays the rest, see
 :meth:`~rollart_nb.control.rollout_worker.RolloutWorker.regenerate`).
 """
@@ -31,14 +31,16 @@ def find(traj: Trajectory | str, trajectories: Any) -> Trajectory:
     return found[0]
 
 
-def replay(gen: Any, traj: Trajectory) -> Trajectory:
-    """A copy of ``traj`` whose ``replay`` holds every position's logprob under the weights the
-    generation cluster ``gen`` serves now (its first worker), with that version."""
+def replay(rollout: Any, traj: Trajectory) -> Trajectory:
+    """A copy of ``traj`` whose ``replay`` holds every position's logprob under the weights a
+    generation worker serves now, with that version (``rollout``: the pipeline's
+    :class:`~rollart_nb.control.shards.ShardedRollout`; see :meth:`LLMProxy.score
+    <rollart_nb.control.proxy.LLMProxy.score>`)."""
     if not any(t.response_ids for t in traj.turns):
         raise ConfigError(f"trajectory {traj.id} has no generated tokens to replay")
     rows = [[s.token_id for s in part] for _, part in groupby(sequence_tokens(traj), key=lambda s: s.row)]
     out = copy.copy(traj)  # the tokenizer it shows text with comes along
-    out.replay = gen.score(rows)
+    out.replay = rollout.score(traj, rows)
     return out
 
 

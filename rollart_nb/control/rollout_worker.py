@@ -205,6 +205,12 @@ class RolloutWorker(Worker):
         return [copy.deepcopy(t) if t.status is Status.RUNNING else t for t in out]
 
     @register("one")
+    async def score(self, traj_id: str, task: str, rows: list[list[int]]) -> dict[str, Any]:
+        """``rows`` scored on a live generation worker under the weights it serves now (see
+        :meth:`LLMProxy.score`): ``{"version", "rows"}``, what ``pipe.replay`` shows."""
+        return await self._s().proxy.score(traj_id, task, rows)
+
+    @register("one")
     async def regenerate(self, traj: Trajectory, from_turn: int) -> Trajectory:
         """A new trajectory: ``traj``'s turns before ``from_turn`` played through a fresh copy of
         its task's env from the same seed (their recorded actions), then continued by the policy

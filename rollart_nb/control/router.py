@@ -61,6 +61,11 @@ class Router:
             idx = self.sticky[traj_id] = self._pick(pref if pref is not None else self.affinity.get(task), limits)
         return idx
 
+    def place(self, task: str, limits: list[int]) -> int:
+        """A worker for one call that belongs to no running trajectory (scoring a stored one):
+        by the task's hardware affinity, least loaded; nothing is pinned."""
+        return self._pick(self.affinity.get(task), limits)
+
     def route_decode(self, traj_id: str, limit: int) -> int:
         """PD: the trajectory's decode worker, which keeps its KV between turns."""
         d = self.sticky_d.get(traj_id)

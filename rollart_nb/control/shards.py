@@ -439,6 +439,12 @@ class ShardedRollout:
         i = next((i for i, p in enumerate(self.plans) if task in p.envs), 0)
         return self.clusters[i].evaluate(task, seeds, **kwargs)
 
+    def score(self, traj: Trajectory, rows: list[list[int]]) -> dict[str, Any]:
+        """``traj``'s sequences ``rows`` scored under the served weights (see
+        :meth:`RolloutWorker.score`) through a shard that has its task's envs."""
+        i = next((i for i, p in enumerate(self.plans) if traj.task in p.envs), 0)
+        return self.clusters[i].score(traj.id, traj.task, rows)
+
     def regenerate(self, traj: Trajectory, from_turn: int) -> Trajectory:
         """``traj`` regenerated from ``from_turn`` (see :meth:`RolloutWorker.regenerate`) on a
         shard that has its task's envs."""

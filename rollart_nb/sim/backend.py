@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import Callable
+import itertools
+import math
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -26,12 +28,14 @@ from rollart_nb.backends.history import HistoryStore
 from rollart_nb.clock import host_for, resolve_time_scale
 from rollart_nb.errors import ConfigError
 from rollart_nb.models.spec import ModelSpec
-from rollart_nb.protocols import GenerationRequest, GenerationResult, Tokenizer
+from rollart_nb.protocols import GenerationRequest, GenerationResult, ScoreResult, Tokenizer
 from rollart_nb.resources.profiles import HardwareProfile
 from rollart_nb.sim.engine import CHUNK_TOKENS, MAX_NUM_SEQS, Engine, EngineSettings, kv_free_bytes
 from rollart_nb.sim.tokenizer import SimTokenizer
 
 __all__ = ["SimBackend"]
+
+_SCORES = itertools.count()  # scoring jobs' engine ids: never a trajectory's, so no prefix is shared
 
 #: GB/s from host memory to one device: PCIe Gen5 x16, 64 GB/s each way (the H100/H800/H20
 #: datasheets list 128 GB/s both ways together). New weights pulled into host memory load this way.
@@ -157,6 +161,23 @@ class SimBackend:
         times = {"prefill_s": job.parts["prefill_s"], "decode_s": job.parts["decode_s"]}
         return self._result(
             request, ids[:n], logprobs[:n], finish, version=job.version, recomputed_tokens=job.recomputed, **times
+        )
+
+    async def score(self, rows: Sequence[Sequence[int]]) -> ScoreResult:
+        """Each sequence prefilled in the engine beside what it serves (a fresh prefill: no
+        cached prefix is read or kept), as a real backend scores ``pipe.replay``'s rows. The
+        sim computes no logprobs: each row's are NaN, shape [L-1]; ``score_s`` is the modelled
+        time until the last row is done, ``version`` the oldest that scored a row."""
+        rows = [list(ids) for ids in rows]
+        self.engine.counters["requests"] += len(rows)
+        await self.engine.batch_wait()
+        jobs = await asyncio.gather(
+            *(self.engine.run_job(f"score#{next(_SCORES)}", len(ids), 0) for ids in rows if len(ids) > 1)
+        )
+        return ScoreResult(
+            [[math.nan] * max(len(ids) - 1, 0) for ids in rows],
+            min((j.version for j in jobs), default=self.version),
+            max((j.parts["prefill_s"] for j in jobs), default=0.0),
         )
 
     async def abort(self, traj_id: str) -> None:

@@ -138,11 +138,12 @@ class GeneratorWorker(StreamedGeneration, Worker):
         return self.backend.recompute(ids)
 
     @register("one")
-    def score(self, rows: list[list[int]]) -> dict[str, Any]:
-        """Each token sequence of ``rows`` scored under the served weights: ``{"version", "rows"}``,
-        a row's logprob per position (NaN at 0): what ``pipe.replay`` shows."""
-        version = self.backend.version
-        return {"version": version, "rows": [[math.nan, *self.score_tokens(ids)] for ids in rows]}
+    async def score(self, rows: list[list[int]]) -> dict[str, Any]:
+        """Each token sequence of ``rows`` scored under the served weights, every row under one
+        version (the backend's ``score``): ``{"version", "rows"}``, a row's logprob per position
+        (NaN at 0, and everywhere for the ``sim`` backend): what ``pipe.replay`` shows."""
+        res = await self.backend.score(rows)
+        return {"version": int(res.version), "rows": [[math.nan, *lps] for lps in res.rows]}
 
     @register()
     def stats(self) -> dict[str, Any]:

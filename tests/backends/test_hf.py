@@ -125,6 +125,33 @@ def test_load_weights_changes_greedy_output_and_version(ref, backend):
     assert abs(after.logprobs[0] - trainer.logprobs(prompt, [three])[0]) <= 1e-4
 
 
+def test_score_reproduces_the_sampler_at_any_temperature_and_follows_the_weights(ref, backend):
+    prompts = [encode(backend, ("say 3", None)), encode(backend, ("go left", "left"), ("you fell", None))]
+
+    async def sample():
+        return await asyncio.gather(
+            *[
+                backend.generate(req(f"s{i}", p, max_new_tokens=8, seed=i, temperature=0.7))
+                for i, p in enumerate(prompts)
+            ]
+        )
+
+    results = asyncio.run(sample())
+    rows = [p + r.token_ids for p, r in zip(prompts, results, strict=True)]
+    scored = asyncio.run(backend.score(rows))
+    assert scored.version == 0 and [len(r) for r in scored.rows] == [len(r) - 1 for r in rows]
+    for p, r, lps in zip(prompts, results, scored.rows, strict=True):
+        # the sampler's temperature-1 logprobs; tempered ones would be off by far more
+        assert max(abs(a - b) for a, b in zip(lps[len(p) - 1 :], r.logprobs, strict=True)) <= 1e-4
+    assert scored.rows[0] == pytest.approx(backend.recompute(rows[0]), abs=1e-6)
+    trainer = _train_towards(ref, prompts[0], backend.tokenizer.convert_tokens_to_ids("3"), steps=2)
+    backend.load_weights(trainer.state_dict(), trainer.version)
+    after = asyncio.run(backend.score(rows[:1]))
+    assert after.version == 2 and max(abs(a - b) for a, b in zip(after.rows[0], scored.rows[0], strict=True)) > 1e-3
+    with pytest.raises(GenerationError, match="does not fit"):
+        asyncio.run(backend.score([[5] * (backend.max_len + 1)]))
+
+
 def test_load_weights_rejects_mismatch_and_changes_nothing(backend):
     state = {k: v.clone() for k, v in backend.model.state_dict().items()}
     bad = dict(state)

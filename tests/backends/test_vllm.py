@@ -120,6 +120,20 @@ def test_logprobs_match_transformers_at_any_temperature(engine, trainer):
 
 
 @pytest.mark.vllm
+def test_score_reproduces_the_sampler_under_one_version(engine, trainer):
+    prompts = [encode(engine, ("say 3", None)), encode(engine, ("go left", "left"), ("you fell", None))]
+    results = gen(engine, *[req(f"sc{i}", p, max_new_tokens=8, seed=i, temperature=0.7) for i, p in enumerate(prompts)])
+    rows = [p + r.token_ids for p, r in zip(prompts, results, strict=True)]
+    scored = asyncio.run(engine.score(rows))
+    assert scored.version == engine.version and [len(r) for r in scored.rows] == [len(r) - 1 for r in rows]
+    for p, r, lps in zip(prompts, results, scored.rows, strict=True):
+        assert max_diff(lps[len(p) - 1 :], r.logprobs) <= TOL  # raw: a tempered logprob is off by far more
+    assert max_diff(scored.rows[0], trainer.logprobs(rows[0][:1], rows[0][1:])) <= TOL
+    with pytest.raises(GenerationError, match="does not fit"):
+        asyncio.run(engine.score([[5] * (engine.max_len + 1)]))
+
+
+@pytest.mark.vllm
 def test_seeded_sampling_is_reproducible_and_greedy_is_argmax(engine, trainer):
     prompt = encode(engine, ("hello world again", None))
     a, b, c = gen(

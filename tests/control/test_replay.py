@@ -3,6 +3,7 @@ the sampler under the version that wrote the tokens and follows the weights afte
 a regeneration keeps the recorded prefix and continues under the policy served now; neither
 touches training."""
 
+import math
 import time
 
 import pytest
@@ -12,7 +13,11 @@ from rollart_nb.algo import GRPO
 from rollart_nb.envs import FrozenLake
 from rollart_nb.errors import ConfigError
 from rollart_nb.models import tiny_qwen
-from rollart_nb.workers.roles import HFGenerator, TorchTrainer
+from rollart_nb.models.spec import spec
+from rollart_nb.sim import SimEnv, workload
+from rollart_nb.sim_session import SimSession
+from rollart_nb.trajectory import Trajectory
+from rollart_nb.workers.roles import HFGenerator, SimGenerator, SimTrainer, TorchTrainer
 
 
 @pytest.fixture(scope="module")
@@ -93,3 +98,26 @@ def test_regenerate_keeps_the_prefix_and_continues_under_the_policy_served_now(p
         pipe.regenerate(t, from_turn=len(t.turns) + 1)
     with pytest.raises(ConfigError, match="no trajectory 'nope'"):
         pipe.replay("nope")
+
+
+def test_a_trajectory_without_generated_tokens_cannot_be_replayed(pipe):
+    with pytest.raises(ConfigError, match="no generated tokens to replay"):
+        pipe.replay(Trajectory("lake", seed=3))
+
+
+def test_a_sim_pipeline_replays_as_modelled_prefills_on_its_generators():
+    ts = 2e-4
+    m = spec("qwen3-0.6b")
+    with SimSession({"H800": 4, "H20": 4, "cpu": 4}, seed=0) as sess:
+        gen = sess.cluster("actor_gen", SimGenerator, pool="H20", replicas=2, model=m, time_scale=ts)
+        train = sess.cluster("actor_train", SimTrainer, pool="H800", model=m, time_scale=ts)
+        tasks = sess.tasks({"lake": SimEnv(workload("frozenlake"), time_scale=ts)}, envs_per_task=4)
+        pipe = sess.pipeline(train, gen, tasks, batch_size=4, group_size=2, mode="sync", name="simreplay")
+        pipe.run(1, progress=False)
+        t = next(t for t in pipe.trajectories(last=None) if t.status.value == "completed")
+        r = pipe.replay(t)
+        assert r.replay["version"] == pipe.version == 1 and t.replay is None
+        lengths = r.token_frame().groupby("row").size().tolist()
+        assert [len(row) for row in r.replay["rows"]] == lengths
+        assert all(math.isnan(x) for row in r.replay["rows"] for x in row)  # the sim computes no logprobs
+        assert pipe.version == 1 and len(pipe.reports) == 1

@@ -4,6 +4,7 @@ PD disaggregation, and hardware affinity."""
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 
 import pytest
@@ -119,6 +120,22 @@ def test_weight_update_mid_trajectory_recomputes_the_whole_prompt():
     # Recomputed under version 1: the next turn is incremental again.
     r = run(b.generate(req(prompt=1090 + 10)))
     assert r.recomputed_tokens == 0 and b.stats()["prefill_tokens"] == 1000 + 1070 + 10
+
+
+def test_score_prefills_each_row_afresh_and_computes_no_logprobs():
+    b = SimBackend(Q8, H800, time_scale=0, response_tokens=fixed(20))
+    run(b.generate(req(prompt=1000)))  # t0's 1020 tokens cached
+    b.load_weights({}, 2)
+    res = run(b.score([list(range(3, 1003))]))
+    assert res.version == 2 and len(res.rows[0]) == 999 and all(math.isnan(x) for x in res.rows[0])
+    assert res.score_s == pytest.approx(pf(H800, 1000))  # no cached prefix read: a whole prefill
+    s = b.stats()
+    assert s["prefill_tokens"] == 1000 + 1000 and s["decode_tokens"] == 20  # nothing decoded for it
+    assert b.cached_tokens("t0") == 1020 and s["cached_tokens"] == 1020  # nor a prefix kept
+    assert run(b.score([[5], []])).rows == [[], []]
+    # prefill is compute-bound: scoring is slower on the bandwidth-optimized H20
+    h20 = run(SimBackend(Q8, H20, time_scale=0).score([list(range(3, 1003))]))
+    assert h20.score_s > res.score_s
 
 
 def test_forget_drops_the_prefix_without_counting_a_recompute():
