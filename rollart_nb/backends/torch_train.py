@@ -290,7 +290,6 @@ class TorchTrainBackend:
             # A row whose advantage is 0 adds nothing to the policy gradient; skip its forward/backward.
             rows = [r for r in rows if float(adv[r.traj]) != 0.0]
         recorder = TokenRecorder(batch, rows)
-        self._prox: dict[tuple[int, ...], torch.Tensor] = {}  # the tis reference, per micro-batch, this step
         sums: dict[str, float] = {
             "loss": 0.0,
             "pg_loss": 0.0,
@@ -302,10 +301,11 @@ class TorchTrainBackend:
         }
         grad_norm = 0.0
         if rows:
-            ref_cache: dict[tuple[int, int], torch.Tensor] = {}  # the reference pass, once per batch
+            # per micro-batch, once per batch: the reference pass and the tis reference (the policy before the update)
+            cache: dict[tuple[str, int, int], torch.Tensor] = {}
             for epoch in range(self.algo.epochs):
                 rec = recorder if epoch == 0 else None  # the policy before the update scores the tokens
-                sums, grad_norm = self._optimize(rows, adv, [t.task for t in batch], ref_cache, rec)
+                sums, grad_norm = self._optimize(rows, adv, [t.task for t in batch], cache, rec)
         # else: no group had a reward spread, so there is no gradient, and no optimizer step either:
         # AdamW would keep moving the weights along its momentum on a zero gradient.
         self.version += 1
@@ -333,12 +333,13 @@ class TorchTrainBackend:
         rows: list[Row],
         adv: torch.Tensor,
         tasks: list[str],
-        ref_cache: dict[tuple[int, int], torch.Tensor],
+        cache: dict[tuple[str, int, int], torch.Tensor],
         recorder: TokenRecorder | None = None,
     ) -> tuple[dict[str, float], float]:
         """Forward/backward over ``rows`` in micro-batches, then one optimizer step (``tasks``: per
-        trajectory of the batch, for ``loss_agg="task-token-mean"``; ``ref_cache``: the reference
-        logprobs per micro-batch, filled on the first call for a batch and reused by later epochs;
+        trajectory of the batch, for ``loss_agg="task-token-mean"``; ``cache``: per micro-batch
+        ``("ref", lo, hi)`` the reference logprobs and ``("prox", lo, hi)`` the trainer's own before
+        the update (``tis``), filled on the first call for a batch and reused by later epochs;
         ``recorder``: takes each micro-batch's per-token figures)."""
         # Similar lengths share a micro-batch: less padding when tasks of very different lengths mix.
         rows = sorted(rows, key=lambda r: len(r.ids))
@@ -356,16 +357,18 @@ class TorchTrainBackend:
             # The entropy is always measured; with no bonus, without grad (the update is unchanged).
             new_lp, entropy, ids, attn = self._forward(part, with_entropy=self.algo.entropy_coef > 0, entropy_mask=m)
             w = weights[sl, : new_lp.shape[1]].to(self.device)
+            task_w = {t: v[sl, : new_lp.shape[1]] for t, v in by_task.items()}
             if recorder is not None:
                 recorder.add(part, new_lp, entropy, w)
             old = self._padded([r.old_logprobs for r in part], new_lp.shape[1] + 1, math.nan)[:, 1:]
             old = torch.where(torch.isnan(old), new_lp.detach(), old)
-            old, isw = self._tis(
-                part, new_lp, old, m, w, {t: v[sl, : new_lp.shape[1]] for t, v in by_task.items()}, sums
-            )
+            isw = None
+            if self.algo.tis != "off":  # the PPO ratio is then against the trainer's own logprobs
+                prox = cache.setdefault(("prox", lo, hi), new_lp.detach())
+                old, isw = prox, self._tis(part, prox, old, m, w, task_w, sums)
             ref_lp = None
             if self.reference is not None:
-                ref_lp = ref_cache.get((lo, hi))
+                ref_lp = cache.get(("ref", lo, hi))
                 if ref_lp is None:
                     given = self._padded([r.ref_logprobs for r in part], new_lp.shape[1] + 1, math.nan)[:, 1:]
                     if bool(torch.isfinite(given)[m > 0].all()):  # a ReferencePolicy scored every trained token
@@ -373,7 +376,7 @@ class TorchTrainBackend:
                     else:
                         with torch.no_grad():
                             ref_lp = _token_logprobs(self.reference, ids, attn)[0]
-                    ref_cache[lo, hi] = ref_lp
+                    cache["ref", lo, hi] = ref_lp
             loss, metrics = grpo_loss(
                 new_lp,
                 old,
@@ -386,7 +389,7 @@ class TorchTrainBackend:
                 kl_coef=self.algo.kl_coef,
                 entropy=entropy,
                 entropy_coef=self.algo.entropy_coef,
-                task_weights={t: w[sl, : new_lp.shape[1]] for t, w in by_task.items()},
+                task_weights=task_w,
                 is_weights=isw,
             )
             loss.backward()  # weights sum to 1 over the batch: accumulation is exact
@@ -477,29 +480,24 @@ class TorchTrainBackend:
     def _tis(
         self,
         part: list[Row],
-        new_lp: torch.Tensor,
+        prox: torch.Tensor,
         sampler: torch.Tensor,
         m: torch.Tensor,
         w: torch.Tensor,
-        by_task: dict[str, torch.Tensor],
+        task_w: dict[str, torch.Tensor],
         sums: dict[str, float],
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """With ``algo.tis`` on: the PPO ratio's reference (the trainer's logprobs before the
-        update, kept per micro-batch across epochs) and the truncated importance weights against
-        the sampler's (:func:`~rollart_nb.algo.provenance.tis_weights`), their figures summed
-        into ``sums``; off: ``(sampler, None)``."""
-        if self.algo.tis == "off":
-            return sampler, None
-        key = tuple(id(r) for r in part)
-        prox = self._prox.setdefault(key, new_lp.detach())
-        versions = self._padded([[float(v) for v in r.versions] for r in part], new_lp.shape[1] + 1, -1.0)[:, 1:]
+    ) -> torch.Tensor:
+        """The truncated importance weights of ``part``'s tokens, the trainer's logprobs before
+        the update (``prox``) against the sampler's (:func:`~rollart_nb.algo.provenance.tis_weights`),
+        their figures summed into ``sums``."""
+        versions = self._padded([[float(v) for v in r.versions] for r in part], prox.shape[1] + 1, -1.0)[:, 1:]
         isw, metrics = tis_weights(
             prox, sampler, versions, m, cap=self.algo.tis_cap, level=self.algo.tis,
-            trainer_version=self.version, weights=w, task_weights=by_task,
+            trainer_version=self.version, weights=w, task_weights=task_w,
         )  # fmt: skip
         for k, v in metrics.items():
             sums[k] = sums.get(k, 0.0) + v
-        return prox, isw
+        return isw
 
     def _padded(self, seqs: list[list[float]], width: int, fill: float) -> torch.Tensor:
         out = torch.full((len(seqs), width), fill, dtype=torch.float32)

@@ -20,10 +20,12 @@ worker is dead, turns wait up to ``failover_wait_s`` for :meth:`LLMProxy.replace
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -222,21 +224,16 @@ class LLMProxy:
             await self._wait_for_live()
             idx = self.router.place(task, self.limits())
             target = self.targets[idx]
-            self._inflight[idx] += 1
-            self._idle.clear()
-            try:
-                return await target.handle.score.remote(rows)
-            except Exception as e:
-                if not _is_death(e):
-                    raise GenerationError(
-                        f"{target.name} failed scoring trajectory {traj_id}: {type(e).__name__}: {str(e)[:200]}"
-                    ) from e
-                self._mark_dead(idx, target, e)
-                self.rerouted += 1
-            finally:
-                self._inflight[idx] -= 1
-                if not any(self._inflight):
-                    self._idle.set()
+            with self._in_flight(idx):
+                try:
+                    return await target.handle.score.remote(rows)
+                except Exception as e:
+                    if not _is_death(e):
+                        raise GenerationError(
+                            f"{target.name} failed scoring trajectory {traj_id}: {type(e).__name__}: {str(e)[:200]}"
+                        ) from e
+                    self._mark_dead(idx, target, e)
+                    self.rerouted += 1
 
     async def _wait_for_live(self) -> None:
         """Return once some worker is alive; GenerationError after ``failover_wait_s``."""
@@ -295,21 +292,14 @@ class LLMProxy:
         key = next(self._keys)
         target = self.targets[idx]
         self._queues[idx].append((key, req, fut))
-        self._inflight[idx] += 1
-        self._running[req.traj_id] = idx
-        self._idle.clear()
-        self._kick(idx)
-        try:
-            return await fut
-        except asyncio.CancelledError:
-            if self._outstanding[idx].pop(key, None) is not None and self.targets[idx] is target:
-                self._spawn(self._quiet(target.handle.abort.remote(req.traj_id)))  # stop the remote work too
-            raise
-        finally:
-            self._inflight[idx] -= 1
-            self._running.pop(req.traj_id, None)
-            if not any(self._inflight):
-                self._idle.set()
+        with self._in_flight(idx, req.traj_id):
+            self._kick(idx)
+            try:
+                return await fut
+            except asyncio.CancelledError:
+                if self._outstanding[idx].pop(key, None) is not None and self.targets[idx] is target:
+                    self._spawn(self._quiet(target.handle.abort.remote(req.traj_id)))  # stop the remote work too
+                raise
 
     def _kick(self, idx: int) -> None:
         """Make sure worker ``idx``'s queued turns get sent: by the exchange loop (its next call
@@ -429,21 +419,31 @@ class LLMProxy:
 
     async def _call(self, idx: int, req: GenerationRequest, method: str, *args: Any) -> Any:
         target = self.targets[idx]
+        with self._in_flight(idx, req.traj_id):
+            try:
+                return await getattr(target.handle, method).remote(*args)
+            except asyncio.CancelledError:
+                self._spawn(self._quiet(target.handle.abort.remote(req.traj_id)))  # stop the remote work too
+                raise
+            except Exception as e:
+                if _is_death(e):
+                    self._mark_dead(idx, target, e)
+                raise self._failure(target, req, e) from (None if isinstance(e, HistoryMiss) else e)
+
+    @contextlib.contextmanager
+    def _in_flight(self, idx: int, traj_id: str | None = None) -> Iterator[None]:
+        """Count one call on worker ``idx`` (of trajectory ``traj_id``, if any) while the block
+        runs; :meth:`suspend` waits until none is left."""
         self._inflight[idx] += 1
-        self._running[req.traj_id] = idx
+        if traj_id is not None:
+            self._running[traj_id] = idx
         self._idle.clear()
         try:
-            return await getattr(target.handle, method).remote(*args)
-        except asyncio.CancelledError:
-            self._spawn(self._quiet(target.handle.abort.remote(req.traj_id)))  # stop the remote work too
-            raise
-        except Exception as e:
-            if _is_death(e):
-                self._mark_dead(idx, target, e)
-            raise self._failure(target, req, e) from (None if isinstance(e, HistoryMiss) else e)
+            yield
         finally:
             self._inflight[idx] -= 1
-            self._running.pop(req.traj_id, None)
+            if traj_id is not None:
+                self._running.pop(traj_id, None)
             if not any(self._inflight):
                 self._idle.set()
 

@@ -436,20 +436,21 @@ class ShardedRollout:
 
     def evaluate(self, task: str, seeds: list[int], **kwargs: Any) -> dict[str, Any]:
         """Validation of ``task`` (see :meth:`RolloutWorker.evaluate`) on a shard that has its envs."""
-        i = next((i for i, p in enumerate(self.plans) if task in p.envs), 0)
-        return self.clusters[i].evaluate(task, seeds, **kwargs)
+        return self._shard_of(task).evaluate(task, seeds, **kwargs)
 
     def score(self, traj: Trajectory, rows: list[list[int]]) -> dict[str, Any]:
         """``traj``'s sequences ``rows`` scored under the served weights (see
         :meth:`RolloutWorker.score`) through a shard that has its task's envs."""
-        i = next((i for i, p in enumerate(self.plans) if traj.task in p.envs), 0)
-        return self.clusters[i].score(traj.id, traj.task, rows)
+        return self._shard_of(traj.task).score(traj.id, traj.task, rows)
 
     def regenerate(self, traj: Trajectory, from_turn: int) -> Trajectory:
         """``traj`` regenerated from ``from_turn`` (see :meth:`RolloutWorker.regenerate`) on a
         shard that has its task's envs."""
-        i = next((i for i, p in enumerate(self.plans) if traj.task in p.envs), 0)
-        return self.clusters[i].regenerate(traj, from_turn)
+        return self._shard_of(traj.task).regenerate(traj, from_turn)
+
+    def _shard_of(self, task: str) -> ClusterBase:
+        """The rollout cluster of the first shard that has ``task``'s envs (the first shard if none has)."""
+        return self.clusters[next((i for i, p in enumerate(self.plans) if task in p.envs), 0)]
 
     # -- views -----------------------------------------------------------------------------
     def trajectories(

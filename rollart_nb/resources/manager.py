@@ -163,7 +163,9 @@ class ResourceManager:
         """Holder name -> slots of ``pool`` that other sessions hold (as last read)."""
         out: dict[str, float] = {}
         for (p, _), held in self._elsewhere.items():
-            for who, _, slots in held if p == pool else ():
+            if p != pool:
+                continue
+            for who, _, slots in held:
                 out[who] = out.get(who, 0.0) + slots
         return out
 
@@ -363,10 +365,10 @@ class ResourceManager:
 
     def _shortfall(self, name: str, exclude: frozenset[str]) -> str:
         """Why pool ``name`` cannot take the worker, in words that name nodes and holders."""
-        pool = self.pools.get(name)
         dead = [short(n) for n, p in self.dead_nodes.items() if p == name]
-        if pool is None or not pool.slots_per_node:
+        if self.absent(name):
             return f"{name} has no live node left (node {', '.join(dead)} died)" if dead else f"{name} absent"
+        pool = self.pools[name]
         live = pool.nodes
         if all(n in exclude for n in live):
             return f"{name} has no other node"
@@ -392,7 +394,8 @@ class ResourceManager:
                 log.warning("released the pool slots of %s: its Ray job %s has ended", rec["name"], rec["job"])
                 continue
             for h in rec.get("held", []):
-                if h["node"] in self.pools.get(h["pool"], _NO_POOL).slots_per_node:
+                pool = self.pools.get(h["pool"])
+                if pool is not None and h["node"] in pool.slots_per_node:
                     self._elsewhere.setdefault((h["pool"], h["node"]), []).append(
                         (rec["name"], h["worker"], h["slots"])
                     )
@@ -471,6 +474,3 @@ class ResourceManager:
         if name.lower() == "cpu":
             return "cpu"
         return PROFILES[name.upper()].kind
-
-
-_NO_POOL = Pool("", PROFILES["CPU"])

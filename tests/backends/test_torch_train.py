@@ -453,3 +453,18 @@ def test_tis_weights_stale_tokens_and_is_a_no_op_when_sampler_and_trainer_agree(
     capped = TorchTrainBackend(ref, GRPO(group_size=2, tis="sequence", tis_cap=1.5), seed=0).train_step(batch(1.0))
     assert capped["tis_clip_frac"] == pytest.approx(1.0) and capped["tis_weight_mean"] == pytest.approx(1.5)
     assert capped["corrected_frac"] == 0.0  # the trainer is at version 0 too: nothing older than it
+
+
+def test_tis_ppo_ratio_of_later_epochs_is_against_the_policy_before_the_update(ref, tok):
+    """With ``tis`` on, every epoch's PPO ratio is taken against the trainer's logprobs from
+    before the update (kept per micro-batch), not the epoch's own: the second epoch sees the
+    first's update as a ratio away from 1; a single epoch's ratio is 1."""
+    algo = GRPO(group_size=2, tis="token", epochs=2, lr=1e-2, micro_batch_size=1)
+
+    def batch():
+        return [two_turn(tok, 1.0, resp=("left", "up")), two_turn(tok, 0.0, resp=("down", "right"))]
+
+    m = TorchTrainBackend(ref, algo, seed=0).train_step(batch())
+    assert abs(m["approx_kl_old"]) > 1e-6 and m["epochs"] == 2.0  # the last epoch moved away from the kept reference
+    one = TorchTrainBackend(ref, GRPO(group_size=2, tis="token", epochs=1, lr=1e-2, micro_batch_size=1), seed=0)
+    assert one.train_step(batch())["approx_kl_old"] == pytest.approx(0.0, abs=1e-9)  # one epoch: ratio 1
