@@ -42,6 +42,7 @@ __all__ = [
     "sequence_tokens",
     "to_dataframe",
     "tokenizer_of",
+    "version_changes",
     "write_tokens",
 ]
 
@@ -234,7 +235,9 @@ def sequence_tokens(t: Trajectory) -> list[SequenceToken]:
     return out
 
 
-def _version_changes(t: Trajectory) -> int:
+def version_changes(t: Trajectory) -> int:
+    """How often the policy version changes along ``t``, from its start version through each
+    version segment (a weight update it ran across)."""
     versions = [s.version for s in t.versions]
     return sum(1 for a, b in zip([t.start_version, *versions], versions, strict=False) if a != b)
 
@@ -259,7 +262,7 @@ def trajectory_row(t: Trajectory) -> dict[str, Any]:
         "start_version": t.start_version,
         "min_version": t.min_version,
         "max_version": t.max_version,
-        "version_changes": _version_changes(t),
+        "version_changes": version_changes(t),
         "turns": len(t.turns),
         "tokens": t.num_tokens,
         "sequence_tokens": len(seq),

@@ -172,12 +172,8 @@ def token_html(traj: Trajectory | Sequence[dict[str, Any]], colour_by: str = "ma
 
 def mismatch_of(traj: Trajectory) -> float:
     """The largest |log importance ratio| over ``traj``'s trained tokens (NaN before training)."""
-    out = math.nan
-    for r in rows([traj], "token"):
-        ratio = r["importance_ratio"]
-        if r["loss_mask"] and ratio > 0:
-            out = max(abs(math.log(ratio)), 0.0 if math.isnan(out) else out)
-    return out
+    trained = [_value(r, "mismatch") for r in rows([traj], "token") if r["loss_mask"]]
+    return max((v for v in trained if not math.isnan(v)), default=math.nan)
 
 
 class Comparison:

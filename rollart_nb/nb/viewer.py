@@ -22,7 +22,14 @@ import ipywidgets as widgets
 from rollart_nb.errors import ConfigError
 from rollart_nb.nb.overlay import OVERLAYS, mismatch_of, token_html
 from rollart_nb.trajectory import Status, Trajectory, TrajectoryList, Turn
-from rollart_nb.trajectory_frames import SequenceToken, TokenDecoder, sequence_tokens, to_dataframe, tokenizer_of
+from rollart_nb.trajectory_frames import (
+    SequenceToken,
+    TokenDecoder,
+    sequence_tokens,
+    to_dataframe,
+    tokenizer_of,
+    version_changes,
+)
 from rollart_nb.trajectory_groups import TrajectoryGroup, algo_of, group_html, group_key, groups_of
 
 __all__ = [
@@ -163,13 +170,7 @@ def trajectory_html(t: Trajectory, tokenizer: Any = None, *, max_turns: int = 50
     r = "not scored" if math.isnan(t.reward) else f"{t.reward:.4g}"
     rv = "-" if t.reward_version is None else f"v{t.reward_version}"
     reason = f' &middot; reason: <code class="rn-reason">{html.escape(t.reason)}</code>' if t.reason else ""
-    changes = sum(
-        1
-        for a, b in zip(
-            [t.start_version, *(s.version for s in t.versions)], [s.version for s in t.versions], strict=False
-        )
-        if a != b
-    )
+    changes = version_changes(t)
     head = (
         f'<div class="rn-trajectory"><b>{html.escape(t.id)}</b> &middot; task <b>{html.escape(t.task)}</b> '
         f'&middot; <span class="rn-status" style="color:{color};font-weight:bold">{t.status.value}</span>'
